@@ -1,0 +1,82 @@
+"""The typer app, shared options, and rendering helpers for every command."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from raysleuth import runtime
+
+app = typer.Typer(
+    name="raysleuth",
+    help="Find the culprit when distributed training on Ray goes wrong.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+
+
+
+@app.callback()
+def _root() -> None:
+    """Find the culprit when distributed training on Ray goes wrong.
+
+    Every command takes --json; exit codes: 0 all good, 1 problem found, 2 usage or connection error.
+    """
+
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+AddressOption = Annotated[
+    str | None,
+    typer.Option("--address", help="Ray cluster address (ip:port or 'auto'); default: RAY_ADDRESS, else auto."),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+RunOption = Annotated[str | None, typer.Option("--run", help="Run id or path to an evidence.sqlite (default: latest).")]
+HomeOption = Annotated[Path | None, typer.Option("--home", help="raysleuth home (default: RAYSLEUTH_HOME or ~/.raysleuth).")]
+
+STATUS_STYLE = {"ok": ("✅", "green"), "warn": ("⚠️ ", "yellow"), "fail": ("❌", "red"), "skip": ("➖", "dim")}
+
+
+def to_jsonable(value: Any) -> Any:
+    """Dataclasses, paths and sets to plain JSON types."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return to_jsonable(dataclasses.asdict(value))
+    if isinstance(value, dict):
+        return {str(key): to_jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [to_jsonable(item) for item in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def emit_json(value: Any) -> None:
+    """Print ``value`` as JSON on stdout (no colours, no wrapping)."""
+    sys.stdout.write(json.dumps(to_jsonable(value), indent=2, default=repr) + "\n")
+    sys.stdout.flush()
+
+
+def finish(code: int) -> None:
+    """End the command with ``code`` (0 all good, 1 problem found)."""
+    raise typer.Exit(code)
+
+
+def home_path(home: Path | None) -> Path:
+    """The raysleuth home to use: ``--home``, else the settings."""
+    return Path(home).expanduser() if home else runtime.settings().home
+
+
+def connect(address: str | None):
+    """Connect to the user's cluster (never starts one); errors become one red line."""
+    from raysleuth import cluster
+
+    return cluster.connect(address)

@@ -1,0 +1,44 @@
+"""``raysleuth doctor``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from raysleuth.cli._app import STATUS_STYLE, AddressOption, JsonOption, app, console, emit_json, finish
+
+
+@app.command()
+def doctor(
+    address: AddressOption = None,
+    check_debug: Annotated[bool, typer.Option("--check-debug", help="Debug variables, breakpoint hooks, debug ports.")] = False,
+    check_ports: Annotated[bool, typer.Option("--check-ports", help="GCS/dashboard ports, what they bind to.")] = False,
+    full: Annotated[bool, typer.Option("--full", help="Every check.")] = False,
+    ray: Annotated[bool, typer.Option("--ray/--no-ray", help="Check the cluster (nodes, versions, py-spy per node).")] = True,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for each node's agent.")] = 30.0,
+    json_: JsonOption = False,
+) -> None:
+    """Check this machine and the cluster: versions, py-spy, ports, security, debug setup."""
+    from raysleuth.doctor import run_doctor
+
+    report = run_doctor(address, check_debug=check_debug, check_ports=check_ports, full=full, ray=ray, timeout=timeout)
+    if json_:
+        emit_json(report.to_dict())
+    else:
+        table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+        for column in ("", "check", "node", "detail / fix"):
+            table.add_column(column, overflow="fold")
+        for check in report.checks:
+            icon, style = STATUS_STYLE[check.status]
+            text = check.detail or ""
+            if check.fix:
+                text += f"\n[{style}]→ {check.fix}[/{style}]"
+            table.add_row(icon, f"[{style}]{check.name}[/{style}]", check.node or "", text)
+        console.print(table)
+        counts = report.counts()
+        verdict = "[green]all good[/green]" if report.ok else "[red]problems found[/red]"
+        console.print(f"\n{verdict}: {counts['ok']} ok, {counts['warn']} warnings, {counts['fail']} failed "
+                      f"({report.seconds:.1f}s)")
+    finish(0 if report.ok else 1)

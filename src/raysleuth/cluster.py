@@ -1,0 +1,412 @@
+"""Connect to Ray (or start one) and read its state. The only door to Ray's State API.
+
+Every other module asks this one for nodes, workers, actors and tasks, so
+differences between Ray versions stay in one file. Results are plain dicts
+(JSON-ready). A listing that hit the State API's limit says so
+(:class:`Listing.truncated`); nothing is cut silently.
+
+Token authentication (Ray 2.5x turns it on for new local clusters): before
+connecting we look for a token in ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``
+and ``~/.ray/auth_token`` and switch this process to token mode when one
+exists; a cluster that wants a token we lack fails in milliseconds with the
+fix, instead of Ray's 20 s of retries. The token itself is never printed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+import socket
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from raysleuth.errors import AuthTokenMissing, ClusterUnreachable, UsageError
+
+__all__ = [
+    "ClusterInfo",
+    "Listing",
+    "actors",
+    "connect",
+    "find_auth_token",
+    "get_task",
+    "head_node",
+    "nodes",
+    "placement_groups",
+    "rank_from_name",
+    "resolve_address",
+    "session_name",
+    "shutdown",
+    "tasks",
+    "worker_labels",
+    "workers",
+]
+
+DEFAULT_NAMESPACE = "raysleuth"
+STATE_LIMIT = 10_000
+
+
+@dataclasses.dataclass(kw_only=True)
+class ClusterInfo:
+    """The cluster this process is connected to."""
+
+    address: str
+    """The GCS address (ip:port)."""
+    session_name: str
+    """Ray's session name; also raysleuth's run id."""
+    ray_version: str
+    started_here: bool
+    """True when raysleuth started this Ray (embedded local cluster)."""
+    auth_mode: str
+    """``token`` or ``disabled``."""
+    auth_token_source: str | None
+    """Where the token came from (never the token)."""
+    dashboard_url: str | None = None
+    connect_seconds: float = 0.0
+
+
+@dataclasses.dataclass
+class Listing:
+    """A State API listing, and whether it was cut at the limit."""
+
+    items: list[dict[str, Any]]
+    truncated: bool = False
+    total: int | None = None
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+# ----------------------------------------------------------------- address
+
+
+def find_auth_token(env: Mapping[str, str] | None = None, home: Path | None = None) -> str | None:
+    """Where a Ray auth token is available (a description, never the token)."""
+    env = os.environ if env is None else env
+    if env.get("RAY_AUTH_TOKEN"):
+        return "RAY_AUTH_TOKEN"
+    path = env.get("RAY_AUTH_TOKEN_PATH")
+    if path and Path(path).expanduser().is_file():
+        return f"RAY_AUTH_TOKEN_PATH={path}"
+    default = (home or Path.home()) / ".ray" / "auth_token"
+    if default.is_file() and default.read_text().strip():
+        return str(default)
+    return None
+
+
+def resolve_address(address: str | None) -> str | None:
+    """Turn ``--address`` / ``RAY_ADDRESS`` / ``auto`` into an ip:port, or ``None``."""
+    address = address or os.environ.get("RAY_ADDRESS") or "auto"
+    if address.startswith("ray://"):
+        raise UsageError(
+            f"address {address!r} is a Ray Client address",
+            fix="raysleuth needs the GCS address (ip:port, e.g. 10.0.0.1:6379) or 'auto' on a cluster node",
+        )
+    if address not in ("auto", "local"):
+        return address
+    try:
+        from ray._private import services
+
+        found = services.get_ray_address_from_environment("auto", None)
+    except Exception:
+        return None
+    return found if found and found != "auto" else None
+
+
+def _reachable(address: str, timeout: float = 2.0) -> str | None:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout):
+            return None
+    except ValueError:
+        return f"{address!r} is not host:port"
+    except OSError as error:
+        return error.strerror or str(error)
+
+
+def _use_token_mode_if_available() -> str | None:
+    source = find_auth_token()
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if source and mode is None:
+        os.environ["RAY_AUTH_MODE"] = "token"
+        try:
+            from ray._raylet import Config
+
+            Config.initialize("")
+        except Exception:
+            pass
+    return source
+
+
+def _probe(address: str, token_source: str | None) -> str:
+    """Ask the GCS for the session name; fail fast on auth. Returns the session name."""
+    from ray._raylet import GcsClient
+
+    try:
+        client = GcsClient(address=address)
+        value = client.internal_kv_get(b"session_name", namespace=b"session", timeout=3)
+    except Exception as error:
+        text = f"{type(error).__name__}: {error}"
+        if "Authentication" in text or "InvalidAuthToken" in text or "Unauthenticated" in text:
+            if token_source is None:
+                raise AuthTokenMissing(
+                    f"the Ray cluster at {address} requires token authentication and no token was found",
+                    fix="copy the cluster's token to ~/.ray/auth_token, or set RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN "
+                    "(on the head node: `ray get-auth-token`)",
+                ) from None
+            raise AuthTokenMissing(
+                f"the Ray cluster at {address} rejected the token from {token_source}",
+                fix="use the token of this cluster (on its head node: `ray get-auth-token`)",
+            ) from None
+        raise ClusterUnreachable(f"the Ray GCS at {address} did not answer ({text.splitlines()[0][:200]})",
+                                 fix="check the address and that the cluster is up (`ray status`)") from None
+    return value.decode() if value else ""
+
+
+def connect(
+    address: str | None = None,
+    *,
+    start_local: bool = False,
+    num_cpus: int | None = None,
+    namespace: str | None = None,
+    runtime_env: dict | None = None,
+) -> ClusterInfo:
+    """Connect this process to Ray (reusing a connection), or start a local one.
+
+    ``address``: ip:port, ``auto`` (the cluster on this machine) or ``None``
+    (``RAY_ADDRESS``, else ``auto``). With ``start_local`` and no cluster
+    found, an embedded local Ray is started. Raises
+    :class:`ClusterUnreachable` / :class:`AuthTokenMissing` with the fix.
+    """
+    import ray
+
+    started = time.monotonic()
+    if ray.is_initialized():
+        return _info(started_here=False, seconds=time.monotonic() - started)
+    wanted = address or os.environ.get("RAY_ADDRESS") or "auto"
+    resolved = resolve_address(address)
+    token_source = _use_token_mode_if_available()
+    if resolved is None:
+        if not start_local:
+            raise ClusterUnreachable(
+                f"no running Ray cluster found for address {wanted!r}",
+                fix="start one (`ray start --head`), pass --address ip:port, or set RAY_ADDRESS",
+            )
+        ray.init(num_cpus=num_cpus, namespace=namespace, include_dashboard=True, log_to_driver=True,
+                 logging_level=logging.WARNING, runtime_env=runtime_env)
+        return _info(started_here=True, seconds=time.monotonic() - started)
+    problem = _reachable(resolved)
+    if problem:
+        raise ClusterUnreachable(
+            f"cannot reach the Ray cluster at {resolved} ({problem})",
+            fix="check the address (`ray status` on the head node prints it) and that the port is open",
+        )
+    _probe(resolved, token_source)
+    try:
+        ray.init(address=resolved, namespace=namespace, log_to_driver=False,
+                 logging_level=logging.ERROR, runtime_env=runtime_env)
+    except Exception as error:
+        raise ClusterUnreachable(f"ray.init(address={resolved!r}) failed: {str(error).splitlines()[0][:300]}",
+                                 fix="check that this machine runs the same Ray and Python versions as the cluster") from None
+    return _info(started_here=False, seconds=time.monotonic() - started)
+
+
+def _info(*, started_here: bool, seconds: float) -> ClusterInfo:
+    import ray
+
+    context = ray.get_runtime_context()
+    dashboard = None
+    try:
+        dashboard = ray._private.worker.get_dashboard_url() or None
+    except Exception:
+        pass
+    return ClusterInfo(
+        address=context.gcs_address,
+        session_name=session_name(),
+        ray_version=ray.__version__,
+        started_here=started_here,
+        auth_mode="token" if os.environ.get("RAY_AUTH_MODE", "").lower() == "token" else "disabled",
+        auth_token_source=find_auth_token() if os.environ.get("RAY_AUTH_MODE", "").lower() == "token" else None,
+        dashboard_url=dashboard,
+        connect_seconds=seconds,
+    )
+
+
+def session_name() -> str:
+    """The Ray session name of the connected cluster (raysleuth's run id)."""
+    import ray
+
+    try:
+        return ray.get_runtime_context().get_session_name()
+    except Exception:
+        pass
+    from ray.experimental import internal_kv
+
+    value = internal_kv._internal_kv_get("session_name", namespace="session")
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def shutdown() -> None:
+    """Disconnect this process from Ray (stops the cluster if we started it)."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+# --------------------------------------------------------------- State API
+
+
+def _state():
+    from ray.util import state
+
+    return state
+
+
+def _to_dict(item: Any) -> dict[str, Any]:
+    if isinstance(item, dict):
+        return item
+    if dataclasses.is_dataclass(item):
+        return dataclasses.asdict(item)
+    return dict(item)
+
+
+def _listing(function, *, filters=None, limit: int = STATE_LIMIT, detail: bool = False, timeout: int = 30) -> Listing:
+    try:
+        items = function(filters=filters, limit=limit, detail=detail, timeout=timeout, raise_on_missing_output=False)
+    except Exception as error:
+        raise ClusterUnreachable(f"Ray's State API did not answer ({type(error).__name__}: {str(error)[:200]})",
+                                 fix="the dashboard process serves the State API: check it runs (`ray status`)") from None
+    items = [_to_dict(item) for item in items]
+    return Listing(items=items, truncated=len(items) >= limit, total=len(items))
+
+
+def nodes(*, alive_only: bool = False) -> list[dict[str, Any]]:
+    """Every node: node_id, node_ip, is_head_node, state, resources_total, labels."""
+    import ray
+
+    result = []
+    for node in ray.nodes():
+        if alive_only and not node.get("Alive"):
+            continue
+        resources = node.get("Resources", {})
+        result.append({
+            "node_id": node.get("NodeID"),
+            "node_ip": node.get("NodeManagerAddress"),
+            "hostname": node.get("NodeManagerHostname"),
+            "alive": bool(node.get("Alive")),
+            "is_head_node": "node:__internal_head__" in resources,
+            "resources_total": {k: v for k, v in resources.items() if not k.startswith("node:")},
+            "labels": node.get("Labels", {}),
+            "object_store_socket": node.get("ObjectStoreSocketName"),
+            "temp_dir": node.get("TempDir") or None,
+        })
+    return result
+
+
+def head_node() -> dict[str, Any] | None:
+    """The head node, from :func:`nodes`."""
+    return next((node for node in nodes() if node["is_head_node"]), None)
+
+
+def workers(*, alive_only: bool = True, limit: int = STATE_LIMIT) -> Listing:
+    """Ray worker processes (drivers included): worker_id, pid, ip, worker_type, is_alive."""
+    filters = [("is_alive", "=", "True")] if alive_only else None
+    return _listing(_state().list_workers, filters=filters, limit=limit, detail=True)
+
+
+def actors(*, state: str | None = None, limit: int = STATE_LIMIT, detail: bool = True) -> Listing:
+    """Actors: actor_id, class_name, name, state, pid, node_id, death_cause (with detail)."""
+    filters = [("state", "=", state)] if state else None
+    return _listing(_state().list_actors, filters=filters, limit=limit, detail=detail)
+
+
+def tasks(*, state: str | None = None, limit: int = STATE_LIMIT, detail: bool = True, filters=None) -> Listing:
+    """Tasks and actor calls from the task events (the newest attempt of each)."""
+    filters = list(filters or [])
+    if state:
+        filters.append(("state", "=", state))
+    return _listing(_state().list_tasks, filters=filters or None, limit=limit, detail=detail)
+
+
+def placement_groups(*, limit: int = STATE_LIMIT) -> Listing:
+    """Placement groups with their bundles and state."""
+    return _listing(_state().list_placement_groups, limit=limit, detail=True)
+
+
+def get_task(task: Any) -> list[dict[str, Any]]:
+    """Every attempt of one task (id string or ObjectRef), oldest attempt first."""
+    try:
+        found = _state().get_task(task, timeout=30)
+    except Exception as error:
+        raise ClusterUnreachable(f"Ray's State API did not answer ({type(error).__name__}: {str(error)[:200]})",
+                                 fix="check the dashboard runs (`ray status`)") from None
+    if found is None:
+        return []
+    items = found if isinstance(found, list) else [found]
+    return sorted((_to_dict(item) for item in items), key=lambda item: item.get("attempt_number", 0))
+
+
+# ------------------------------------------------------------------- ranks
+
+_RANK_PATTERNS = (
+    re.compile(r"(?:^|[_\-:/.])rank[_\-:]?(\d+)$", re.IGNORECASE),
+    re.compile(r":(\d+)$"),  # verl: <prefix><Class>_<pg>:<local_rank>
+)
+
+
+def rank_from_name(name: str | None) -> int | None:
+    """A rank written into an actor name (``trainer_rank3``, ``...WorkerDict_0:3``), else None."""
+    if not name:
+        return None
+    for pattern in _RANK_PATTERNS:
+        match = pattern.search(name)
+        if match:
+            return int(match.group(1))
+    return None
+
+
+def worker_labels() -> dict[tuple[str | None, int], dict[str, Any]]:
+    """Per worker ``(node_ip, pid)``: rank, actor class and name, node, as best known.
+
+    Ranks come from what instruments registered with the writer, else from
+    actor names (pids repeat across nodes, hence the node in the key).
+    """
+    labels: dict[tuple[str | None, int], dict[str, Any]] = {}
+    node_ips = {node["node_id"]: node["node_ip"] for node in nodes()}
+    for actor in actors(state="ALIVE"):
+        pid = actor.get("pid")
+        if not pid:
+            continue
+        node_ip = node_ips.get(actor.get("node_id"))
+        labels[(node_ip, pid)] = {
+            "pid": pid,
+            "node_ip": node_ip,
+            "node_id": actor.get("node_id"),
+            "actor_id": actor.get("actor_id"),
+            "actor_class": actor.get("class_name"),
+            "actor_name": actor.get("name") or None,
+            "rank": rank_from_name(actor.get("name")),
+            "rank_source": "actor name" if rank_from_name(actor.get("name")) is not None else None,
+        }
+    try:
+        import ray
+
+        from raysleuth.recorder import get_writer
+
+        for client in ray.get(get_writer(create=False).clients.remote(), timeout=5):
+            key = (client.get("node_ip"), client.get("pid"))
+            entry = labels.setdefault(key, {"pid": client.get("pid"), "node_ip": client.get("node_ip")})
+            if client.get("rank") is not None:
+                entry["rank"] = client["rank"]
+                entry["rank_source"] = "registered"
+    except Exception:
+        pass  # no writer yet: names are all we have
+    return labels

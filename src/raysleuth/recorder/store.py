@@ -1,0 +1,362 @@
+"""The evidence database: SQLite in WAL mode, one file per run.
+
+Layout: ``$RAYSLEUTH_HOME/runs/<run-id>/evidence.sqlite``; ``runs/latest``
+holds the id of the newest run. Every record is one row of ``records``:
+who (rank, node, pid, actor), when (time, step, phase), what (``kind``,
+``name``, ``level``) and a JSON ``data`` column. Features choose a ``kind``
+("log", "span", "heartbeat", "memory", "crash", ...) and query it back.
+
+Only the writer actor writes while a cluster runs; readers (the CLI) open
+the file read-only, so evidence outlives the job. Nothing read back is ever
+unpickled: data is JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from raysleuth.errors import StoreCorrupt, StoreNotFound
+
+__all__ = [
+    "COLUMNS",
+    "EvidenceStore",
+    "Record",
+    "SCHEMA_VERSION",
+    "latest_run",
+    "list_runs",
+    "resolve_store_path",
+    "run_dir",
+]
+
+DB_NAME = "evidence.sqlite"
+
+#: The identity columns a batch header carries for all its rows.
+IDENTITY_COLUMNS = (
+    "world_size", "node_id", "node_ip", "hostname", "pid",
+    "actor_id", "actor_name", "actor_class", "client_id",
+)
+#: The per-row columns, in the order a client packs them.
+ROW_COLUMNS = ("kind", "time", "rank", "step", "phase", "name", "level", "data", "seq")
+COLUMNS = ROW_COLUMNS + IDENTITY_COLUMNS
+
+# Each entry upgrades the schema by one version; never edit a shipped entry.
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE records (
+        id INTEGER PRIMARY KEY,
+        kind TEXT NOT NULL,
+        time REAL NOT NULL,
+        rank INTEGER,
+        step INTEGER,
+        phase TEXT,
+        name TEXT,
+        level TEXT,
+        data TEXT NOT NULL DEFAULT '{}',
+        seq INTEGER,
+        world_size INTEGER,
+        node_id TEXT,
+        node_ip TEXT,
+        hostname TEXT,
+        pid INTEGER,
+        actor_id TEXT,
+        actor_name TEXT,
+        actor_class TEXT,
+        client_id TEXT
+    );
+    CREATE INDEX records_kind_time ON records (kind, time);
+    CREATE INDEX records_kind_rank ON records (kind, rank, time);
+    CREATE UNIQUE INDEX records_delivery ON records (client_id, seq) WHERE client_id IS NOT NULL;
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+@dataclass
+class Record:
+    """One row of evidence, as read back."""
+
+    id: int
+    kind: str
+    time: float
+    rank: int | None = None
+    step: int | None = None
+    phase: str | None = None
+    name: str | None = None
+    level: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+    seq: int | None = None
+    world_size: int | None = None
+    node_id: str | None = None
+    node_ip: str | None = None
+    hostname: str | None = None
+    pid: int | None = None
+    actor_id: str | None = None
+    actor_name: str | None = None
+    actor_class: str | None = None
+    client_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as a JSON-ready dict."""
+        return dict(self.__dict__)
+
+
+def _dumps(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, default=repr, separators=(",", ":"))
+
+
+def run_dir(home: Path, run_id: str) -> Path:
+    """The folder of one run."""
+    return Path(home) / "runs" / run_id
+
+
+def list_runs(home: Path) -> list[str]:
+    """Run ids under ``home``, oldest first (by database modification time)."""
+    runs = Path(home) / "runs"
+    if not runs.is_dir():
+        return []
+    found = [p for p in runs.iterdir() if (p / DB_NAME).exists()]
+    return [p.name for p in sorted(found, key=lambda p: (p / DB_NAME).stat().st_mtime)]
+
+
+def latest_run(home: Path) -> str | None:
+    """The newest run: the id in ``runs/latest``, else the newest database."""
+    marker = Path(home) / "runs" / "latest"
+    try:
+        run_id = marker.read_text().strip()
+        if run_id and (run_dir(home, run_id) / DB_NAME).exists():
+            return run_id
+    except OSError:
+        pass
+    runs = list_runs(home)
+    return runs[-1] if runs else None
+
+
+def resolve_store_path(home: Path, run: str | None = None) -> Path:
+    """The database path of ``run`` (an id, a path, or ``None`` for the latest)."""
+    if run:
+        candidate = Path(run).expanduser()
+        if candidate.is_file():
+            return candidate
+        if (candidate / DB_NAME).is_file():
+            return candidate / DB_NAME
+        path = run_dir(home, run) / DB_NAME
+        if path.is_file():
+            return path
+        known = ", ".join(list_runs(home)[-5:]) or "none"
+        raise StoreNotFound(
+            f"no evidence for run {run!r} under {home}",
+            fix=f"pick one of the recorded runs ({known}) or pass a path to an evidence.sqlite",
+        )
+    latest = latest_run(home)
+    if latest is None:
+        raise StoreNotFound(
+            f"no run recorded under {home}",
+            fix="run an instrumented job first (or `raysleuth demo`), or set RAYSLEUTH_HOME / --home",
+        )
+    return run_dir(home, latest) / DB_NAME
+
+
+class EvidenceStore:
+    """One run's evidence database. Open for writing (the writer) or read-only."""
+
+    def __init__(self, path: Path | str, *, readonly: bool = False) -> None:
+        self.path = Path(path)
+        self.readonly = readonly
+        self._lock = threading.Lock()
+        try:
+            if readonly:
+                if not self.path.is_file():
+                    raise StoreNotFound(f"no evidence database at {self.path}",
+                                        fix="check the run id or RAYSLEUTH_HOME")
+                self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True,
+                                           check_same_thread=False, timeout=10)
+            else:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=30)
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=NORMAL")
+            self._version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            if not readonly:
+                self._migrate()
+            elif self._version > SCHEMA_VERSION:
+                raise StoreCorrupt(
+                    f"{self.path} has schema version {self._version}, newer than this raysleuth ({SCHEMA_VERSION})",
+                    fix="upgrade raysleuth to read it",
+                )
+        except sqlite3.DatabaseError as error:
+            raise StoreCorrupt(
+                f"{self.path} is not a readable evidence database ({error})",
+                fix="move the file aside; a new run starts a fresh one",
+            ) from None
+
+    # ---------------------------------------------------------------- schema
+
+    @property
+    def schema_version(self) -> int:
+        """The schema version of the open file."""
+        return self._version
+
+    def _migrate(self) -> None:
+        with self._lock:
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            for number in range(version, SCHEMA_VERSION):
+                self._db.executescript("BEGIN;" + MIGRATIONS[number] + f"; PRAGMA user_version={number + 1}; COMMIT;")
+            if version == 0:
+                self._db.execute("INSERT OR REPLACE INTO meta VALUES ('created', ?)", (str(time.time()),))
+                self._db.commit()
+            self._version = SCHEMA_VERSION
+
+    def set_meta(self, key: str, value: Any) -> None:
+        """Store one run-level fact (JSON)."""
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, _dumps(value)))
+            self._db.commit()
+
+    def meta(self) -> dict[str, Any]:
+        """All run-level facts."""
+        result = {}
+        for key, value in self._db.execute("SELECT key, value FROM meta"):
+            try:
+                result[key] = json.loads(value)
+            except ValueError:
+                result[key] = value
+        return result
+
+    # ----------------------------------------------------------------- write
+
+    def write_batch(self, header: dict[str, Any], rows: Sequence[Sequence[Any]]) -> int:
+        """Insert rows packed as ``ROW_COLUMNS`` sharing one identity ``header``.
+
+        A row already delivered (same client id and sequence number) is
+        ignored, so a batch sent twice after a lost acknowledgement is safe.
+        Returns the number of rows newly inserted.
+        """
+        identity = tuple(header.get(name) for name in IDENTITY_COLUMNS)
+        packed = [
+            (row[0], row[1], row[2], row[3], row[4], row[5], row[6], _dumps(row[7]), row[8]) + identity
+            for row in rows
+        ]
+        placeholders = ",".join("?" * len(COLUMNS))
+        sql = f"INSERT OR IGNORE INTO records ({','.join(COLUMNS)}) VALUES ({placeholders})"
+        with self._lock:
+            before = self._db.total_changes
+            self._db.executemany(sql, packed)
+            self._db.commit()
+            return self._db.total_changes - before
+
+    def add(self, kind: str, data: dict[str, Any] | None = None, **columns: Any) -> None:
+        """Insert one record directly (driver-side evidence such as a doctor run)."""
+        row = (kind, columns.pop("time", time.time()), columns.pop("rank", None), columns.pop("step", None),
+               columns.pop("phase", None), columns.pop("name", None), columns.pop("level", None),
+               data or {}, None)
+        self.write_batch(columns, [row])
+
+    # ------------------------------------------------------------------ read
+
+    def query(
+        self,
+        kind: str | Iterable[str] | None = None,
+        *,
+        rank: int | Iterable[int] | None = None,
+        name: str | None = None,
+        since: float | None = None,
+        after_id: int | None = None,
+        step_min: int | None = None,
+        step_max: int | None = None,
+        levels: Iterable[str] | None = None,
+        limit: int | None = None,
+        newest_first: bool = False,
+    ) -> list[Record]:
+        """Records matching every given filter, in time order."""
+        where, args = [], []
+        if kind is not None:
+            kinds = [kind] if isinstance(kind, str) else list(kind)
+            where.append(f"kind IN ({','.join('?' * len(kinds))})")
+            args += kinds
+        if rank is not None:
+            ranks = [rank] if isinstance(rank, int) else list(rank)
+            where.append(f"rank IN ({','.join('?' * len(ranks))})")
+            args += ranks
+        if name is not None:
+            where.append("name = ?")
+            args.append(name)
+        if since is not None:
+            where.append("time >= ?")
+            args.append(since)
+        if after_id is not None:
+            where.append("id > ?")
+            args.append(after_id)
+        if step_min is not None:
+            where.append("step >= ?")
+            args.append(step_min)
+        if step_max is not None:
+            where.append("step <= ?")
+            args.append(step_max)
+        if levels is not None:
+            level_list = list(levels)
+            where.append(f"level IN ({','.join('?' * len(level_list))})")
+            args += level_list
+        sql = "SELECT id, " + ", ".join(COLUMNS) + " FROM records"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY time DESC, id DESC" if newest_first else " ORDER BY time, id"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        try:
+            rows = self._db.execute(sql, args).fetchall()
+        except sqlite3.DatabaseError as error:
+            raise StoreCorrupt(f"{self.path} could not be read ({error})",
+                               fix="move the file aside; a new run starts a fresh one") from None
+        return [self._record(row) for row in rows]
+
+    @staticmethod
+    def _record(row: Sequence[Any]) -> Record:
+        values = dict(zip(("id",) + COLUMNS, row))
+        try:
+            values["data"] = json.loads(values["data"]) if values["data"] else {}
+        except ValueError:
+            values["data"] = {"raw": values["data"]}
+        return Record(**values)
+
+    def count(self, kind: str | None = None) -> int:
+        """How many records (of ``kind``) the run holds."""
+        if kind is None:
+            return self._db.execute("SELECT COUNT(*) FROM records").fetchone()[0]
+        return self._db.execute("SELECT COUNT(*) FROM records WHERE kind = ?", (kind,)).fetchone()[0]
+
+    def kinds(self) -> dict[str, int]:
+        """Record counts by kind."""
+        return dict(self._db.execute("SELECT kind, COUNT(*) FROM records GROUP BY kind ORDER BY kind"))
+
+    def check(self) -> str:
+        """SQLite's own integrity check ('ok' when healthy)."""
+        return self._db.execute("PRAGMA quick_check").fetchone()[0]
+
+    def close(self) -> None:
+        """Close the connection."""
+        try:
+            self._db.close()
+        except Exception:
+            pass
+
+
+def open_run(home: Path, run_id: str) -> EvidenceStore:
+    """Open (creating) a run's database for writing and mark it the latest."""
+    path = run_dir(home, run_id) / DB_NAME
+    store = EvidenceStore(path)
+    marker = Path(home) / "runs" / "latest"
+    tmp = marker.with_name(f".latest.{os.getpid()}")
+    tmp.write_text(run_id)
+    os.replace(tmp, marker)
+    return store
