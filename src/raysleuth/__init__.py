@@ -12,7 +12,8 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# Public name -> module that defines it. One line each, sorted by name.
+# Public name -> module that defines it (or the module itself, for names such as
+# ``memory`` mapped to ``raysleuth.memory``). One line each, sorted by name.
 _EXPORTS: dict[str, str] = {
     "AuthTokenMissing": "raysleuth.errors",
     "CaptureTimeout": "raysleuth.errors",
@@ -46,7 +47,9 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'raysleuth' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    imported = importlib.import_module(module)
+    # A name that is its own module (``rs.memory``) resolves to the module.
+    value = imported if module == f"{__name__}.{name}" else getattr(imported, name)
     globals()[name] = value  # later lookups are plain attribute reads
     return value
 
