@@ -278,9 +278,21 @@ def _to_dict(item: Any) -> dict[str, Any]:
     return dict(item)
 
 
+def _state_address() -> str | None:
+    """The connected cluster's GCS address, so the State API never guesses
+    ("auto" fails when several Ray clusters run on one machine)."""
+    try:
+        import ray
+
+        return ray.get_runtime_context().gcs_address if ray.is_initialized() else None
+    except Exception:
+        return None
+
+
 def _listing(function, *, filters=None, limit: int = STATE_LIMIT, detail: bool = False, timeout: int = 30) -> Listing:
     try:
-        items = function(filters=filters, limit=limit, detail=detail, timeout=timeout, raise_on_missing_output=False)
+        items = function(address=_state_address(), filters=filters, limit=limit, detail=detail, timeout=timeout,
+                         raise_on_missing_output=False)
     except Exception as error:
         raise ClusterUnreachable(f"Ray's State API did not answer ({type(error).__name__}: {str(error)[:200]})",
                                  fix="the dashboard process serves the State API: check it runs (`ray status`)") from None
@@ -344,7 +356,7 @@ def placement_groups(*, limit: int = STATE_LIMIT) -> Listing:
 def get_task(task: Any) -> list[dict[str, Any]]:
     """Every attempt of one task (id string or ObjectRef), oldest attempt first."""
     try:
-        found = _state().get_task(task, timeout=30)
+        found = _state().get_task(task, address=_state_address(), timeout=30)
     except Exception as error:
         raise ClusterUnreachable(f"Ray's State API did not answer ({type(error).__name__}: {str(error)[:200]})",
                                  fix="check the dashboard runs (`ray status`)") from None
