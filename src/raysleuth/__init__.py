@@ -31,6 +31,7 @@ _EXPORTS: dict[str, str] = {
     "UsageError": "raysleuth.errors",
     "WorkerNotFound": "raysleuth.errors",
     "connect": "raysleuth.cluster",
+    "generate_report": "raysleuth.report",
     "get_rank": "raysleuth.runtime",
     "open_store": "raysleuth.recorder",
     "record": "raysleuth.recorder",

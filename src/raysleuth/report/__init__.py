@@ -1,0 +1,213 @@
+"""``raysleuth report``: one self-contained HTML page of a run's evidence.
+
+:func:`generate_report` reads a run through :func:`raysleuth.recorder.open_store`
+(read-only; the cluster may be gone), builds each section with the pure
+builders of :mod:`raysleuth.report.sections`, draws the charts with plotly
+and renders ``templates/report.html.j2`` with jinja2. plotly's JavaScript is
+embedded inline, so the file opens offline with no network at all.
+
+Sections: run summary, doctor, stacks and verdicts, tasks, consistency
+checks, per-rank memory curves and leak verdicts, crashes, warning/error logs
+by rank, per-step phase durations per rank (stragglers), and a link to the
+Perfetto trace when one was exported next to the report.
+
+Scaling note: the report reads every record of the kinds it shows, capped at
+:data:`MAX_RECORDS` per kind (the newest are kept); a run with millions of
+spans needs aggregation in SQL before this point.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import html
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from raysleuth.recorder import open_store
+from raysleuth.report import sections
+
+__all__ = ["MAX_RECORDS", "ReportResult", "build_report_data", "generate_report", "render_report"]
+
+MAX_RECORDS = 50_000
+
+#: Kinds each section reads.
+SECTION_KINDS = {
+    "doctor": ("doctor",),
+    "stacks": ("stack_report", "stacks"),
+    "tasks": ("tasks", "task", "pending_tasks"),
+    "consistency": ("consistency",),
+    "memory": ("memory", "memory_verdict", "leak"),
+    "crashes": ("crash",),
+    "logs": ("log",),
+    "spans": ("span",),
+}
+
+
+@dataclasses.dataclass(kw_only=True)
+class ReportResult:
+    """What :func:`generate_report` wrote."""
+
+    path: Path
+    """The HTML file."""
+    run_id: str
+    store_path: Path
+    sections: dict[str, int]
+    """Per section, how many items it shows (0: the section says it has no evidence)."""
+    trace_path: Path | None = None
+    bytes: int = 0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {key: str(value) if isinstance(value, Path) else value for key, value in dataclasses.asdict(self).items()}
+
+
+def _query(store, kinds: tuple[str, ...]) -> list:
+    records = store.query(list(kinds), limit=MAX_RECORDS, newest_first=True)
+    records.reverse()
+    return records
+
+
+def build_report_data(store) -> dict[str, Any]:
+    """Every section's data from an open :class:`~raysleuth.recorder.EvidenceStore` (no charts yet)."""
+    kinds = store.kinds()
+    meta = store.meta()
+    fetched = {section: _query(store, names) for section, names in SECTION_KINDS.items()}
+    sample = [record for records in fetched.values() for record in records]
+    return {
+        "summary": sections.summary_section(kinds, meta, sample),
+        "doctor": sections.doctor_section(fetched["doctor"]),
+        "stacks": sections.stack_section(fetched["stacks"]),
+        "tasks": sections.task_section(fetched["tasks"]),
+        "consistency": sections.consistency_section(fetched["consistency"]),
+        "memory": sections.memory_section(fetched["memory"]),
+        "crashes": sections.crash_section(fetched["crashes"]),
+        "logs": sections.log_section(fetched["logs"]),
+        "spans": sections.span_section(fetched["spans"]),
+    }
+
+
+# ------------------------------------------------------------------ charts
+
+
+def _figure_html(figure, div_id: str) -> str:
+    import plotly.io as pio
+
+    figure.update_layout(template="plotly_white", margin={"l": 50, "r": 20, "t": 40, "b": 40}, height=360)
+    return pio.to_html(figure, full_html=False, include_plotlyjs=False, div_id=div_id,
+                       config={"displaylogo": False, "responsive": True})
+
+
+def _charts(data: dict[str, Any]) -> dict[str, str]:
+    import plotly.graph_objects as go
+
+    charts: dict[str, str] = {}
+    memory = data["memory"]
+    if memory["curves"]:
+        leaking = {sections.rank_label(rank) for rank in memory["leaking_ranks"]}
+        figure = go.Figure()
+        for label, curve in memory["curves"].items():
+            figure.add_trace(go.Scatter(x=curve["x"], y=curve["y"], mode="lines+markers", name=label + (" (leak)" if label in leaking else ""),
+                                        line={"width": 4 if label in leaking else 2}))
+        figure.update_layout(title="Memory (RSS) per rank", xaxis_title="seconds since first sample",
+                             yaxis_title="MiB")
+        charts["memory"] = _figure_html(figure, "chart-memory")
+    spans = data["spans"]
+    if spans["steps"]:
+        figure = go.Figure()
+        for rank in spans["ranks"]:
+            figure.add_trace(go.Scatter(x=spans["steps"], y=spans["totals"][rank], mode="lines+markers",
+                                        name=sections.rank_label(rank)))
+        for straggler in spans["stragglers"]:
+            figure.add_trace(go.Scatter(x=[straggler["step"]], y=[straggler["seconds"]], mode="markers",
+                                        marker={"size": 14, "symbol": "x", "color": "red"}, showlegend=False,
+                                        name=f"straggler rank {straggler['rank']}"))
+        figure.update_layout(title="Step time per rank (top-level spans)", xaxis_title="step", yaxis_title="seconds")
+        charts["steps"] = _figure_html(figure, "chart-steps")
+        figure = go.Figure()
+        labels = [sections.rank_label(rank) for rank in spans["ranks"]]
+        for phase in spans["phases"]:
+            figure.add_trace(go.Bar(x=labels, y=[spans["mean_phase"][rank][phase] for rank in spans["ranks"]], name=phase))
+        figure.update_layout(barmode="stack", title="Mean seconds per step, by phase and rank", yaxis_title="seconds")
+        charts["phases"] = _figure_html(figure, "chart-phases")
+    return charts
+
+
+# ------------------------------------------------------------------ render
+
+
+def _format_time(value: float | None) -> str:
+    if value is None:
+        return ""
+    return _dt.datetime.fromtimestamp(value).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def render_report(data: dict[str, Any], *, title: str, trace_href: str | None = None,
+                  store_path: str = "", inline_js: bool = True) -> str:
+    """The HTML text of a report from :func:`build_report_data`'s output."""
+    import jinja2
+
+    loader = jinja2.PackageLoader("raysleuth", "templates")
+    env = jinja2.Environment(loader=loader, autoescape=jinja2.select_autoescape(["html", "j2"]),
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters["when"] = _format_time
+    env.filters["rank"] = sections.rank_label
+    plotly_js = ""
+    if inline_js:
+        from plotly.offline import get_plotlyjs
+
+        # A literal "</script>" inside the bundle would end the tag early.
+        plotly_js = get_plotlyjs().replace("</script>", "<\\/script>")
+    template = env.get_template("report.html.j2")
+    return template.render(title=title, data=data, charts=_charts(data), plotly_js=plotly_js,
+                           trace_href=trace_href, store_path=store_path,
+                           generated=_format_time(time.time()), escape=html.escape)
+
+
+def generate_report(output: Path | str = "report.html", *, run: str | None = None, home: Path | str | None = None,
+                    trace_path: Path | str | None = None) -> ReportResult:
+    """Write the HTML report of ``run`` (default: the latest) to ``output``.
+
+    ``trace_path``: a Perfetto trace (``raysleuth timeline -o``) to link; when
+    omitted, ``trace.json`` next to ``output`` is linked if it exists.
+    Raises :class:`~raysleuth.errors.StoreNotFound` when there is no such run.
+    """
+    started = time.monotonic()
+    output = Path(output).expanduser()
+    store = open_store(run, home=home)
+    try:
+        data = build_report_data(store)
+        run_id = data["summary"]["run_id"] or store.path.parent.name
+        store_path = store.path
+    finally:
+        store.close()
+    trace = Path(trace_path).expanduser() if trace_path else output.parent / "trace.json"
+    trace_href = None
+    if trace.is_file():
+        try:
+            trace_href = os.path.relpath(trace.resolve(), output.parent.resolve())
+        except ValueError:  # another drive (Windows)
+            trace_href = trace.resolve().as_uri()
+    else:
+        trace = None
+    text = render_report(data, title=f"raysleuth report — {run_id}", trace_href=trace_href,
+                         store_path=str(store_path))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_suffix(output.suffix + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, output)
+    counts = {
+        "doctor": len(data["doctor"]["checks"]) if data["doctor"] else 0,
+        "stacks": len(data["stacks"]),
+        "tasks": len(data["tasks"]),
+        "consistency": len(data["consistency"]),
+        "memory": sum(len(c["x"]) for c in data["memory"]["curves"].values()) + len(data["memory"]["verdicts"]),
+        "crashes": len(data["crashes"]),
+        "logs": sum(len(lines) for lines in data["logs"].values()),
+        "spans": len(data["spans"]["steps"]),
+    }
+    return ReportResult(path=output, run_id=run_id, store_path=store_path, sections=counts, trace_path=trace,
+                        bytes=len(text.encode()), seconds=round(time.monotonic() - started, 3))
