@@ -118,8 +118,9 @@ class RecordClient:
     # ------------------------------------------------------------- hot path
 
     def record(self, kind: str, data: Any = None, *, name: str | None = None, level: str | None = None,
-               step: int | None = None, phase: str | None = None, time_: float | None = None) -> None:
-        """Queue one record. Never blocks, never raises."""
+               step: int | None = None, phase: str | None = None, time_: float | None = None,
+               rank: int | None = None) -> None:
+        """Queue one record. Never blocks, never raises. ``rank`` overrides this process's rank."""
         try:
             buffer = self._buffer
             if len(buffer) >= self.capacity:
@@ -127,7 +128,7 @@ class RecordClient:
             buffer.append((
                 kind,
                 time.time() if time_ is None else time_,
-                runtime.get_rank(),
+                runtime.get_rank() if rank is None else rank,
                 runtime.current_step() if step is None else step,
                 runtime.current_phase() if phase is None else phase,
                 name,
