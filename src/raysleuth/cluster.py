@@ -31,11 +31,14 @@ __all__ = [
     "ClusterInfo",
     "Listing",
     "actors",
+    "available_resources",
     "connect",
     "find_auth_token",
     "get_task",
     "head_node",
+    "list_log_files",
     "nodes",
+    "objects",
     "placement_groups",
     "rank_from_name",
     "resolve_address",
@@ -43,6 +46,7 @@ __all__ = [
     "shutdown",
     "tasks",
     "worker_labels",
+    "worker_log",
     "workers",
 ]
 
@@ -131,18 +135,34 @@ def _reachable(address: str, timeout: float = 2.0) -> str | None:
         return error.strerror or str(error)
 
 
-def _use_token_mode_if_available() -> str | None:
-    source = find_auth_token()
-    mode = os.environ.get("RAY_AUTH_MODE")
-    if source and mode is None:
-        os.environ["RAY_AUTH_MODE"] = "token"
-        try:
-            from ray._raylet import Config
+def _enable_token_mode() -> None:
+    os.environ["RAY_AUTH_MODE"] = "token"
+    try:
+        from ray._raylet import Config
 
-            Config.initialize("")
-        except Exception:
-            pass
-    return source
+        Config.initialize("")  # Ray caches its config: make this process see token mode
+    except Exception:
+        pass
+
+
+def _authenticate(address: str) -> None:
+    """Probe the GCS; switch to token mode only when the cluster asks for a token.
+
+    An explicit ``RAY_AUTH_MODE`` is respected. Otherwise we first ask
+    without a token (a cluster with authentication off answers), and on an
+    authentication error retry with the token found locally, if any.
+    """
+    token_source = find_auth_token()
+    if os.environ.get("RAY_AUTH_MODE") is not None:
+        _probe(address, token_source if os.environ["RAY_AUTH_MODE"].lower() == "token" else None)
+        return
+    try:
+        _probe(address, None)
+    except AuthTokenMissing:
+        if token_source is None:
+            raise
+        _enable_token_mode()
+        _probe(address, token_source)
 
 
 def _probe(address: str, token_source: str | None) -> str:
@@ -192,7 +212,6 @@ def connect(
         return _info(started_here=False, seconds=time.monotonic() - started)
     wanted = address or os.environ.get("RAY_ADDRESS") or "auto"
     resolved = resolve_address(address)
-    token_source = _use_token_mode_if_available()
     if resolved is None:
         if not start_local:
             raise ClusterUnreachable(
@@ -208,7 +227,7 @@ def connect(
             f"cannot reach the Ray cluster at {resolved} ({problem})",
             fix="check the address (`ray status` on the head node prints it) and that the port is open",
         )
-    _probe(resolved, token_source)
+    _authenticate(resolved)
     try:
         ray.init(address=resolved, namespace=namespace, log_to_driver=False,
                  logging_level=logging.ERROR, runtime_env=runtime_env)
@@ -353,6 +372,22 @@ def placement_groups(*, limit: int = STATE_LIMIT) -> Listing:
     return _listing(_state().list_placement_groups, limit=limit, detail=True)
 
 
+def objects(*, reference_type: str | None = None, limit: int = STATE_LIMIT) -> Listing:
+    """Object references: object_id, task_status, reference_type, pid, ip (who holds the ref)."""
+    filters = [("reference_type", "=", reference_type)] if reference_type else None
+    return _listing(_state().list_objects, filters=filters, limit=limit, detail=True)
+
+
+def available_resources() -> dict[str, float]:
+    """Resources free right now across the cluster (Ray's own view; not per node)."""
+    import ray
+
+    try:
+        return {key: value for key, value in ray.available_resources().items() if not key.startswith("node:")}
+    except Exception:
+        return {}
+
+
 def get_task(task: Any) -> list[dict[str, Any]]:
     """Every attempt of one task (id string or ObjectRef), oldest attempt first."""
     try:
@@ -364,6 +399,41 @@ def get_task(task: Any) -> list[dict[str, Any]]:
         return []
     items = found if isinstance(found, list) else [found]
     return sorted((_to_dict(item) for item in items), key=lambda item: item.get("attempt_number", 0))
+
+
+def worker_log(*, actor_id: str | None = None, pid: int | None = None, node_id: str | None = None,
+               suffix: str = "out", tail: int = 1000, timeout: int = 30) -> list[str]:
+    """The last ``tail`` lines of a worker's Ray log (``suffix`` ``out`` or ``err``).
+
+    By actor id (Ray finds its node), or by pid on ``node_id``. Raises
+    :class:`ClusterUnreachable` when the State API cannot serve the file.
+    """
+    try:
+        lines = _state().get_log(address=_state_address(), actor_id=actor_id, pid=None if actor_id else pid,
+                                 node_id=None if actor_id else node_id, suffix=suffix, tail=tail,
+                                 timeout=timeout, errors="replace")
+        text = "".join(lines)
+    except Exception as error:
+        raise ClusterUnreachable(f"Ray's State API could not read the {suffix} log of "
+                                 f"{'actor ' + str(actor_id) if actor_id else 'pid ' + str(pid)} "
+                                 f"({type(error).__name__}: {str(error)[:200]})",
+                                 fix="the worker may have died long ago and its log been rotated; "
+                                     "check `ray list logs` on its node") from None
+    return text.splitlines()
+
+
+def list_log_files(*, node_id: str | None = None, glob_filter: str | None = None,
+                   timeout: int = 30) -> dict[str, list[str]]:
+    """Ray's log files on a node (default: the head), by category, from the State API."""
+    if node_id is None:
+        head = head_node()
+        node_id = head["node_id"] if head else None
+    try:
+        return dict(_state().list_logs(address=_state_address(), node_id=node_id, glob_filter=glob_filter,
+                                       timeout=timeout))
+    except Exception as error:
+        raise ClusterUnreachable(f"Ray's State API could not list logs ({type(error).__name__}: {str(error)[:200]})",
+                                 fix="check the dashboard runs (`ray status`)") from None
 
 
 # ------------------------------------------------------------------- ranks
@@ -403,7 +473,7 @@ def worker_labels() -> dict[tuple[str | None, int], dict[str, Any]]:
             "node_ip": node_ip,
             "node_id": actor.get("node_id"),
             "actor_id": actor.get("actor_id"),
-            "actor_class": actor.get("class_name"),
+            "actor_class": (actor.get("class_name") or "").rsplit(".", 1)[-1] or None,
             "actor_name": actor.get("name") or None,
             "rank": rank_from_name(actor.get("name")),
             "rank_source": "actor name" if rank_from_name(actor.get("name")) is not None else None,

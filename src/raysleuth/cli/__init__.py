@@ -17,8 +17,15 @@ __all__ = ["app", "main"]
 
 # One module per command group; importing it registers its commands.
 COMMAND_MODULES = (
+    "consistency",
+    "crashes",
     "doctor",
+    "explain",
+    "logs",
+    "memory",
     "report",
+    "tasks",
+    "timeline",
 )
 
 for _module in COMMAND_MODULES:

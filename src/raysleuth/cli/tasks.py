@@ -1,0 +1,137 @@
+"""``raysleuth tasks`` and ``raysleuth trace TASK_ID``."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from raysleuth.cli._app import AddressOption, JsonOption, app, console, emit_json, finish
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def _table(*columns: str) -> Table:
+    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    return table
+
+
+@app.command()
+def tasks(
+    address: AddressOption = None,
+    pending: Annotated[bool, typer.Option("--pending", help="Tasks, actors and placement groups that wait, and why.")] = False,
+    stuck: Annotated[bool, typer.Option("--stuck", help="Running calls far slower than their peers.")] = False,
+    failed: Annotated[bool, typer.Option("--failed", help="Failed tasks with error, cause and fix.")] = False,
+    dead: Annotated[bool, typer.Option("--dead", help="Dead actors with death cause and rank.")] = False,
+    older_than: Annotated[float, typer.Option("--older-than", help="Seconds a task may wait before it counts as a problem.")] = 60.0,
+    stuck_factor: Annotated[float, typer.Option("--stuck-factor", help="Stuck past this many times the peers' median.")] = 5.0,
+    stuck_floor: Annotated[float, typer.Option("--stuck-floor", help="...and past this many seconds.")] = 10.0,
+    job: Annotated[str | None, typer.Option("--job", help="Only this Ray job id.")] = None,
+    stack: Annotated[bool, typer.Option("--stack", help="Add py-spy stacks of stuck workers.")] = False,
+    limit: Annotated[int, typer.Option("--limit", help="Rows shown per section (JSON has all).")] = 50,
+    json_: JsonOption = False,
+) -> None:
+    """Why tasks wait, which calls are stuck, what failed and which actors died (exit 1 if any)."""
+    from raysleuth.tasks import find_tasks
+
+    everything = not (pending or stuck or failed or dead)
+    report = find_tasks(address, pending=pending or everything, stuck=stuck or everything,
+                        failed=failed or everything, dead=dead or everything, older_than=older_than,
+                        stuck_factor=stuck_factor, stuck_floor_s=stuck_floor, job_id=job, stack=stack)
+    if json_:
+        emit_json(report.to_dict())
+        finish(1 if report.problem else 0)
+    shown_any = False
+    if report.pending:
+        shown_any = True
+        console.print(f"[bold]Pending ({len(report.pending)})[/bold]")
+        table = _table("", "task", "state", "waiting", "reason", "detail")
+        for item in sorted(report.pending, key=lambda p: -(p.waiting_s or 0))[:limit]:
+            mark = "[red]✗[/red]" if item.problem else "[yellow]…[/yellow]"
+            table.add_row(mark, f"{item.name}\n[dim]{item.task_id[:16]}[/dim]", item.state, _age(item.waiting_s),
+                          f"[bold]{item.reason}[/bold]", item.detail)
+        console.print(table)
+    if report.stuck:
+        shown_any = True
+        console.print(f"\n[bold red]Stuck ({len(report.stuck)})[/bold red]")
+        table = _table("task", "running", "peers' median", "ratio", "rank", "node / pid")
+        for item in report.stuck[:limit]:
+            table.add_row(f"{item.name}\n[dim]{item.task_id[:16]}[/dim]", _age(item.running_s),
+                          f"{_age(item.peer_median_s)} ({item.peers} peers)", f"{item.ratio:.0f}×",
+                          "" if item.rank is None else str(item.rank), f"{item.node_ip or '?'} / {item.pid or '?'}")
+        console.print(table)
+        for item in report.stuck:
+            if item.stack:
+                console.print(f"[dim]stack of pid {item.pid}:[/dim]")
+                console.print_json(data=item.stack) if isinstance(item.stack, dict) else console.print(str(item.stack))
+    if report.failed:
+        shown_any = True
+        console.print(f"\n[bold red]Failed ({len(report.failed)})[/bold red]")
+        table = _table("task", "error", "rank", "cause / fix")
+        for item in report.failed[-limit:]:
+            last_line = (item.error_message.strip().splitlines() or [""])[-1][:200]
+            fix = ""
+            if item.cause:
+                fix = f"{item.cause}\n[green]→ {item.fix}[/green]" if item.fix else item.cause
+            table.add_row(f"{item.name}\n[dim]{item.task_id[:16]}[/dim]", f"{item.error_type or '?'}: {last_line}",
+                          "" if item.rank is None else str(item.rank), fix)
+        console.print(table)
+    if report.dead_actors:
+        shown_any = True
+        console.print(f"\n[bold red]Dead actors ({len(report.dead_actors)})[/bold red]")
+        table = _table("actor", "rank", "cause", "node / pid", "fix")
+        for item in report.dead_actors[-limit:]:
+            table.add_row(f"{item.class_name} {item.name or ''}\n[dim]{item.actor_id[:16]}[/dim]",
+                          "" if item.rank is None else str(item.rank), f"[bold]{item.death_cause}[/bold]: {item.summary}",
+                          f"{item.node_ip or '?'} / {item.pid or '?'}", item.fix or "")
+        console.print(table)
+    for warning in report.warnings:
+        console.print(f"[yellow]⚠️  {warning}[/yellow]")
+    if not shown_any:
+        console.print("[green]nothing pending, stuck, failed or dead[/green]")
+    finish(1 if report.problem else 0)
+
+
+@app.command()
+def trace(
+    task_id: Annotated[str, typer.Argument(help="Task id (or object id) from `raysleuth tasks` or `ray list tasks`.")],
+    address: AddressOption = None,
+    wait: Annotated[float, typer.Option("--wait", help="Seconds to wait for the task's events to arrive.")] = 5.0,
+    json_: JsonOption = False,
+) -> None:
+    """The lifecycle of one task: each state with its time and duration, node, worker, retries."""
+    from raysleuth.tasks import trace_ray_task
+
+    result = trace_ray_task(task_id, address, wait_s=wait)
+    if json_:
+        emit_json(result.to_dict())
+        finish(1 if result.state == "FAILED" else 0)
+    console.print(f"[bold]{result.name}[/bold] ({result.type}, {result.function}) [dim]{result.task_id}[/dim]")
+    console.print(f"state [bold]{result.state}[/bold], {len(result.attempts)} attempt(s), "
+                  f"waited {_age(result.waiting_s)}, ran {_age(result.running_s)}, total {_age(result.total_s)}")
+    for attempt in result.attempts:
+        where = f"node {attempt.node_id[:12] if attempt.node_id else '?'}, pid {attempt.worker_pid or '?'}"
+        console.print(f"\n[bold]attempt {attempt.attempt_number}[/bold] ({attempt.state}, {where})")
+        table = _table("at", "state", "", "duration")
+        for phase in attempt.phases:
+            at = datetime.datetime.fromtimestamp(phase.start).strftime("%H:%M:%S.%f")[:-3]
+            table.add_row(at, phase.state, phase.label,
+                          ("" if phase.state in ("FINISHED", "FAILED") else _age(phase.duration_s))
+                          + (" (still)" if phase.end is None else ""))
+        console.print(table)
+        if attempt.error_type:
+            console.print(f"[red]{attempt.error_type}[/red]: "
+                          f"{(attempt.error_message or '').strip().splitlines()[-1:] or ''}")
+    finish(1 if result.state == "FAILED" else 0)

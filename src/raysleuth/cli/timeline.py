@@ -1,0 +1,69 @@
+"""``raysleuth timeline``: a Chrome/Perfetto trace, or the per-step straggler summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from raysleuth.cli._app import AddressOption, HomeOption, JsonOption, RunOption, app, console, emit_json, finish, home_path
+from raysleuth.errors import UsageError
+
+
+@app.command()
+def timeline(
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the trace JSON here (open at ui.perfetto.dev).")] = None,
+    steps: Annotated[str | None, typer.Option("--steps", help="Only these steps, e.g. 10-20.")] = None,
+    ranks: Annotated[str | None, typer.Option("--ranks", help="Only these ranks, e.g. 0,1.")] = None,
+    summary: Annotated[bool, typer.Option("--summary", help="Print per step and phase: duration per rank, slowest rank, lag.")] = False,
+    ray_tasks: Annotated[bool, typer.Option("--ray-tasks/--no-ray-tasks", help="Merge Ray's task events (needs the cluster).")] = True,
+    lag_threshold: Annotated[float, typer.Option("--lag", help="With --summary: exit 1 when a rank lags the median by this ratio.")] = 0.0,
+    address: AddressOption = None,
+    run: RunOption = None,
+    home: HomeOption = None,
+    json_: JsonOption = False,
+) -> None:
+    """One timeline of the job: Ray tasks + spans + events + memory, one process per node, one thread per rank."""
+    from raysleuth.timeline import export_timeline, parse_ranks, parse_steps, timeline_summary
+
+    step_range = parse_steps(steps)
+    rank_list = parse_ranks(ranks)
+    if not summary and output is None:
+        raise UsageError("timeline needs -o FILE (the trace to write) or --summary",
+                         fix="e.g. raysleuth timeline -o trace.json --steps 10-20")
+    code = 0
+    result: dict = {}
+    if output is not None:
+        exported = export_timeline(output, address, run=run, home=home_path(home), steps=step_range,
+                                   ranks=rank_list, ray_tasks=ray_tasks)
+        result["timeline"] = exported.to_dict()
+        if not json_:
+            console.print(f"wrote [bold]{exported.path}[/bold]: {exported.spans} spans, {exported.ray_tasks} Ray tasks, "
+                          f"{exported.instant_events} events, {exported.memory_samples} memory samples "
+                          f"({len(exported.events)} trace events) — open it at https://ui.perfetto.dev")
+            for warning in exported.warnings:
+                console.print(f"[yellow]⚠️  {warning}[/yellow]")
+    if summary:
+        rows = timeline_summary(run=run, home=home_path(home), steps=step_range, ranks=rank_list)
+        result["summary"] = rows
+        if lag_threshold and any(row.lag_ratio >= lag_threshold for row in rows):
+            code = 1
+        if not json_:
+            if not rows:
+                console.print("no spans with a step recorded (use rs.span(name, step=i) or rs.step(i))")
+            table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+            for column in ("step", "phase", "per rank (s)", "median", "slowest", "lag"):
+                table.add_column(column, overflow="fold")
+            for row in rows:
+                per_rank = "  ".join(f"{who}:{value:.3f}" for who, value in row.durations.items())
+                style = "red" if row.lag_ratio >= 1.5 and len(row.durations) > 1 else ""
+                lag = f"+{row.lag_s:.3f}s ({row.lag_ratio:.2f}×)"
+                table.add_row(str(row.step), row.phase, per_rank, f"{row.median_s:.3f}",
+                              f"[{style}]{row.slowest}[/{style}]" if style else row.slowest,
+                              f"[{style}]{lag}[/{style}]" if style else lag)
+            console.print(table)
+    if json_:
+        emit_json(result)
+    finish(code)

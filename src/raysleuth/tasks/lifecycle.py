@@ -1,0 +1,185 @@
+"""One task's life: each state it passed through, when, for how long, where, and each retry.
+
+:func:`trace_ray_task` accepts an ``ObjectRef`` (a task's or an actor
+call's result), a task id, or an object id, and reads the task events of
+every attempt from the State API. Task events reach the State API a second
+or so after they happen; ``wait_s`` polls that long for a task not yet seen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from typing import Any
+
+from raysleuth import cluster
+from raysleuth.errors import UsageError
+
+__all__ = ["LifecyclePhase", "TaskAttempt", "TaskTrace", "phases_from_events", "task_id_of", "trace_ray_task"]
+
+#: What each task state means, in words.
+STATE_LABELS = {
+    "NIL": "created",
+    "PENDING_ARGS_AVAIL": "waiting for arguments",
+    "PENDING_NODE_ASSIGNMENT": "waiting for a node (resources)",
+    "PENDING_OBJ_STORE_MEM_AVAIL": "waiting for object store memory",
+    "PENDING_ARGS_FETCH": "fetching arguments to the node",
+    "SUBMITTED_TO_WORKER": "submitted to a worker",
+    "PENDING_ACTOR_TASK_ARGS_FETCH": "fetching arguments to the actor",
+    "PENDING_ACTOR_TASK_ORDERING_OR_CONCURRENCY": "queued on the actor",
+    "RUNNING": "running",
+    "RUNNING_IN_RAY_GET": "running, blocked in ray.get",
+    "RUNNING_IN_RAY_WAIT": "running, blocked in ray.wait",
+    "FINISHED": "finished",
+    "FAILED": "failed",
+}
+_TERMINAL = {"FINISHED", "FAILED"}
+_HEX = re.compile(r"^[0-9a-f]+$")
+
+
+@dataclasses.dataclass(kw_only=True)
+class LifecyclePhase:
+    """One state of one attempt: from ``start`` to ``end`` (``None`` while it lasts)."""
+
+    state: str
+    label: str
+    start: float
+    end: float | None
+    duration_s: float
+
+
+@dataclasses.dataclass(kw_only=True)
+class TaskAttempt:
+    """One attempt (the first run, or a retry) of a task."""
+
+    attempt_number: int
+    state: str
+    node_id: str | None
+    worker_id: str | None
+    worker_pid: int | None
+    phases: list[LifecyclePhase]
+    error_type: str | None = None
+    error_message: str | None = None
+    profile: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """Ray's profile events of the attempt (deserialize args, execute, store outputs) when recorded."""
+
+
+@dataclasses.dataclass(kw_only=True)
+class TaskTrace:
+    """The lifecycle of one task across its attempts."""
+
+    task_id: str
+    name: str
+    function: str | None
+    type: str | None
+    state: str
+    job_id: str | None
+    actor_id: str | None
+    attempts: list[TaskAttempt]
+    retries: int
+    total_s: float | None
+    """Creation of the first attempt to the end of the last (or now)."""
+    waiting_s: float
+    """Time in states before running, over all attempts."""
+    running_s: float
+    required_resources: dict[str, float] = dataclasses.field(default_factory=dict)
+    placement_group_id: str | None = None
+    node_ip: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return dataclasses.asdict(self)
+
+
+def task_id_of(ref_or_task_id: Any) -> str:
+    """The task id (hex) of an ObjectRef, an actor-call ref, a task id or an object id."""
+    task_id = getattr(ref_or_task_id, "task_id", None)
+    if callable(task_id):
+        return task_id().hex()
+    if isinstance(ref_or_task_id, bytes):
+        ref_or_task_id = ref_or_task_id.hex()
+    if not isinstance(ref_or_task_id, str):
+        raise UsageError(f"cannot trace {type(ref_or_task_id).__name__} {ref_or_task_id!r}",
+                         fix="pass an ObjectRef returned by .remote(), or a task id (hex, from `raysleuth tasks`)")
+    text = ref_or_task_id.strip().lower()
+    if not _HEX.match(text) or len(text) not in (48, 56):
+        raise UsageError(f"{ref_or_task_id!r} is not a Ray task id",
+                         fix="a task id is 48 hex characters (an object id, 56, also works); see `raysleuth tasks`")
+    return text[:48]
+
+
+def phases_from_events(events: list[dict[str, Any]], now: float | None = None) -> list[LifecyclePhase]:
+    """Turn Ray's ``[{"state", "created_ms"}]`` into phases with durations (pure)."""
+    now = time.time() if now is None else now
+    ordered = sorted((entry for entry in events if entry.get("created_ms")), key=lambda entry: entry["created_ms"])
+    phases = []
+    for index, entry in enumerate(ordered):
+        start = float(entry["created_ms"]) / 1000.0
+        state = entry.get("state") or "NIL"
+        if state in _TERMINAL:
+            end: float | None = start
+        elif index + 1 < len(ordered):
+            end = float(ordered[index + 1]["created_ms"]) / 1000.0
+        else:
+            end = None
+        phases.append(LifecyclePhase(state=state, label=STATE_LABELS.get(state, state.lower()), start=start,
+                                     end=end, duration_s=max(0.0, (end if end is not None else now) - start)))
+    return phases
+
+
+def trace_ray_task(ref_or_task_id: Any, address: str | None = None, *, wait_s: float = 5.0) -> TaskTrace:
+    """The lifecycle of one task from the State API: every state with its time and duration.
+
+    Accepts an ``ObjectRef`` (task or actor call), a task id or an object id.
+    Polls up to ``wait_s`` for a task whose events have not arrived yet.
+    Raises :class:`~raysleuth.errors.UsageError` when no such task exists.
+    """
+    task_id = task_id_of(ref_or_task_id)
+    cluster.connect(address)
+    deadline = time.monotonic() + max(0.0, wait_s)
+    attempts_raw = cluster.get_task(task_id)
+    while not attempts_raw and time.monotonic() < deadline:
+        time.sleep(0.3)
+        attempts_raw = cluster.get_task(task_id)
+    if not attempts_raw:
+        raise UsageError(f"no task {task_id} in Ray's task events",
+                         fix="check the id (`raysleuth tasks`); events arrive about a second late, and old tasks "
+                             "are evicted past RAY_task_events_max_num_task_in_gcs")
+    now = time.time()
+    attempts = []
+    waiting = running = 0.0
+    for raw in attempts_raw:
+        phases = phases_from_events(raw.get("events") or [], now)
+        for phase in phases:
+            if phase.state.startswith("RUNNING"):
+                running += phase.duration_s
+            elif phase.state not in _TERMINAL:
+                waiting += phase.duration_s
+        profile = []
+        for event in ((raw.get("profiling_data") or {}).get("events") or []):
+            start = event.get("start_time") or event.get("start_time_ms")
+            end = event.get("end_time") or event.get("end_time_ms")
+            profile.append({"event": event.get("event_name"), "start": start, "end": end,
+                            "extra": event.get("extra_data")})
+        attempts.append(TaskAttempt(
+            attempt_number=raw.get("attempt_number") or 0, state=raw.get("state") or "NIL",
+            node_id=raw.get("node_id"), worker_id=raw.get("worker_id"), worker_pid=raw.get("worker_pid"),
+            phases=phases, error_type=raw.get("error_type"), error_message=raw.get("error_message"),
+            profile=profile,
+        ))
+    last = attempts_raw[-1]
+    first_start = min((phase.start for attempt in attempts for phase in attempt.phases), default=None)
+    ends = [attempt.phases[-1].end for attempt in attempts if attempt.phases]
+    last_end = ends[-1] if ends and ends[-1] is not None else now
+    node_ip = None
+    if last.get("node_id"):
+        node_ip = next((node["node_ip"] for node in cluster.nodes() if node["node_id"] == last.get("node_id")), None)
+    return TaskTrace(
+        task_id=task_id, name=last.get("name") or task_id[:12], function=last.get("func_or_class_name"),
+        type=last.get("type"), state=last.get("state") or "NIL", job_id=last.get("job_id"),
+        actor_id=last.get("actor_id"), attempts=attempts, retries=max(0, len(attempts) - 1),
+        total_s=(last_end - first_start) if first_start is not None else None, waiting_s=waiting, running_s=running,
+        required_resources=dict(last.get("required_resources") or {}),
+        placement_group_id=last.get("placement_group_id") or None, node_ip=node_ip,
+    )

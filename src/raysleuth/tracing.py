@@ -1,0 +1,308 @@
+"""Spans, instant events and detailed Ray-call tracing: what each rank did, and when.
+
+- ``with rs.span("rollout", step=i, **attrs):`` times a block. While it is
+  open, :func:`raysleuth.runtime.current_phase` is its name (records written
+  inside carry it); spans nest (``parent_id``). On exit one ``span`` record
+  goes to the evidence store through the batching client: a deque append,
+  about a microsecond (``bench/bench_spans.py``).
+- ``@rs.trace`` (or ``@rs.trace(name=..., **attrs)``) wraps a function or
+  method (sync or async) in a span named for its qualified name.
+- ``rs.event(name, **data)`` records an instant event.
+- ``with enable_detailed_tracing():`` traces every Ray task and actor call
+  submitted inside the block: while it is active, ``RemoteFunction._remote``
+  and ``ActorMethod._remote`` are wrapped; each call records a ``span`` named
+  ``ray.call:<function>`` from submission to the moment its result is ready
+  (seen from the submitter), with the task id so the timeline can join it to
+  the State API's view of the same task. The originals come back on exit.
+
+Every instrument here catches its own errors: tracing never breaks the
+traced code. With ``RAYSLEUTH_MODE=off`` spans are one flag check.
+
+Record layout (kind ``span``): ``name`` = span name, ``time`` = start,
+``step`` = the span's step, ``phase`` = the span's name, data
+``{"start", "end", "duration_s", "span_id", "parent_id", "attrs", "thread"}``
+(plus ``"error"`` when the block raised). Kind ``event``: ``name``, data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import inspect
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar, overload
+
+from raysleuth import runtime
+from raysleuth.recorder import record
+
+__all__ = ["Span", "enable_detailed_tracing", "event", "span", "trace", "detailed_tracing_active"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_span_ids = itertools.count(1)
+_parent: contextvars.ContextVar[int | None] = contextvars.ContextVar("raysleuth_span", default=None)
+_now = time.time
+
+
+class Span:
+    """A timed block (use :func:`span`). Records one ``span`` on exit."""
+
+    __slots__ = ("name", "step", "attrs", "start", "end", "span_id", "parent_id", "_phase_token",
+                 "_parent_token", "_enabled")
+
+    def __init__(self, name: str, step: int | None = None, attrs: dict[str, Any] | None = None) -> None:
+        self.name = name
+        self.step = step
+        self.attrs = attrs
+        self.start = 0.0
+        self.end = 0.0
+        self.span_id = 0
+        self.parent_id: int | None = None
+        self._enabled = False
+
+    def __enter__(self) -> "Span":
+        try:
+            if runtime.settings().mode == "off":
+                return self
+            self._enabled = True
+            self.span_id = next(_span_ids)
+            self.parent_id = _parent.get()
+            if self.step is None:
+                self.step = runtime.current_step()
+            self._parent_token = _parent.set(self.span_id)
+            self._phase_token = runtime.set_phase(self.name)
+            self.start = _now()
+        except Exception:
+            self._enabled = False
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if not self._enabled:
+            return False
+        end = self.end = _now()
+        try:
+            _parent.reset(self._parent_token)
+            runtime._phase.reset(self._phase_token)
+        except Exception:  # exited in another context (generators): just clear
+            try:
+                _parent.set(self.parent_id)
+                runtime.set_phase(None)
+            except Exception:
+                pass
+        try:
+            data = {
+                "start": self.start,
+                "end": end,
+                "duration_s": end - self.start,
+                "span_id": self.span_id,
+                "parent_id": self.parent_id,
+                "attrs": self.attrs or {},
+                "thread": threading.get_ident(),
+            }
+            if exc_type is not None:
+                data["error"] = exc_type.__name__
+            record("span", data, name=self.name, step=self.step, phase=self.name, time_=self.start)
+        except Exception:
+            pass
+        return False
+
+    @property
+    def duration_s(self) -> float:
+        """Seconds the block took (0 while open or when tracing is off)."""
+        return max(0.0, self.end - self.start) if self.end else 0.0
+
+
+def span(name: str, step: int | None = None, **attrs: Any) -> Span:
+    """Time a block as a span named ``name`` (its step: ``step`` or the current step).
+
+    ``attrs`` are stored with the span (keep them small and JSON-friendly).
+    """
+    return Span(name, step, attrs or None)
+
+
+def event(name: str, **data: Any) -> None:
+    """Record an instant event ``name`` with ``data``. Never raises."""
+    try:
+        record("event", data, name=name)
+    except Exception:
+        pass
+
+
+@overload
+def trace(function: F) -> F: ...
+
+
+@overload
+def trace(function: None = None, *, name: str | None = None, **attrs: Any) -> Callable[[F], F]: ...
+
+
+def trace(function: Callable | None = None, *, name: str | None = None, **attrs: Any):
+    """Decorator: run a function or method inside a span named for it.
+
+    ``@rs.trace`` or ``@rs.trace(name="rollout", model="actor")``. Works on
+    plain functions, methods (the span is named ``Class.method``) and
+    coroutine functions. The span's step is the current step.
+    """
+
+    def decorate(target: F) -> F:
+        span_name = name or getattr(target, "__qualname__", None) or getattr(target, "__name__", "function")
+        extra = attrs or None
+        if inspect.iscoroutinefunction(target):
+            @functools.wraps(target)
+            async def async_wrapper(*args, **kwargs):
+                with Span(span_name, None, extra):
+                    return await target(*args, **kwargs)
+
+            return async_wrapper  # type: ignore[return-value]
+
+        @functools.wraps(target)
+        def wrapper(*args, **kwargs):
+            with Span(span_name, None, extra):
+                return target(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    if function is not None:
+        if not callable(function):
+            raise TypeError(f"rs.trace decorates functions and methods, got {type(function).__name__}")
+        return decorate(function)
+    return decorate
+
+
+# ------------------------------------------------------------ detailed tracing
+
+_patch_lock = threading.Lock()
+_active_blocks = 0
+_originals: dict[str, Callable] = {}
+_enabled_here: contextvars.ContextVar[bool] = contextvars.ContextVar("raysleuth_detailed", default=False)
+
+
+def detailed_tracing_active() -> bool:
+    """True while an :func:`enable_detailed_tracing` block is open in this context."""
+    return _enabled_here.get()
+
+
+def _call_name(kind: str, target: Any) -> str:
+    try:
+        if kind == "task":
+            descriptor = target._function_descriptor
+            return f"{descriptor.module_name}.{descriptor.function_name}".rsplit(".", 2)[-1] \
+                if descriptor.function_name else "task"
+        return f"{target._ray_class_name if hasattr(target, '_ray_class_name') else ''}.{target._method_name}"
+    except Exception:
+        return getattr(target, "_method_name", None) or getattr(target, "__name__", kind)
+
+
+def _traced(kind: str, original: Callable) -> Callable:
+    def traced_remote(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        if not _enabled_here.get():
+            return result
+        try:
+            _record_call(kind, self, result, kwargs)
+        except Exception:
+            pass
+        return result
+
+    traced_remote.__wrapped__ = original  # type: ignore[attr-defined]
+    traced_remote._raysleuth_traced = True  # type: ignore[attr-defined]
+    return traced_remote
+
+
+def _record_call(kind: str, target: Any, result: Any, kwargs: dict) -> None:
+    start = _now()
+    ref = result[0] if isinstance(result, list) and result else result
+    task_id = None
+    try:
+        task_id = ref.task_id().hex()
+    except Exception:
+        ref = None
+    label = _call_name(kind, target)
+    if kind == "actor_call":
+        try:
+            actor_id = target._actor_ref().hex() if callable(getattr(target, "_actor_ref", None)) else None
+        except Exception:
+            actor_id = None
+    else:
+        actor_id = None
+    step = runtime.current_step()
+    parent = _parent.get()
+    span_id = next(_span_ids)
+    phase = runtime.current_phase()
+
+    def done(_=None) -> None:
+        end = _now()
+        record("span", {
+            "start": start, "end": end, "duration_s": end - start, "span_id": span_id, "parent_id": parent,
+            "attrs": {"task_id": task_id, "call": kind, "function": label, "actor_id": actor_id,
+                      "submitted_in_phase": phase},
+            "thread": threading.get_ident(),
+        }, name=f"ray.call:{label}", step=step, phase=phase, time_=start)
+
+    if ref is not None and hasattr(ref, "_on_completed"):
+        ref._on_completed(done)
+    else:
+        done()
+
+
+def _install() -> None:
+    from ray.actor import ActorMethod
+    from ray.remote_function import RemoteFunction
+
+    if "task" not in _originals:
+        _originals["task"] = RemoteFunction._remote
+        RemoteFunction._remote = _traced("task", RemoteFunction._remote)
+    if "actor_call" not in _originals:
+        _originals["actor_call"] = ActorMethod._remote
+        ActorMethod._remote = _traced("actor_call", ActorMethod._remote)
+
+
+def _uninstall() -> None:
+    from ray.actor import ActorMethod
+    from ray.remote_function import RemoteFunction
+
+    original = _originals.pop("task", None)
+    if original is not None:
+        RemoteFunction._remote = original
+    original = _originals.pop("actor_call", None)
+    if original is not None:
+        ActorMethod._remote = original
+
+
+@contextlib.contextmanager
+def enable_detailed_tracing() -> Iterator[None]:
+    """Trace every Ray task and actor call submitted inside this block.
+
+    Each call becomes a ``span`` record ``ray.call:<function>`` (submission
+    to result ready, seen from the submitter) with ``attrs.task_id``; the
+    timeline joins it to the task's own lifecycle from the State API.
+    Nested and concurrent blocks are fine; Ray is unpatched when the last
+    block exits. Calls submitted by other threads outside a block are not
+    traced.
+    """
+    global _active_blocks
+    installed = False
+    try:
+        with _patch_lock:
+            _install()
+            _active_blocks += 1
+            installed = True
+    except Exception:  # no Ray, or Ray moved things: run untraced rather than fail
+        installed = False
+    token = _enabled_here.set(True)
+    try:
+        yield
+    finally:
+        _enabled_here.reset(token)
+        if installed:
+            with _patch_lock:
+                _active_blocks -= 1
+                if _active_blocks == 0:
+                    try:
+                        _uninstall()
+                    except Exception:
+                        pass

@@ -1,0 +1,153 @@
+"""Task forensics on the real 2-node cluster: pending reasons, stuck calls, failures, dead actors, lifecycles."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+import ray
+
+from raysleuth.cli import main
+from raysleuth.tasks import find_tasks, trace_ray_task
+from victims.task_forensics import Worker, downstream, fails, needs_gpu, never_finishes
+
+TIMEOUT = 60.0
+
+
+def poll(predicate, timeout: float = TIMEOUT, interval: float = 0.5):
+    """Call ``predicate`` until it returns something truthy; return that (or the last value)."""
+    deadline = time.monotonic() + timeout
+    value = None
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return value
+
+
+def test_infeasible_task_and_placement_group_name_the_resource(ray_cluster):
+    ref = needs_gpu.remote()
+    group = ray.util.placement_group([{"CPU": 64}], strategy="STRICT_PACK", name="forensics_big_pg")
+    task_id = ref.task_id().hex()
+    try:
+        def found():
+            report = find_tasks(ray_cluster.address, stuck=False, failed=False, dead=False)
+            by_id = {item.task_id: item for item in report.pending}
+            pg = next((item for item in report.pending if item.name == "forensics_big_pg"), None)
+            return (by_id.get(task_id), pg, report) if task_id in by_id and pg else None
+
+        task, pg, report = poll(found)
+        assert task.reason == "infeasible"
+        assert "GPU" in task.detail and "no node has any GPU" in task.detail
+        assert task.problem
+        assert pg.reason == "infeasible" and pg.type == "PLACEMENT_GROUP"
+        assert "CPU: 64" in pg.detail and "CPU: 8" in pg.detail  # the largest node's capacity
+        assert report.problem and report.truncated is False
+    finally:
+        ray.cancel(ref, force=True)
+        ray.util.remove_placement_group(group)
+
+
+def test_task_waiting_on_upstream_names_it(ray_cluster):
+    upstream = never_finishes.remote(600)
+    waiting = downstream.remote(upstream)
+    try:
+        def found():
+            report = find_tasks(ray_cluster.address, stuck=False, failed=False, dead=False)
+            item = next((p for p in report.pending if p.task_id == waiting.task_id().hex()), None)
+            return item if item and item.upstream else None
+
+        item = poll(found)
+        assert item is not None, "the downstream task never showed as waiting with its upstream"
+        assert item.reason == "waiting_for_dependencies"
+        assert item.upstream[0]["task_id"] == upstream.task_id().hex()
+        assert "never_finishes" in item.detail and "RUNNING" in item.detail
+    finally:
+        ray.cancel(waiting, force=True)
+        ray.cancel(upstream, force=True)
+
+
+def test_slow_actor_call_is_stuck_with_rank_and_trace(ray_cluster):
+    actor = Worker.options(name="forensics_rank7").remote()
+    try:
+        ray.get([actor.work.remote(0.1) for _ in range(6)], timeout=TIMEOUT)
+        slow = actor.work.remote(120)  # far beyond 20x its peers
+        slow_id = slow.task_id().hex()
+
+        def found():
+            report = find_tasks(ray_cluster.address, pending=False, failed=False, dead=False, stuck_floor_s=2.0)
+            return next((item for item in report.stuck if item.task_id == slow_id), None)
+
+        item = poll(found)
+        assert item is not None, "the slow call was not reported stuck"
+        assert item.rank == 7 and item.pid == ray.get(actor.pid.remote(), timeout=TIMEOUT)
+        assert item.ratio > 5 and item.peers >= 3 and item.peer_median_s < 1.0
+
+        lifecycle = trace_ray_task(slow, ray_cluster.address)
+        assert lifecycle.state == "RUNNING" and lifecycle.type == "ACTOR_TASK"
+        states = [phase.state for phase in lifecycle.attempts[-1].phases]
+        assert "RUNNING" in states and lifecycle.running_s > 1.0
+        assert lifecycle.attempts[-1].phases[-1].end is None  # still running
+    finally:
+        ray.kill(actor)
+
+
+def test_dead_actors_have_rank_and_cause(ray_cluster):
+    killed = Worker.options(name="forensics_killed_rank2").remote()
+    crashed = Worker.options(name="forensics_crashed").remote(rank=5)
+    ray.get(killed.pid.remote(), timeout=TIMEOUT)
+    crashed_pid = ray.get(crashed.pid.remote(), timeout=TIMEOUT)
+    assert ray.get(crashed.flush.remote(), timeout=TIMEOUT)  # registers its rank with the writer
+    ray.kill(killed)
+    os.kill(crashed_pid, signal.SIGKILL)
+
+    def found():
+        report = find_tasks(ray_cluster.address, pending=False, stuck=False, failed=False)
+        by_name = {item.name: item for item in report.dead_actors}
+        if "forensics_killed_rank2" in by_name and "forensics_crashed" in by_name:
+            return by_name
+        return None
+
+    by_name = poll(found)
+    assert by_name, "both dead actors should be listed"
+    killed_entry, crashed_entry = by_name["forensics_killed_rank2"], by_name["forensics_crashed"]
+    assert killed_entry.death_cause == "killed" and killed_entry.rank == 2
+    assert crashed_entry.death_cause == "worker_died" and crashed_entry.pid == crashed_pid
+    assert crashed_entry.rank == 5  # from what its instruments registered, not its name
+
+
+def test_failed_task_and_cli_json(ray_cluster, capsys):
+    ref = fails.remote()
+    with pytest.raises(ray.exceptions.RayTaskError):
+        ray.get(ref, timeout=TIMEOUT)
+    task_id = ref.task_id().hex()
+
+    def found():
+        report = find_tasks(ray_cluster.address, pending=False, stuck=False, dead=False)
+        return next((item for item in report.failed if item.task_id == task_id), None)
+
+    item = poll(found)
+    assert item is not None and item.error_type == "TASK_EXECUTION_EXCEPTION"
+    assert "victim task failed on purpose" in item.error_message
+
+    capsys.readouterr()
+    code = main(["tasks", "--failed", "--json", "--address", ray_cluster.address])
+    payload = json.loads(capsys.readouterr().out)
+    assert code == 1  # something failed
+    assert set(payload) >= {"pending", "stuck", "failed", "dead_actors", "truncated"}
+    assert any(entry["task_id"] == task_id for entry in payload["failed"])
+
+    code = main(["trace", task_id, "--json", "--address", ray_cluster.address])
+    lifecycle = json.loads(capsys.readouterr().out)
+    assert code == 1 and lifecycle["state"] == "FAILED"
+    states = [phase["state"] for phase in lifecycle["attempts"][-1]["phases"]]
+    # the worker's RUNNING event may arrive after the owner's FAILED: only the order is certain
+    assert states[-1] == "FAILED" and len(states) >= 2
+    assert all(phase["duration_s"] >= 0 for phase in lifecycle["attempts"][-1]["phases"])
+
+    code = main(["trace", "not-a-task", "--address", ray_cluster.address])
+    assert code == 2
