@@ -1,0 +1,134 @@
+"""``raysleuth crashes`` and ``raysleuth crashes show ID``: the crash capsules of a run."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from raysleuth.cli._app import HomeOption, JsonOption, RunOption, app, console, emit_json, finish, home_path
+
+crashes_app = typer.Typer(
+    help="Crash capsules left by workers (@rs.capture_crashes): list them, or show one fully.",
+    no_args_is_help=False,
+)
+app.add_typer(crashes_app, name="crashes")
+
+
+def _when(epoch: float | None) -> str:
+    if not epoch:
+        return ""
+    return datetime.datetime.fromtimestamp(epoch).strftime("%Y-%m-%d %H:%M:%S")
+
+
+@crashes_app.callback(invoke_without_command=True)
+def crashes(
+    ctx: typer.Context,
+    rank: Annotated[int | None, typer.Option("--rank", help="Only this rank's capsules.")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", help="Only the newest N capsules.")] = None,
+    run: RunOption = None,
+    home: HomeOption = None,
+    json_: JsonOption = False,
+) -> None:
+    """List crash capsules (exit 1 when there are any). Reads the evidence store: works after the cluster is gone."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from raysleuth.postmortem import list_crashes
+
+    found = list_crashes(run, home=home_path(home), rank=rank, limit=limit)
+    if json_:
+        emit_json([item.to_dict() for item in found])
+        finish(1 if found else 0)
+    if not found:
+        console.print("[green]no crash capsules recorded[/green]")
+        finish(0)
+    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    for column in ("id", "time", "rank", "node", "pid", "actor.method", "exception", "likely cause"):
+        table.add_column(column, overflow="fold")
+    for item in found:
+        where = item.method or ""
+        if item.actor and not where.startswith(item.actor.split(":")[0]):
+            where = f"{item.actor}:{where}"
+        table.add_row(
+            str(item.id), _when(item.time), "" if item.rank is None else str(item.rank),
+            item.node_ip or item.hostname or "", "" if item.pid is None else str(item.pid), escape(where),
+            f"[red]{escape(item.exception_type)}[/red]: {escape(item.message)}", escape(item.cause) if item.cause else "[dim]unknown[/dim]",
+        )
+    console.print(table)
+    console.print(f"\n[red]{len(found)} crash capsule(s)[/red]; details: raysleuth crashes show ID")
+    finish(1)
+
+
+@crashes_app.command("show")
+def show(
+    capsule_id: Annotated[int, typer.Argument(metavar="ID", help="Capsule id from `raysleuth crashes`.")],
+    run: RunOption = None,
+    home: HomeOption = None,
+    json_: JsonOption = False,
+) -> None:
+    """Print one crash capsule fully: chain, traceback, locals per frame, memory, environment, cause and fix."""
+    from raysleuth.postmortem import get_crash
+
+    record = get_crash(capsule_id, run, home=home_path(home))
+    if json_:
+        emit_json(record)
+        finish(0)
+    data = record.get("data") or {}
+    rank = data.get("rank", record.get("rank"))
+    console.print(f"[bold]crash {record['id']}[/bold]  {_when(record.get('time'))}  rank {rank}  "
+                  f"node {data.get('node_ip') or data.get('hostname')}  pid {data.get('pid')}")
+    who = " ".join(part for part in (data.get("actor_class"), data.get("actor_name") and f"({data['actor_name']})",
+                                     data.get("method") and f"method {data['method']}") if part)
+    if who:
+        console.print(who, markup=False)
+    console.print(f"\n[red bold]{escape(str(data.get('exception_type')))}[/red bold]: {escape(str(data.get('message')))}",
+                  soft_wrap=True)
+    chain = data.get("chain") or []
+    if len(chain) > 1:
+        console.print("\n[bold]exception chain[/bold] (outermost first)")
+        for link in chain:
+            console.print(f"  {link['relation']:>7}  {link['type']}: {_first(link['message'])}", markup=False, soft_wrap=True)
+    if data.get("explanations"):
+        console.print("\n[bold]likely cause[/bold]")
+        for number, match in enumerate(data["explanations"]):
+            label = "root" if number == 0 else "also"
+            console.print(f"  [{'yellow' if number == 0 else 'dim'}]{label}[/]: [bold]{escape(match['title'])}[/bold]")
+            if number == 0:
+                console.print(f"    cause: {escape(match['cause'])}", soft_wrap=True)
+                console.print(f"    [green]fix: {escape(match['fix'])}[/green]", soft_wrap=True)
+    console.print("\n[bold]traceback[/bold]")
+    console.print(data.get("traceback", ""), markup=False, highlight=False, soft_wrap=True)
+    console.print("[bold]frames and locals[/bold] (innermost last)")
+    for frame in data.get("frames") or []:
+        console.print(f"  {frame['file']}:{frame['line']} in [bold]{frame['function']}[/bold]", soft_wrap=True)
+        if frame.get("code"):
+            console.print(f"      {frame['code']}", markup=False, soft_wrap=True)
+        for name, value in (frame.get("locals") or {}).items():
+            console.print(f"      {name} = {value}", markup=False, soft_wrap=True)
+    memory = data.get("memory") or {}
+    if memory:
+        console.print("\n[bold]memory[/bold]")
+        for key, value in memory.items():
+            console.print(f"  {key}: {_bytes(key, value)}", markup=False)
+    environment = data.get("environment") or {}
+    if environment:
+        console.print("\n[bold]environment[/bold] (redacted)")
+        for key, value in environment.items():
+            console.print(f"  {key}={value}", markup=False, soft_wrap=True)
+    for problem in data.get("errors") or []:
+        console.print(f"[yellow]capture note: {problem}[/yellow]", soft_wrap=True)
+    finish(0)
+
+
+def _first(text: str) -> str:
+    lines = (text or "").strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def _bytes(key: str, value) -> str:
+    if key.endswith("_bytes") and isinstance(value, (int, float)):
+        return f"{value / 2**20:,.1f} MiB"
+    return str(value)

@@ -1,0 +1,83 @@
+"""``raysleuth explain`` and ``raysleuth advise``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from raysleuth.cli._app import JsonOption, app, console, emit_json, finish
+from raysleuth.errors import UsageError
+
+
+def _read_input(text: str | None, file: Path | None) -> str:
+    if file is not None:
+        if str(file) == "-":
+            return sys.stdin.read()
+        try:
+            return Path(file).expanduser().read_text(encoding="utf-8", errors="replace")
+        except OSError as error:
+            raise UsageError(f"cannot read {file}: {error.strerror or error}",
+                             fix="pass a readable log file, or the text itself") from None
+    if text == "-" or (text is None and not sys.stdin.isatty()):
+        return sys.stdin.read()
+    if text is None:
+        raise UsageError("nothing to explain", fix='pass the error text, --file LOG, or "-" to read stdin')
+    return text
+
+
+@app.command()
+def explain(
+    text: Annotated[str | None, typer.Argument(help='Error text, or "-" for stdin.')] = None,
+    file: Annotated[Path | None, typer.Option("--file", "-f", help="Read a log file (or - for stdin).")] = None,
+    json_: JsonOption = False,
+) -> None:
+    """What an error means: the known causes found in TEXT, root cause first, with the fix (exit 1 if none)."""
+    from raysleuth.explain import explain as run_explain
+
+    matches = run_explain(_read_input(text, file))
+    if json_:
+        emit_json({"verdict": "explained" if matches else "no known cause",
+                   "matches": [match.to_dict() for match in matches]})
+        finish(0 if matches else 1)
+    if not matches:
+        console.print("[yellow]no known cause[/yellow] for this text; try `raysleuth crashes` or "
+                      "`raysleuth advise --problem crash`")
+        finish(1)
+    for number, match in enumerate(matches):
+        label = "[bold red]root cause[/bold red]" if number == 0 else "[dim]also seen[/dim]"
+        console.print(f"{label}: [bold]{match.title}[/bold]  [dim]({match.id})[/dim]")
+        console.print(f"  evidence (line {match.line}): {match.evidence}", markup=False, soft_wrap=True)
+        console.print(f"  cause: {escape(match.cause)}", soft_wrap=True)
+        console.print(f"  [green]fix: {escape(match.fix)}[/green]", soft_wrap=True)
+        if match.docs:
+            console.print(f"  docs: {match.docs}", soft_wrap=True)
+        console.print()
+    finish(0)
+
+
+@app.command()
+def advise(
+    problem: Annotated[str, typer.Option("--problem", "-p",
+                                         help="hang | divergence | memory | crash | scheduling | slow")],
+    nodes: Annotated[int | None, typer.Option("--nodes", help="Number of nodes in the cluster.")] = None,
+    reproducible: Annotated[bool | None, typer.Option("--reproducible/--not-reproducible",
+                                                      help="Does the problem happen again on demand?")] = None,
+    json_: JsonOption = False,
+) -> None:
+    """What to run, in order, for a kind of problem: the debugging decision tree."""
+    from raysleuth.advise import advise as run_advise
+
+    advice = run_advise(problem, nodes=nodes, reproducible=reproducible)
+    if json_:
+        emit_json(advice.to_dict())
+        finish(0)
+    console.print(f"[bold]{advice.problem}[/bold]: {advice.summary}\n")
+    for step in advice.steps:
+        prefix = {"cli": "$", "code": ">>>", "env": "export"}.get(step.kind, "")
+        console.print(f"{step.order}. [bold cyan]{escape(prefix + ' ' + step.run)}[/bold cyan]", soft_wrap=True)
+        console.print(f"   {escape(step.why)}", soft_wrap=True)
+    finish(0)
