@@ -19,6 +19,7 @@ __all__ = ["app", "main"]
 COMMAND_MODULES = (
     "consistency",
     "crashes",
+    "debug",
     "doctor",
     "explain",
     "logs",
