@@ -20,11 +20,13 @@ COMMAND_MODULES = (
     "consistency",
     "crashes",
     "debug",
+    "demo",
     "doctor",
     "explain",
     "logs",
     "memory",
     "report",
+    "stacks",
     "tasks",
     "timeline",
 )
