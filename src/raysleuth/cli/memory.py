@@ -1,0 +1,116 @@
+"""``raysleuth memory``: each worker's memory now, its peak, trend and leak verdict."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from raysleuth.cli._app import (
+    AddressOption,
+    HomeOption,
+    JsonOption,
+    RunOption,
+    app,
+    connect,
+    console,
+    emit_json,
+    finish,
+    home_path,
+)
+from raysleuth.errors import UsageError
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "": 1.0}
+
+
+def parse_duration(text: str) -> float:
+    """``30s``, ``2m``, ``500ms``, ``1.5`` (seconds) to seconds."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", text or "")
+    if not match:
+        raise UsageError(f"{text!r} is not a duration", fix="write it like 30s, 2m, 500ms or 10")
+    return float(match.group(1)) * _UNITS[match.group(2) or ""]
+
+
+def _mib(value) -> str:
+    return "" if value is None else f"{value / 2**20:,.1f}"
+
+
+@app.command()
+def memory(
+    address: AddressOption = None,
+    rank: Annotated[int | None, typer.Option("--rank", help="Only this rank.")] = None,
+    run: RunOption = None,
+    home: HomeOption = None,
+    sample: Annotated[str | None, typer.Option(
+        "--sample", help="Sample every Ray worker through the node agents for this long (e.g. 30s), then report.")] = None,
+    interval: Annotated[str, typer.Option("--interval", help="Seconds between agent samples with --sample.")] = "1s",
+    json_: JsonOption = False,
+) -> None:
+    """Per worker: memory now, peak, trend and leak verdict (exit 1 when a worker leaks)."""
+    from raysleuth.memory import memory_report, sample_workers
+    from raysleuth.recorder import open_store
+
+    since = None
+    problems: list[str] = []
+    if sample is not None:
+        import time as _time
+        from pathlib import Path
+
+        duration = parse_duration(sample)
+        step = parse_duration(interval)
+        if step <= 0 or duration <= 0:
+            raise UsageError(f"--sample {sample} --interval {interval}: both must be positive",
+                             fix="e.g. --sample 30s --interval 1s")
+        connect(address)
+        since = _time.time()
+        done = sample_workers(duration, step)
+        problems = done.problems
+        if run is None:
+            import ray
+
+            from raysleuth.recorder import get_writer
+
+            info = ray.get(get_writer().info.remote(), timeout=15)
+            run = info["path"] if Path(info["path"]).is_file() else info["run_id"]
+        if not json_:
+            console.print(f"sampled {done.workers} worker(s) {done.rounds} time(s) in {done.seconds:.1f}s "
+                          f"({done.samples} samples)")
+    store = open_store(run, home=home_path(home))
+    try:
+        report = memory_report(store, rank=rank, since=since)
+    finally:
+        store.close()
+    if json_:
+        emit_json({"workers": report.to_dict()["workers"], "store": report.store, "problems": problems})
+        finish(1 if report.leaks else 0)
+    if not report.workers:
+        console.print("no memory samples in this run: call rs.memory.watch() in the workers, "
+                      "or sample them from outside with `raysleuth memory --sample 30s`")
+        finish(0)
+    from raysleuth.memory import sparkline
+
+    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    for column in ("rank", "pid", "node", "src", "n", "rss MiB", "uss MiB", "cuda MiB", "peak MiB",
+                   "MiB/s", "trend", "verdict"):
+        table.add_column(column, overflow="fold")
+    for worker in report.workers:
+        slope = worker.slope_bytes_per_s
+        verdict = f"[red]LEAK[/red] {worker.reason}" if worker.leak else f"[green]ok[/green] [dim]{worker.reason}[/dim]"
+        table.add_row(
+            "" if worker.rank is None else str(worker.rank), str(worker.pid), worker.node_ip or "",
+            worker.source or "", str(worker.samples), _mib(worker.rss_bytes), _mib(worker.uss_bytes),
+            _mib(worker.cuda_allocated_bytes), _mib(worker.peak_bytes),
+            "" if slope is None else f"{slope / 2**20:+.2f}", sparkline(worker.series, 20), verdict,
+        )
+    console.print(table)
+    for problem in problems:
+        console.print(f"[yellow]⚠️  {problem}[/yellow]")
+    leaks = report.leaks
+    if leaks:
+        names = ", ".join(f"rank {w.rank}" if w.rank is not None else f"pid {w.pid}" for w in leaks)
+        console.print(f"\n[red]leak found[/red]: {names}")
+    else:
+        console.print(f"\n[green]no leak[/green] in {len(report.workers)} worker(s)")
+    finish(1 if leaks else 0)
