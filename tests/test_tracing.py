@@ -1,0 +1,127 @@
+"""Spans, @trace, events and detailed Ray-call tracing, written to a real SQLite store."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+import raysleuth as rs
+from raysleuth import runtime
+from raysleuth.recorder import RecordClient, StoreSink, reset_client
+from raysleuth.recorder.store import EvidenceStore
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A real store behind this process's client (restored afterwards)."""
+    database = EvidenceStore(tmp_path / "evidence.sqlite")
+    client = RecordClient(StoreSink(database), spool_dir=tmp_path / "spool")
+    old = reset_client(client)
+    try:
+        yield database, client
+    finally:
+        client.close()
+        reset_client(old)
+
+
+def test_spans_nest_set_phase_and_record(store):
+    database, client = store
+    runtime.set_step(3)
+    with rs.span("rollout", batch=8) as outer:
+        assert runtime.current_phase() == "rollout"
+        with rs.span("generate", step=4):
+            assert runtime.current_phase() == "generate"
+            time.sleep(0.01)
+        assert runtime.current_phase() == "rollout"
+    assert runtime.current_phase() is None
+    with pytest.raises(KeyError):
+        with rs.span("boom"):
+            raise KeyError("x")
+    assert client.flush(10)
+    spans = {record.name: record for record in database.query("span")}
+    assert spans["rollout"].step == 3 and spans["rollout"].data["attrs"] == {"batch": 8}
+    assert spans["generate"].step == 4 and spans["generate"].data["parent_id"] == outer.span_id
+    assert spans["generate"].data["duration_s"] >= 0.01
+    assert spans["generate"].data["start"] >= spans["rollout"].data["start"]
+    assert spans["generate"].data["end"] <= spans["rollout"].data["end"]
+    assert spans["boom"].data["error"] == "KeyError"
+
+
+def test_trace_decorator_functions_methods_async_and_events(store):
+    database, client = store
+
+    @rs.trace
+    def plain(x):
+        return x + 1
+
+    class Model:
+        @rs.trace(name="model.forward", layer="all")
+        def forward(self, x):
+            return x * 2
+
+    @rs.trace
+    async def fetch():
+        await asyncio.sleep(0.001)
+        return "ok"
+
+    assert plain(1) == 2 and Model().forward(3) == 6 and asyncio.run(fetch()) == "ok"
+    assert plain.__name__ == "plain"
+    rs.event("checkpoint", path="/tmp/x")
+    assert client.flush(10)
+    names = {record.name for record in database.query("span")}
+    assert {"test_trace_decorator_functions_methods_async_and_events.<locals>.plain", "model.forward",
+            "test_trace_decorator_functions_methods_async_and_events.<locals>.fetch"} <= names
+    forward = database.query("span", name="model.forward")[0]
+    assert forward.data["attrs"] == {"layer": "all"}
+    events = database.query("event", name="checkpoint")
+    assert events and events[0].data == {"path": "/tmp/x"}
+
+
+def test_mode_off_records_nothing(store):
+    database, client = store
+    runtime.reload_settings(mode="off")
+    try:
+        with rs.span("quiet"):
+            pass
+    finally:
+        runtime.reload_settings()
+    client.flush(10)
+    assert database.query("span", name="quiet") == []
+
+
+def test_detailed_tracing_traces_ray_calls_and_restores(ray_cluster):
+    import ray
+    from ray.actor import ActorMethod
+    from ray.remote_function import RemoteFunction
+
+    from raysleuth.recorder import get_client, open_store
+    from victims.task_forensics import Worker, downstream
+
+    original_task, original_actor = RemoteFunction._remote, ActorMethod._remote
+    actor = Worker.remote()
+    try:
+        with rs.enable_detailed_tracing():
+            assert RemoteFunction._remote is not original_task
+            refs = [downstream.remote(i) for i in range(3)]
+            call = actor.work.remote(0.05)
+            assert ray.get(refs, timeout=60) == [1, 2, 3] and ray.get(call, timeout=60) == 0.05
+        untraced = downstream.remote(10)
+        ray.get(untraced, timeout=60)
+        assert RemoteFunction._remote is original_task and ActorMethod._remote is original_actor
+        wanted = {ref.task_id().hex() for ref in refs} | {call.task_id().hex()}
+        deadline = time.monotonic() + 60
+        seen: dict[str, object] = {}
+        while time.monotonic() < deadline and not wanted <= set(seen):
+            get_client().flush(10)
+            spans = open_store(home=ray_cluster.home).query("span")
+            seen = {s.data["attrs"].get("task_id"): s for s in spans if (s.name or "").startswith("ray.call:")}
+            time.sleep(0.3)
+        assert wanted <= set(seen), "every call inside the block should be traced"
+        assert untraced.task_id().hex() not in seen
+        actor_span = seen[call.task_id().hex()]
+        assert actor_span.data["attrs"]["call"] == "actor_call" and "work" in actor_span.name
+        assert actor_span.data["duration_s"] >= 0.05  # submission to result ready
+    finally:
+        ray.kill(actor)
