@@ -696,26 +696,34 @@ def install_crash_capture_on_instance(obj: Any) -> Any:
 
 
 def _rewrap_ray_executors(cls: type, names: set[str]) -> None:
-    """Inside a Ray actor: wrap the executors Ray uses to call this actor's methods."""
+    """Inside a Ray actor: make the executors Ray built for this actor's methods call wrapped methods.
+
+    Ray's task loop caches each method's executor (a closure over the
+    unbound method), so the closure cell is rewritten in place.
+    """
     ray = sys.modules.get("ray")
     if ray is None or not names:
         return
     try:
         from ray._private import worker as ray_worker
 
-        manager = ray_worker.global_worker.function_actor_manager
-        table = manager._function_execution_info
-        for key, info in list(table.items()):
-            executor = info.function
+        table = ray_worker.global_worker.function_actor_manager._function_execution_info
+        class_names = {base.__name__ for base in cls.__mro__}
+        for info in list(table.values()):
+            executor = getattr(info, "function", None)
             name = getattr(executor, "name", None)
             method = getattr(executor, "method", None)
             if name not in names or method is None or getattr(method, _MARK, False):
                 continue
-            if getattr(method, "__qualname__", "").split(".")[0] not in {base.__name__ for base in cls.__mro__}:
+            if getattr(method, "__qualname__", "").split(".")[0] not in class_names:
                 continue
-            new_executor = manager._make_actor_method_executor(name, _wrap_function(method, f"{cls.__name__}.{name}"))
-            table[key] = info._replace(function=new_executor)
-    except Exception as error:  # Ray internals moved: the instance attributes still work for direct calls
+            freevars = executor.__code__.co_freevars
+            if "method" not in freevars or executor.__closure__ is None:
+                continue
+            wrapped = _wrap_function(method, f"{cls.__name__}.{name}")
+            executor.__closure__[freevars.index("method")].cell_contents = wrapped
+            executor.method = wrapped
+    except Exception as error:  # Ray internals moved: direct calls on the instance are still captured
         log.warning("raysleuth: could not wrap Ray's actor executors: %r", error)
 
 
