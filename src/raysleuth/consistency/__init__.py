@@ -1,0 +1,63 @@
+"""Consistency: which rank, which tensor, which element.
+
+Ranks that silently diverge (a wrong seed, a missed gradient all-reduce, a
+failed weight sync, a data shard read twice) are found by comparing
+fingerprints (:mod:`raysleuth.fingerprint`), never tensors: each rank
+fingerprints its tensors on their device, the ranks meet through the
+evidence writer's mailboxes (or ``torch.distributed``), and only the chunk
+that disagrees is shipped to name the first differing element and the exact
+max abs/rel difference.
+
+- :mod:`~raysleuth.consistency.report` — the report and the pure comparison logic;
+- :mod:`~raysleuth.consistency.exchange` — how ranks meet (mailboxes, torch.distributed);
+- :mod:`~raysleuth.consistency.checks` — the checks every rank calls;
+- :mod:`~raysleuth.consistency.inspect` — one tensor across ranks;
+- :mod:`~raysleuth.consistency.driver` — ``compare`` and ``set_random_seed`` from the driver.
+
+Every check is stored as evidence of kind ``consistency`` (``raysleuth consistency`` lists them).
+"""
+
+from __future__ import annotations
+
+from raysleuth.consistency.checks import (
+    check_data_consistency,
+    check_distributed_consistency,
+    check_gradient_sync,
+    verify_distributed_tensors,
+)
+from raysleuth.consistency.driver import SeedReport, compare, seed_everything, set_random_seed
+from raysleuth.consistency.inspect import ShardInfo, TensorInspection, inspect_distributed_tensor
+from raysleuth.consistency.report import ConsistencyReport, Mismatch
+
+check_consistency = check_distributed_consistency
+"""Short name for :func:`check_distributed_consistency`."""
+
+__all__ = [
+    "ConsistencyReport",
+    "Mismatch",
+    "SeedReport",
+    "ShardInfo",
+    "TensorInspection",
+    "check_consistency",
+    "check_data_consistency",
+    "check_distributed_consistency",
+    "check_gradient_sync",
+    "compare",
+    "inspect_distributed_tensor",
+    "latest_checks",
+    "seed_everything",
+    "set_random_seed",
+    "verify_distributed_tensors",
+]
+
+
+def latest_checks(run: str | None = None, *, home=None, key: str | None = None, limit: int = 50):
+    """Stored checks of a run, newest first, as ``(record, ConsistencyReport)`` pairs."""
+    from raysleuth.recorder import open_store
+
+    store = open_store(run, home=home)
+    try:
+        records = store.query("consistency", name=key, limit=limit, newest_first=True)
+    finally:
+        store.close()
+    return [(rec, ConsistencyReport.from_dict(rec.data)) for rec in records]

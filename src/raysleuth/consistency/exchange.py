@@ -1,0 +1,176 @@
+"""How ranks meet: the evidence writer's mailboxes, or torch.distributed.
+
+An :class:`Exchange` runs *rounds*: every rank posts one value and gets back
+everyone's (``{rank: value}``). The mailbox exchange works when NCCL is
+broken (which is exactly when you need a consistency check) and has a
+timeout: a rank that does not post in time is reported missing, never
+waited on forever. ``torch.distributed`` (``all_gather_object``) is used
+when Ray is not connected but a process group is initialised.
+
+Scaling note: the writer relays every value, so a round costs
+``world_size`` posts and reads of a few hundred bytes per tensor (the chunk
+digests). Past a few hundred ranks, post per node (one agent aggregates)
+or use a tree of topics.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from typing import Any
+
+__all__ = ["Exchange", "LocalExchange", "MailboxExchange", "TorchExchange", "open_exchange"]
+
+_counters: dict[tuple[str, Any], itertools.count] = {}
+_counter_lock = threading.Lock()
+
+
+class Exchange:
+    """One rank's side of a sequence of all-gather rounds."""
+
+    name = "none"
+
+    def __init__(self, rank: int, world_size: int, timeout: float) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.timeout = timeout
+
+    def round(self, label: str, value: Any, expected: list[int]) -> dict[int, Any]:
+        """Post ``value``; return what the ``expected`` ranks posted (fewer on timeout)."""
+        raise NotImplementedError
+
+    def close(self, arrived: list[int], complete: bool) -> None:
+        """Clean up once this rank has read the last round."""
+
+
+class LocalExchange(Exchange):
+    """A world of one: nothing to meet."""
+
+    name = "local"
+
+    def round(self, label: str, value: Any, expected: list[int]) -> dict[int, Any]:
+        return {self.rank: value}
+
+
+class MailboxExchange(Exchange):
+    """Rounds through the writer actor's ``post``/``read`` mailboxes.
+
+    Each round has a data topic (read once) and a small ``ready`` topic that
+    ranks poll, so large values cross the network once per reader.
+    """
+
+    name = "store"
+
+    def __init__(self, rank: int, world_size: int, timeout: float, base: str, writer: Any) -> None:
+        super().__init__(rank, world_size, timeout)
+        self.base = base
+        self.writer = writer
+        self.topics: list[str] = []
+
+    def _call(self, method: str, *args: Any, timeout: float = 30.0) -> Any:
+        import ray
+
+        return ray.get(getattr(self.writer, method).remote(*args), timeout=timeout)
+
+    def round(self, label: str, value: Any, expected: list[int]) -> dict[int, Any]:
+        data_topic, ready_topic = f"{self.base}/{label}", f"{self.base}/{label}/ready"
+        self.topics += [data_topic, ready_topic]
+        self._call("post", data_topic, str(self.rank), value)
+        self._call("post", ready_topic, str(self.rank), True)
+        deadline = time.monotonic() + self.timeout
+        wanted = {str(rank) for rank in expected}
+        pause = 0.005
+        while True:
+            ready = set(self._call("read", ready_topic))
+            if wanted <= ready or time.monotonic() >= deadline:
+                break
+            time.sleep(pause)
+            pause = min(0.1, pause * 1.5)
+        posted = self._call("read", data_topic, timeout=max(30.0, self.timeout))
+        return {int(member): item for member, item in posted.items() if member in wanted}
+
+    def close(self, arrived: list[int], complete: bool) -> None:
+        try:
+            done = self._call("post", f"{self.base}/done", str(self.rank), True)
+            if done >= len(arrived) or (not complete and self.rank == min(arrived)):
+                for topic in self.topics + [f"{self.base}/done"]:
+                    self.writer.drop.remote(topic)
+        except Exception:  # cleanup only: a leftover topic is harmless
+            pass
+
+
+class TorchExchange(Exchange):
+    """Rounds through ``torch.distributed.all_gather_object`` (no per-call timeout)."""
+
+    name = "torch.distributed"
+
+    def round(self, label: str, value: Any, expected: list[int]) -> dict[int, Any]:
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, value)
+        return {rank: item for rank, item in enumerate(gathered) if rank in set(expected)}
+
+
+def _job_id() -> str:
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_job_id()
+    except Exception:
+        return "nojob"
+
+
+def open_exchange(key: str, step: int | None, rank: int, world_size: int, timeout: float,
+                  transport: str = "auto") -> Exchange:
+    """Pick how to meet: ``store`` (writer mailboxes), ``torch`` or ``local``; ``auto`` prefers the store.
+
+    The topic is ``consistency/<job>/<key>/<step>/<n>`` where ``n`` counts this
+    process's checks with that key and step: every rank calls the check the
+    same number of times, so the ranks agree on it without talking.
+    """
+    from raysleuth.errors import UsageError
+
+    if transport not in ("auto", "store", "torch", "local"):
+        raise UsageError(f"unknown transport {transport!r}", fix="use 'auto', 'store', 'torch' or 'local'")
+    if world_size <= 1 or transport == "local":
+        return LocalExchange(rank, max(1, world_size), timeout)
+    ray_up = _ray_initialized()
+    if transport == "store" or (transport == "auto" and ray_up):
+        from raysleuth.recorder import get_writer
+
+        with _counter_lock:
+            counter = _counters.setdefault((key, step), itertools.count())
+            sequence = next(counter)
+        base = f"consistency/{_job_id()}/{key}/{step}/{sequence}"
+        return MailboxExchange(rank, world_size, timeout, base, get_writer())
+    if _torch_distributed_ready():
+        return TorchExchange(rank, world_size, timeout)
+    raise UsageError(
+        f"rank {rank} of {world_size} has no way to meet its peers",
+        fix="connect to Ray (the check meets through the evidence writer) or initialise torch.distributed",
+    )
+
+
+def _ray_initialized() -> bool:
+    import sys
+
+    ray = sys.modules.get("ray")
+    try:
+        return bool(ray is not None and ray.is_initialized())
+    except Exception:
+        return False
+
+
+def _torch_distributed_ready() -> bool:
+    import sys
+
+    if "torch" not in sys.modules:
+        return False
+    try:
+        import torch.distributed as dist
+
+        return dist.is_available() and dist.is_initialized()
+    except Exception:
+        return False
