@@ -260,14 +260,12 @@ def test_relevant_environment_is_filtered_and_redacted():
     assert "HOME" not in kept and "SHELL" not in kept
 
 
-def test_capture_without_ray_local_store_and_chain(tmp_path, monkeypatch):
-    """Outside Ray the capsule goes to a local run; the chain and the same object survive."""
-    from raysleuth import runtime
-    from raysleuth.recorder import open_store, reset_client
+def test_capture_into_a_local_store_keeps_chain_and_object(tmp_path):
+    """The capsule goes through a real client into a real local SQLite run; the same object is re-raised."""
+    from raysleuth.recorder import RecordClient, StoreSink, open_store, reset_client
+    from raysleuth.recorder.store import open_run
 
-    monkeypatch.setenv("RAYSLEUTH_HOME", str(tmp_path))
-    runtime.reload_settings()
-    old = reset_client(None)
+    old = reset_client(RecordClient(StoreSink(open_run(tmp_path, "local")), spool_dir=tmp_path / "spool"))
     try:
         original = None
 
@@ -296,8 +294,6 @@ def test_capture_without_ray_local_store_and_chain(tmp_path, monkeypatch):
         client = reset_client(old)
         if client is not None:
             client.close()
-        monkeypatch.delenv("RAYSLEUTH_HOME")
-        runtime.reload_settings()
 
 
 def test_capture_failure_never_masks_the_exception(monkeypatch):
