@@ -44,6 +44,7 @@ __all__ = [
     "resolve_address",
     "session_name",
     "shutdown",
+    "start_local",
     "tasks",
     "worker_labels",
     "worker_log",
@@ -218,9 +219,7 @@ def connect(
                 f"no running Ray cluster found for address {wanted!r}",
                 fix="start one (`ray start --head`), pass --address ip:port, or set RAY_ADDRESS",
             )
-        ray.init(num_cpus=num_cpus, namespace=namespace, include_dashboard=True, log_to_driver=True,
-                 logging_level=logging.WARNING, runtime_env=runtime_env)
-        return _info(started_here=True, seconds=time.monotonic() - started)
+        return start_local(num_cpus=num_cpus, namespace=namespace, runtime_env=runtime_env)
     problem = _reachable(resolved)
     if problem:
         raise ClusterUnreachable(
@@ -235,6 +234,19 @@ def connect(
         raise ClusterUnreachable(f"ray.init(address={resolved!r}) failed: {str(error).splitlines()[0][:300]}",
                                  fix="check that this machine runs the same Ray and Python versions as the cluster") from None
     return _info(started_here=False, seconds=time.monotonic() - started)
+
+
+def start_local(*, num_cpus: int | None = None, namespace: str | None = None,
+                runtime_env: dict | None = None, log_to_driver: bool = True) -> ClusterInfo:
+    """Start a new embedded local Ray (never attaches to a running one) and connect to it."""
+    import ray
+
+    started = time.monotonic()
+    if ray.is_initialized():
+        return _info(started_here=False, seconds=0.0)
+    ray.init(address="local", num_cpus=num_cpus, namespace=namespace, include_dashboard=True,
+             log_to_driver=log_to_driver, logging_level=logging.WARNING, runtime_env=runtime_env)
+    return _info(started_here=True, seconds=time.monotonic() - started)
 
 
 def _info(*, started_here: bool, seconds: float) -> ClusterInfo:
