@@ -83,11 +83,31 @@ def build_report_data(store) -> dict[str, Any]:
         "stacks": sections.stack_section(fetched["stacks"]),
         "tasks": sections.task_section(fetched["tasks"]),
         "consistency": sections.consistency_section(fetched["consistency"]),
-        "memory": sections.memory_section(fetched["memory"]),
+        "memory": _memory(store, fetched["memory"]),
         "crashes": sections.crash_section(fetched["crashes"]),
         "logs": sections.log_section(fetched["logs"]),
         "spans": sections.span_section(fetched["spans"]),
     }
+
+
+def _memory(store, records: list) -> dict[str, Any]:
+    """Memory curves from the records; leak verdicts from :func:`raysleuth.memory.memory_report` when installed."""
+    section = sections.memory_section(records)
+    try:
+        from raysleuth.memory import memory_report
+    except ImportError:
+        return section
+    try:
+        report = memory_report(store)
+    except Exception:
+        return section
+    verdicts = [{"time": worker.last_time, "rank": worker.rank, "pid": worker.pid, "leak": worker.leak,
+                 "slope": None if worker.slope_bytes_per_s is None else f"{worker.slope_bytes_per_s / 2**20:.2f} MiB/s",
+                 "reason": f"pid {worker.pid}, {worker.samples} samples: {worker.reason}"}
+                for worker in report.workers]
+    section["verdicts"] = section["verdicts"] + verdicts
+    section["leaking_ranks"] = sorted({v["rank"] for v in section["verdicts"] if v["leak"] and v["rank"] is not None})
+    return section
 
 
 # ------------------------------------------------------------------ charts
@@ -107,7 +127,8 @@ def _charts(data: dict[str, Any]) -> dict[str, str]:
     charts: dict[str, str] = {}
     memory = data["memory"]
     if memory["curves"]:
-        leaking = {sections.rank_label(rank) for rank in memory["leaking_ranks"]}
+        leaking = {sections.rank_label(v["rank"]) + (f" · pid {v['pid']}" if v.get("pid") else "")
+                   for v in memory["verdicts"] if v["leak"]}
         figure = go.Figure()
         for label, curve in memory["curves"].items():
             figure.add_trace(go.Scatter(x=curve["x"], y=curve["y"], mode="lines+markers", name=label + (" (leak)" if label in leaking else ""),

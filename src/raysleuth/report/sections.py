@@ -242,8 +242,10 @@ def memory_section(records: Sequence[Record]) -> dict[str, Any]:
             if mb is None:
                 continue
             when = point.get("time") if isinstance(point.get("time"), (int, float)) else record.time
-            curve = curves.setdefault(rank_label(record.rank if record.rank is not None else point.get("rank")),
-                                      {"x": [], "y": []})
+            label = rank_label(record.rank if record.rank is not None else point.get("rank"))
+            if record.pid:
+                label += f" · pid {record.pid}"
+            curve = curves.setdefault(label, {"x": [], "y": []})
             curve["x"].append(round(when - start, 3))
             curve["y"].append(round(mb, 2))
     return {"curves": dict(sorted(curves.items())), "verdicts": verdicts,
@@ -270,13 +272,23 @@ def crash_section(records: Sequence[Record]) -> list[dict[str, Any]]:
             "node": record.node_ip or record.hostname or "",
             "exception": pick(data, "exception_type", "type", "exc_type", "error_type", default=record.name or "?"),
             "message": str(pick(data, "message", "exception_message", "error", default="")),
-            "where": pick(data, "where", "function", "location", default=""),
+            "where": pick(data, "where", "method", "function", "location", default=""),
             "traceback": str(traceback)[-6000:],
             "locals": _pretty(locals_, 2000) if locals_ else "",
-            "explanation": pick(data, "explanation.summary", "explanation", "hint", default="") or "",
+            "explanation": _explanation(data),
+            "method": pick(data, "method", default="") or "",
             "capsule": pick(data, "capsule", "capsule_path", "path", default="") or "",
         })
     return out
+
+
+def _explanation(data: dict[str, Any]) -> str:
+    explanations = data.get("explanations")
+    if isinstance(explanations, list) and explanations and isinstance(explanations[0], dict):
+        first = explanations[0]
+        text = f"{first.get('title', '')}: {first.get('cause', '')}"
+        return text + (f" Fix: {first['fix']}" if first.get("fix") else "")
+    return str(pick(data, "cause", "explanation", "hint", default="") or "")
 
 
 def log_section(records: Sequence[Record], *, per_rank: int = 50) -> dict[str, list[dict[str, Any]]]:
