@@ -50,7 +50,13 @@ def ray_cluster(raysleuth_home) -> RayCluster:
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [str(HERE), str(HERE.parent / "src")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     )
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 8, "include_dashboard": True})
+    import socket
+
+    with socket.socket() as probe:  # other clusters on this machine may hold 8265
+        probe.bind(("127.0.0.1", 0))
+        dashboard_port = probe.getsockname()[1]
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 8, "include_dashboard": True,
+                                                            "dashboard_port": dashboard_port})
     cluster.add_node(num_cpus=8)
     ray.init(address=cluster.address, log_to_driver=False)
     deadline = time.time() + 60

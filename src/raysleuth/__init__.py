@@ -36,11 +36,14 @@ _EXPORTS: dict[str, str] = {
     "ModeConfig": "raysleuth.monitoring",
     "PendingTask": "raysleuth.tasks",
     "ProblemFound": "raysleuth.errors",
+    "ProcessStack": "raysleuth.stacks",
     "RankFilter": "raysleuth.logs",
     "RaySleuthError": "raysleuth.errors",
     "SeedReport": "raysleuth.consistency",
     "Settings": "raysleuth.runtime",
     "Span": "raysleuth.tracing",
+    "StackReport": "raysleuth.stacks",
+    "StallEvent": "raysleuth.heartbeat",
     "StepPhase": "raysleuth.timeline",
     "StoreCorrupt": "raysleuth.errors",
     "StoreNotFound": "raysleuth.errors",
@@ -49,9 +52,11 @@ _EXPORTS: dict[str, str] = {
     "TaskTrace": "raysleuth.tasks",
     "TensorInspection": "raysleuth.consistency",
     "TensorStats": "raysleuth.fingerprint",
+    "ThreadStack": "raysleuth.stacks",
     "Timeline": "raysleuth.timeline",
     "ToolMissing": "raysleuth.errors",
     "UsageError": "raysleuth.errors",
+    "Watchdog": "raysleuth.heartbeat",
     "WorkerNotFound": "raysleuth.errors",
     "breakpoint": "raysleuth.breakpoints",
     "breakpoint_on_rank": "raysleuth.breakpoints",
@@ -66,6 +71,7 @@ _EXPORTS: dict[str, str] = {
     "debug_decorator": "raysleuth.logs",
     "disable_monitoring": "raysleuth.monitoring",
     "distributed_logger": "raysleuth.logs",
+    "dump_stacks": "raysleuth.stacks",
     "enable_detailed_tracing": "raysleuth.tracing",
     "enable_full_debugging": "raysleuth.monitoring",
     "enable_lightweight_monitoring": "raysleuth.monitoring",
@@ -80,6 +86,7 @@ _EXPORTS: dict[str, str] = {
     "get_advice": "raysleuth.advise",
     "get_logger": "raysleuth.logs",
     "get_rank": "raysleuth.runtime",
+    "heartbeat": "raysleuth.heartbeat",
     "inspect_distributed_tensor": "raysleuth.consistency",
     "install_crash_capture": "raysleuth.postmortem",
     "install_crash_capture_on_instance": "raysleuth.postmortem",
@@ -97,10 +104,13 @@ _EXPORTS: dict[str, str] = {
     "set_rank": "raysleuth.runtime",
     "settings": "raysleuth.runtime",
     "span": "raysleuth.tracing",
+    "stacks": "raysleuth.stacks",
+    "step": "raysleuth.heartbeat",
     "timeline_summary": "raysleuth.timeline",
     "trace": "raysleuth.tracing",
     "trace_ray_task": "raysleuth.tasks",
     "verify_distributed_tensors": "raysleuth.consistency",
+    "watchdog": "raysleuth.heartbeat",
     "whoami": "raysleuth.runtime",
 }
 
@@ -112,8 +122,12 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'raysleuth' has no attribute {name!r}")
     imported = importlib.import_module(module)
-    # A name that is its own module (``rs.memory``) resolves to the module.
-    value = imported if module == f"{__name__}.{name}" else getattr(imported, name)
+    # A name that is its own module (``rs.memory``) resolves to the module,
+    # unless the module defines that name itself (``rs.heartbeat`` is a function).
+    if module == f"{__name__}.{name}" and not hasattr(imported, name):
+        value = imported
+    else:
+        value = getattr(imported, name)
     globals()[name] = value  # later lookups are plain attribute reads
     return value
 

@@ -1,0 +1,182 @@
+"""``raysleuth stacks`` and ``raysleuth watch``: hang forensics."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from raysleuth.cli._app import AddressOption, HomeOption, JsonOption, app, console, emit_json, err_console, finish
+
+MAX_FRAMES = 12
+
+
+def render_report(report, *, show_frames: int = MAX_FRAMES, out=None) -> None:
+    """Draw a StackReport: groups with their frames, the verdict, what is missing."""
+    out = out or console
+    by_key = {(p.node_ip, p.pid): p for p in report.processes}
+    drivers = [p for p in report.processes if p.role == "driver"]
+    out.print(f"[bold]{len(report.processes)} processes[/bold] on {report.nodes} node(s), "
+              f"{len(report.groups)} distinct stacks ({report.seconds:.1f}s"
+              f"{', native' if report.native else ''}{', partial' if report.partial else ''})")
+    for group in report.groups:
+        members = [by_key.get(tuple(m)) for m in group.members]
+        who = _who(group, members)
+        style = "yellow" if group.count == 1 and len(report.groups) > 1 else "cyan"
+        out.print(f"\n[{style}][bold]{who}[/bold][/{style}]  {escape(group.headline)}")
+        for member in members[:8]:
+            if member is None:
+                continue
+            extra = f"  task {member.task_name}" if member.task_name else ""
+            parent = f"  child of pid {member.parent_pid}" if member.parent_pid else ""
+            out.print(f"  [dim]{escape(member.label)}  {member.role}{escape(extra)}{parent}[/dim]")
+        if len(members) > 8:
+            out.print(f"  [dim]... and {len(members) - 8} more[/dim]")
+        for frame in group.frames[:show_frames]:
+            out.print(f"    {escape(frame.function)}  [dim]{escape(frame.short_file or frame.file)}:{frame.line}[/dim]")
+        if len(group.frames) > show_frames:
+            out.print(f"    [dim]... {len(group.frames) - show_frames} outer frames[/dim]")
+    verdict = report.verdict
+    if verdict.chains:
+        out.print("\n[bold]wait-for chains[/bold]")
+        for chain in verdict.chains:
+            out.print("  " + escape(" → ".join(_link(link) for link in chain)))
+    elif drivers and not verdict.chains:
+        out.print(f"\n[dim]{len(drivers)} driver(s); none blocked in ray.get on a visible call[/dim]")
+    if report.missing:
+        out.print(f"\n[yellow]missing ({len(report.missing)}):[/yellow]")
+        for item in report.missing:
+            where = " ".join(x for x in (item.node_ip or "", f"pid {item.pid}" if item.pid else "") if x)
+            out.print(f"  [yellow]{escape(where)}[/yellow] {escape(item.reason)}")
+    out.print()
+    if verdict.culprits:
+        out.print(f"[red bold]verdict:[/red bold] [red]{escape(verdict.summary)}[/red]")
+        for culprit in verdict.culprits:
+            name = f"rank {culprit.rank}" if culprit.rank is not None else "no rank"
+            place = f"{culprit.function} ({culprit.file}:{culprit.line})" if culprit.function else ""
+            out.print(f"  [red]✗ {name}, pid {culprit.pid} @ {culprit.node_ip}[/red] "
+                      f"{escape(culprit.actor_class or '')} {escape(place)}")
+            out.print(f"    [dim]{escape(culprit.reason)}[/dim]")
+    else:
+        out.print(f"[green]verdict:[/green] {escape(verdict.summary)}")
+
+
+def _who(group, members) -> str:
+    classes = ", ".join(group.actor_classes) if group.actor_classes else ""
+    roles = sorted({m.role for m in members if m is not None})
+    if group.ranks and len(group.ranks) == group.count:
+        noun = "rank" if group.count == 1 else "ranks"
+        return f"{group.count} {noun} {group.ranks}" + (f" {classes}" if classes else "")
+    noun = classes or "/".join(roles) or "process"
+    return f"{group.count} × {noun}"
+
+
+def _link(link) -> str:
+    name = link.task_name or link.role
+    who = f"rank {link.rank} " if link.rank is not None else ""
+    return f"{name} ({who}pid {link.pid})"
+
+
+@app.command()
+def stacks(
+    address: AddressOption = None,
+    native: Annotated[bool, typer.Option("--native", help="Add C/C++ frames (py-spy pauses each process briefly).")] = False,
+    include_idle: Annotated[bool, typer.Option("--include-idle", help="Also idle pool workers and idle background threads.")] = False,
+    rank: Annotated[int | None, typer.Option("--rank", help="Only the worker(s) with this rank.")] = None,
+    pid: Annotated[list[int] | None, typer.Option("--pid", help="Only these pids (repeatable).")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds for the whole capture; partial results after that.")] = 30.0,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Also write the report here (.json: JSON, else text).")] = None,
+    record: Annotated[bool, typer.Option("--record/--no-record", help="Store the report as stack_report evidence.")] = True,
+    json_: JsonOption = False,
+) -> None:
+    """Dump every worker's and driver's Python stack, grouped, with the culprit (exit 1 when one is named)."""
+    from raysleuth.stacks import dump_stacks, record_report
+
+    report = dump_stacks(address, pids=pid or None, native=native, include_idle=include_idle, rank=rank,
+                         timeout=timeout)
+    if record:
+        record_report(report)
+        _flush()
+    if output is not None:
+        _write(report, output)
+    if json_:
+        emit_json(report.to_dict())
+    else:
+        render_report(report)
+    finish(1 if report.verdict.culprits else 0)
+
+
+def _write(report, output: Path) -> None:
+    import json
+
+    from rich.console import Console
+
+    from raysleuth.cli._app import to_jsonable
+
+    output = Path(output).expanduser()
+    if output.suffix == ".json":
+        output.write_text(json.dumps(to_jsonable(report.to_dict()), indent=2, default=repr))
+        return
+    with output.open("w") as handle:
+        render_report(report, out=Console(file=handle, width=120, no_color=True, highlight=False))
+
+
+def _flush() -> None:
+    try:
+        from raysleuth.recorder import get_client
+
+        get_client().flush(timeout=5)
+    except Exception:
+        pass
+
+
+@app.command()
+def watch(
+    address: AddressOption = None,
+    stall: Annotated[float, typer.Option("--stall", help="Seconds without step progress that count as a stall.")] = 120.0,
+    forever: Annotated[bool, typer.Option("--forever", help="Keep watching after a stall instead of exiting 1.")] = False,
+    duration: Annotated[float | None, typer.Option("--duration", help="Stop after this many seconds (exit 0 if no stall).")] = None,
+    interval: Annotated[float | None, typer.Option("--interval", help="Seconds between heartbeat reads.")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds for the stacks snapshot at a stall.")] = 30.0,
+    home: HomeOption = None,
+    json_: JsonOption = False,
+) -> None:
+    """Follow rs.heartbeat/rs.step; on a stall take stacks, store them, print the verdict (exit 1)."""
+    from raysleuth.cli._app import connect, home_path
+    from raysleuth.heartbeat import Watchdog
+
+    connect(address)
+    dog = Watchdog(stall, address=address, home=str(home_path(home)), interval=interval, stacks_timeout=timeout,
+                   include_self=False)
+    if not json_:
+        err_console.print(f"[dim]watching heartbeats (stall {stall:g}s){'; Ctrl-C to stop' if forever else ''}[/dim]")
+    started = time.monotonic()
+    stalls = 0
+    try:
+        while duration is None or time.monotonic() - started < duration:
+            event = dog.poll()
+            if event is None:
+                time.sleep(dog.interval)
+                continue
+            stalls += 1
+            _flush()
+            if json_:
+                emit_json(event.to_dict())
+            else:
+                console.print(f"[red bold]stall:[/red bold] [red]{escape(event.summary)}[/red]")
+                if event.report is not None:
+                    render_report(event.report)
+                else:
+                    console.print(f"[yellow]no stacks: {escape(event.error or 'unknown error')}[/yellow]")
+            if not forever:
+                break
+    except KeyboardInterrupt:
+        pass
+    if stalls == 0 and json_:
+        emit_json({"stalls": 0, "ranks": sorted(dog.tracker.ranks), "summary": "no stall"})
+    elif stalls == 0:
+        console.print(f"[green]no stall[/green] ({len(dog.tracker.ranks)} rank(s) heart-beating)")
+    finish(1 if stalls else 0)

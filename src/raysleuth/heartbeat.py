@@ -1,0 +1,325 @@
+"""Heartbeats in the workers, and the stall watchdog that reads them.
+
+In a worker::
+
+    rs.heartbeat(step)            # a timestamp into the batching client
+    with rs.step(n):              # sets the current step, heartbeats on entry
+        ...
+
+On the driver (or from ``raysleuth watch``), :class:`Watchdog` follows the
+``heartbeat`` records in the evidence store. A rank whose step has not
+advanced for ``stall`` seconds while its peers advanced (or when every rank
+stopped) is *stalled*: the watchdog takes a cluster-wide stacks snapshot,
+stores it as ``stack_report`` evidence, and hands a :class:`StallEvent` to
+``on_stall``.
+
+Stall detection (:class:`StallTracker`) is pure: it takes heartbeat rows
+and a clock, so it is unit tested without Ray.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from raysleuth import runtime
+from raysleuth.errors import UsageError
+
+__all__ = ["RankProgress", "StallEvent", "StallTracker", "Watchdog", "heartbeat", "step", "watchdog"]
+
+log = logging.getLogger("raysleuth.heartbeat")
+
+
+def heartbeat(step: int | None = None) -> None:
+    """Say "this rank is alive at ``step``" (cheap; never blocks or raises)."""
+    try:
+        if step is not None:
+            runtime.set_step(step)
+        else:
+            step = runtime.current_step()
+        from raysleuth.recorder import record
+
+        record("heartbeat", {"step": step}, step=step)
+    except Exception:
+        pass
+
+
+@contextlib.contextmanager
+def step(n: int) -> Iterator[int]:
+    """Run one training step: sets the current step (tags records) and heartbeats."""
+    token = None
+    try:
+        token = runtime.set_step(n)
+    except Exception:
+        pass
+    heartbeat(n)
+    try:
+        yield n
+    finally:
+        if token is not None:
+            with contextlib.suppress(Exception):
+                runtime._step.reset(token)  # the process-wide last step stays n
+
+
+# ------------------------------------------------------------- detection
+
+
+@dataclasses.dataclass
+class RankProgress:
+    """What the watchdog knows about one rank."""
+
+    rank: int
+    step: int | None
+    last_beat: float
+    """Time of the newest heartbeat."""
+    last_progress: float
+    """Time the step last advanced (first heartbeat counts)."""
+    pid: int | None = None
+    node_ip: str | None = None
+    actor_class: str | None = None
+
+    def stalled_for(self, now: float) -> float:
+        """Seconds since the step last advanced."""
+        return max(0.0, now - self.last_progress)
+
+
+@dataclasses.dataclass
+class StallEvent:
+    """Ranks that stopped making progress, with the stacks taken at that moment."""
+
+    time: float
+    stalled: list[RankProgress]
+    peers: list[RankProgress]
+    all_stopped: bool
+    summary: str
+    report: Any = None
+    """The :class:`raysleuth.stacks.StackReport` taken at the stall (``None`` if it failed)."""
+    error: str | None = None
+    """Why no stack report could be taken."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-serialisable dict."""
+        data = dataclasses.asdict(self)
+        data["report"] = self.report.to_dict() if self.report is not None else None
+        return data
+
+
+class StallTracker:
+    """Follows heartbeats per rank and says which ranks are stalled."""
+
+    def __init__(self, stall: float) -> None:
+        if stall <= 0:
+            raise UsageError(f"stall must be a positive number of seconds, got {stall!r}", fix="e.g. --stall 120")
+        self.stall = stall
+        self.ranks: dict[int, RankProgress] = {}
+        self.reported: set[int] = set()
+
+    def update(self, beats: Iterable[dict[str, Any]]) -> None:
+        """Feed heartbeat rows: dicts with rank, step, time (pid, node_ip, actor_class optional)."""
+        for beat in beats:
+            rank = beat.get("rank")
+            if rank is None:
+                continue
+            when, step_now = float(beat["time"]), beat.get("step")
+            known = self.ranks.get(rank)
+            if known is None:
+                self.ranks[rank] = RankProgress(rank=rank, step=step_now, last_beat=when, last_progress=when,
+                                                pid=beat.get("pid"), node_ip=beat.get("node_ip"),
+                                                actor_class=beat.get("actor_class"))
+                continue
+            known.last_beat = max(known.last_beat, when)
+            known.pid, known.node_ip = beat.get("pid") or known.pid, beat.get("node_ip") or known.node_ip
+            if step_now is not None and (known.step is None or step_now > known.step):
+                known.step, known.last_progress = step_now, when
+                self.reported.discard(rank)  # it moved again: report it anew if it stalls later
+
+    def check(self, now: float) -> tuple[list[RankProgress], list[RankProgress], bool]:
+        """(newly stalled ranks, the others, every rank stopped)."""
+        if not self.ranks:
+            return [], [], False
+        late = [r for r in self.ranks.values() if r.stalled_for(now) >= self.stall]
+        fresh = [r for r in late if r.rank not in self.reported]
+        others = [r for r in self.ranks.values() if r not in late]
+        return sorted(fresh, key=lambda r: r.rank), sorted(others, key=lambda r: r.rank), len(late) == len(self.ranks)
+
+    def mark_reported(self, ranks: Iterable[RankProgress]) -> None:
+        """Do not report these ranks again until they advance."""
+        self.reported.update(r.rank for r in ranks)
+
+
+def describe(stalled: list[RankProgress], peers: list[RankProgress], all_stopped: bool, now: float) -> str:
+    """One line: ``rank 2 stalled at step 5 for 12s while peers reached step 40``."""
+    ranks = ", ".join(str(r.rank) for r in stalled)
+    worst = max(r.stalled_for(now) for r in stalled)
+    steps = sorted({r.step for r in stalled if r.step is not None})
+    at = f" at step {steps[0]}" if len(steps) == 1 else (f" at steps {steps}" if steps else "")
+    word = "rank" if len(stalled) == 1 else "ranks"
+    if all_stopped:
+        return f"every rank stopped: {word} {ranks}{at}, no progress for {worst:.0f}s"
+    best = max((r.step for r in peers if r.step is not None), default=None)
+    peers_text = f" while peers reached step {best}" if best is not None else " while peers progressed"
+    return f"{word} {ranks} stalled{at} for {worst:.0f}s{peers_text}"
+
+
+# --------------------------------------------------------------- watchdog
+
+
+class Watchdog:
+    """Poll heartbeats; on a stall take stacks, store them, call ``on_stall``.
+
+    Runs in a daemon thread (:meth:`start`) or step by step (:meth:`poll`).
+    Reads the run's evidence store directly, so it runs on the head node
+    (where the writer keeps the database), as drivers usually do.
+    """
+
+    def __init__(self, stall: float = 120.0, on_stall: Callable[[StallEvent], Any] | None = None, *,
+                 address: str | None = None, run: str | None = None, home: str | None = None,
+                 interval: float | None = None, stacks: bool = True, stacks_timeout: float = 30.0,
+                 include_self: bool = True, forever: bool = True) -> None:
+        self.tracker = StallTracker(stall)
+        self.on_stall = on_stall
+        self.address, self.run, self.home = address, run, home
+        self.interval = interval if interval is not None else max(0.2, min(5.0, stall / 4))
+        self.stacks, self.stacks_timeout, self.include_self = stacks, stacks_timeout, include_self
+        self.forever = forever
+        self.events: list[StallEvent] = []
+        self.error: str | None = None
+        self._after_id = 0
+        self._store = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- reading
+    def _open(self):
+        if self._store is None:
+            from raysleuth import cluster
+            from raysleuth.recorder import open_store
+
+            run = self.run
+            if run is None:
+                cluster.connect(self.address)
+                run = cluster.session_name()
+            self._store = open_store(run, home=self.home)
+        return self._store
+
+    def read(self) -> int:
+        """Feed new heartbeat records to the tracker; returns how many were read."""
+        try:
+            store = self._open()
+        except Exception as error:  # no run yet: nothing has heart-beaten
+            self.error = str(error)
+            return 0
+        rows = store.query("heartbeat", after_id=self._after_id, limit=100_000)
+        if rows:
+            self._after_id = max(row.id for row in rows)
+            self.tracker.update({"rank": row.rank, "step": row.step if row.step is not None else row.data.get("step"),
+                                 "time": row.time, "pid": row.pid, "node_ip": row.node_ip,
+                                 "actor_class": row.actor_class} for row in rows)
+        return len(rows)
+
+    # -- one round
+    def poll(self, now: float | None = None) -> StallEvent | None:
+        """Read new heartbeats; when ranks newly stalled, build (and deliver) an event."""
+        self.read()
+        now = time.time() if now is None else now
+        stalled, peers, all_stopped = self.tracker.check(now)
+        if not stalled:
+            return None
+        self.tracker.mark_reported(stalled)
+        event = StallEvent(time=now, stalled=stalled, peers=peers, all_stopped=all_stopped,
+                           summary=describe(stalled, peers, all_stopped, now))
+        if self.stacks:
+            self._snapshot(event)
+        self.events.append(event)
+        if self.on_stall is not None:
+            try:
+                self.on_stall(event)
+            except Exception:
+                log.exception("raysleuth watchdog: on_stall callback failed")
+        return event
+
+    def _snapshot(self, event: StallEvent) -> None:
+        try:
+            from raysleuth.stacks import Culprit, dump_stacks, headline, record_report
+
+            report = dump_stacks(self.address, timeout=self.stacks_timeout, include_self=self.include_self)
+            named = {(c.node_ip, c.pid) for c in report.verdict.culprits}
+            for rank in event.stalled:
+                proc = next((p for p in report.processes if p.pid == rank.pid
+                             and (rank.node_ip is None or p.node_ip == rank.node_ip)), None)
+                if proc is None and rank.pid is not None:
+                    proc = next((p for p in report.processes if p.rank == rank.rank), None)
+                where = headline(proc) if proc is not None else "its process was not found (exited?)"
+                reason = f"no heartbeat progress for {rank.stalled_for(event.time):.0f}s at step {rank.step}: {where}"
+                key = (proc.node_ip, proc.pid) if proc is not None else (rank.node_ip, rank.pid)
+                if key in named:
+                    culprit = next(c for c in report.verdict.culprits if (c.node_ip, c.pid) == key)
+                    culprit.reason = f"{reason}; {culprit.reason}"
+                else:
+                    from raysleuth.stacks.analysis import _culprit
+
+                    culprit = _culprit(proc, reason) if proc is not None else Culprit(
+                        pid=rank.pid or -1, node_ip=rank.node_ip, rank=rank.rank, reason=reason)
+                    culprit.rank = rank.rank if culprit.rank is None else culprit.rank
+                    report.verdict.culprits.insert(0, culprit)
+            report.verdict.summary = f"{event.summary}; {report.verdict.summary}"
+            event.report = report
+            record_report(report, name="watch")
+        except Exception as error:  # the watchdog must never take the driver down
+            event.error = f"{type(error).__name__}: {str(error)[:300]}"
+        try:
+            from raysleuth.recorder import record
+
+            record("event", {"summary": event.summary, "stalled": [dataclasses.asdict(r) for r in event.stalled]},
+                   name="stall", level="ERROR")
+        except Exception:
+            pass
+
+    # -- thread
+    def start(self) -> "Watchdog":
+        """Watch in a daemon thread; returns self."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="raysleuth-watchdog", daemon=True)
+            self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                event = self.poll()
+            except Exception as error:
+                self.error = f"{type(error).__name__}: {error}"
+                continue
+            if event is not None and not self.forever:
+                return
+
+    def stop(self) -> None:
+        """Stop watching (waits for the thread briefly)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.stacks_timeout + 5)
+
+    def wait(self, timeout: float | None = None) -> StallEvent | None:
+        """Block until the first stall event (or timeout); returns it."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.events:
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            time.sleep(0.1)
+        return self.events[0]
+
+    def __enter__(self) -> "Watchdog":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def watchdog(stall: float = 120.0, on_stall: Callable[[StallEvent], Any] | None = None, **options: Any) -> Watchdog:
+    """Start a stall watchdog in this process (usually the driver); returns it (``.stop()``, ``.events``)."""
+    return Watchdog(stall, on_stall, **options).start()

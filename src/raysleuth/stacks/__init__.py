@@ -1,0 +1,58 @@
+"""Hang forensics: cluster-wide Python stacks, grouped, labelled and judged.
+
+``dump_stacks()`` reads every Ray worker and driver on every node with
+py-spy (through the node agents, in parallel), labels each process (node,
+pid, role, actor, rank, running task), groups identical stacks and names
+the culprits: peers away from where their blocked majority waits, and the
+ends of the driver's wait-for chains.
+
+- :mod:`raysleuth.stacks.model` — the result dataclasses.
+- :mod:`raysleuth.stacks.analysis` — pure logic (parse, group, verdict).
+- :mod:`raysleuth.stacks.capture` — the cluster I/O.
+"""
+
+from __future__ import annotations
+
+from raysleuth.stacks.analysis import build_verdict, group_processes, headline, parse_py_spy
+from raysleuth.stacks.capture import dump_stacks, is_own_actor
+from raysleuth.stacks.model import (
+    Culprit,
+    Frame,
+    Missing,
+    ProcessStack,
+    StackGroup,
+    StackReport,
+    ThreadStack,
+    Verdict,
+    WaitLink,
+)
+
+__all__ = [
+    "Culprit",
+    "Frame",
+    "Missing",
+    "ProcessStack",
+    "StackGroup",
+    "StackReport",
+    "ThreadStack",
+    "Verdict",
+    "WaitLink",
+    "build_verdict",
+    "dump_stacks",
+    "group_processes",
+    "headline",
+    "is_own_actor",
+    "parse_py_spy",
+    "record_report",
+]
+
+
+def record_report(report: StackReport, *, name: str = "stacks") -> None:
+    """Store a report as ``stack_report`` evidence (never raises)."""
+    try:
+        from raysleuth.recorder import record
+
+        level = "ERROR" if report.verdict.culprits else "INFO"
+        record("stack_report", report.to_dict(), name=name, level=level)
+    except Exception:
+        pass

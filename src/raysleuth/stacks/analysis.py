@@ -1,0 +1,367 @@
+"""Pure logic on stacks: parse py-spy JSON, pick key threads, group, judge.
+
+No Ray and no I/O here: everything takes plain data, so it is unit tested
+on hand-written stacks and reused by the cluster capture.
+
+Rules (the reasoning behind the verdict):
+
+- The **key threads** of a process are its main thread and any thread that
+  runs a Ray task (it has Ray's ``actor_method_executor`` /
+  ``function_executor`` frame). They are never folded: a rank blocked in a
+  collective or ``ray.get`` looks "idle" to py-spy and is exactly what we
+  look for. Other threads are folded when idle, unless asked for.
+- The **frames that matter** of a key thread are those above Ray's executor
+  plumbing (``main_loop``, ``default_worker.py``); processes are grouped by
+  them (function, file, line).
+- **Peers**: processes of one actor class. When a strict majority of peers
+  is blocked at one place, every peer elsewhere is a **culprit**.
+- **Wait-for chain**: a process blocked in ``ray.get``/``ray.wait`` waits
+  on the unfinished calls it submitted (State API ``parent_task_id``); the
+  last process of a chain that is not itself waiting, and whose innermost
+  frame is the user's code (not an idle event loop or lock), is a culprit.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from raysleuth.stacks.model import Culprit, Frame, ProcessStack, StackGroup, ThreadStack, Verdict, WaitLink
+
+__all__ = [
+    "build_verdict",
+    "group_processes",
+    "headline",
+    "is_library",
+    "key_thread",
+    "parse_py_spy",
+    "signature",
+    "wait_chains",
+]
+
+_EXECUTOR_FUNCTIONS = {"actor_method_executor", "function_executor", "_function_executor"}
+_PLUMBING_FILES = ("ray/_private/function_manager.py", "ray/_private/worker.py", "ray/_private/workers/default_worker.py",
+                   "ray/util/tracing/tracing_helper.py", "ray/_private/async_compat.py")
+_LIBRARY = re.compile(
+    r"(/site-packages/|/dist-packages/|/lib/python\d\.\d+/|^<frozen |/(?:src|site-packages)/raysleuth/|^<string>$)")
+_RAY_WAITS = {("ray/_private/worker.py", "get"), ("ray/_private/worker.py", "wait")}
+_DRIVER_TASK_PREFIX = "f" * 40
+
+
+def _bare(function: str) -> str:
+    """``Trainer.all_reduce`` -> ``all_reduce`` (py-spy gives qualified names on 3.11+)."""
+    return function.rsplit(".", 1)[-1]
+
+
+def is_library(frame: Frame) -> bool:
+    """True for frames of installed packages, the standard library and raysleuth itself."""
+    name = frame.file or ""
+    if name.startswith("<") and name != "<string>":
+        return True
+    return bool(_LIBRARY.search(name)) and name != "<string>"
+
+
+def parse_py_spy(raw: list[dict[str, Any]], *, pid: int) -> list[ThreadStack]:
+    """Threads from ``py-spy dump --json`` output (innermost frame first)."""
+    threads = []
+    for entry in raw:
+        frames = [
+            Frame(function=item.get("name") or "?", file=item.get("filename") or "?", line=int(item.get("line") or 0),
+                  short_file=item.get("short_filename") or "")
+            for item in entry.get("frames") or []
+        ]
+        name = entry.get("thread_name") or f"thread {entry.get('os_thread_id') or entry.get('thread_id')}"
+        is_main = entry.get("os_thread_id") == pid or name == "MainThread"
+        is_task = any(_bare(frame.function) in _EXECUTOR_FUNCTIONS for frame in frames)
+        threads.append(ThreadStack(
+            name=name,
+            thread_id=entry.get("thread_id"),
+            os_thread_id=entry.get("os_thread_id"),
+            idle=not entry.get("active", True),
+            owns_gil=bool(entry.get("owns_gil")),
+            role="task" if is_task else ("main" if is_main else "background"),
+            frames=frames,
+        ))
+    # Main thread first, then task threads, then the rest (stable).
+    order = {"main": 0, "task": 1, "background": 2}
+    threads.sort(key=lambda thread: order[thread.role])
+    return threads
+
+
+def fold_threads(threads: list[ThreadStack], include_idle: bool) -> tuple[list[ThreadStack], int]:
+    """Drop idle background threads (never main or task threads); returns (kept, folded count)."""
+    if include_idle:
+        return threads, 0
+    kept = [thread for thread in threads if thread.role != "background" or not thread.idle]
+    return kept, len(threads) - len(kept)
+
+
+def key_thread(process: ProcessStack) -> ThreadStack | None:
+    """The thread that says what a process is doing: a Ray task thread, else the main thread."""
+    for role in ("task", "main"):
+        for thread in process.threads:
+            if thread.role == role:
+                return thread
+    return process.threads[0] if process.threads else None
+
+
+def _short(frame: Frame) -> str:
+    return frame.short_file or frame.file
+
+
+def frames_that_matter(thread: ThreadStack) -> list[Frame]:
+    """The thread's frames above Ray's executor plumbing (all frames when there is none)."""
+    frames = thread.frames
+    for index, frame in enumerate(frames):
+        if _bare(frame.function) in _EXECUTOR_FUNCTIONS:
+            kept = frames[:index]
+            # Ray's own wrappers just above the executor (tracing, async compat) are plumbing too.
+            while kept and any(_short(kept[-1]).endswith(name) for name in _PLUMBING_FILES[3:]):
+                kept = kept[:-1]
+            return kept or frames[index:index + 1]
+    return frames
+
+
+def signature(process: ProcessStack) -> tuple:
+    """Grouping key: the key thread's frames that matter, as (function, file, line)."""
+    thread = key_thread(process)
+    if thread is None:
+        return ("<no stack>", process.error or "")
+    return tuple((frame.function, _short(frame), frame.line) for frame in frames_that_matter(thread))
+
+
+def is_ray_idle(thread: ThreadStack) -> bool:
+    """A worker's main thread in Ray's task loop with nothing running."""
+    frames = thread.frames
+    return bool(frames) and _bare(frames[0].function) == "main_loop" and _short(frames[0]).endswith("ray/_private/worker.py")
+
+
+def in_ray_wait(thread: ThreadStack) -> bool:
+    """The thread is blocked in ``ray.get`` or ``ray.wait``."""
+    return _ray_wait(thread.frames[:8]) is not None
+
+
+def _ray_wait(frames: list[Frame]) -> str | None:
+    for frame in frames:
+        if (_short(frame).split("site-packages/")[-1], _bare(frame.function)) in _RAY_WAITS:
+            return f"ray.{_bare(frame.function)}"
+    return None
+
+
+def user_frame(frames: list[Frame]) -> tuple[Frame | None, list[Frame] | None]:
+    """The innermost frame of the user's code, and the library frames inside it (if any)."""
+    for index, frame in enumerate(frames):
+        if not is_library(frame):
+            return frame, (frames[:index] or None)
+    return None, None
+
+
+def _callee_name(inner: list[Frame]) -> str:
+    """What the user's frame called: ``ray.get``, else the outermost library frame above it."""
+    waiting = _ray_wait(inner)
+    if waiting:
+        return waiting
+    frame = inner[-1]
+    module = _short(frame).rsplit("/", 1)[-1].removesuffix(".py")
+    return f"{module}.{frame.function}" if "." not in frame.function else frame.function
+
+
+def headline(process: ProcessStack) -> str:
+    """One line: where the key thread is (``waiting in all_reduce (trainer.py:88) → ray.get``)."""
+    if process.error and not process.threads:
+        return f"no stack: {process.error}"
+    thread = key_thread(process)
+    if thread is None:
+        return "no Python threads"
+    if is_ray_idle(thread):
+        if process.task_name:  # an async or threaded actor: its call waits off the main thread
+            return f"idle in Ray's task loop while {process.task_name} awaits (async actor)"
+        return "idle in Ray's task loop (nothing running)"
+    frames = frames_that_matter(thread)
+    mine, callee = user_frame(frames)
+    verb = "waiting in" if thread.idle else "running"
+    if mine is None:
+        inner = frames[0] if frames else None
+        return f"{verb} {inner.where}" if inner else f"{verb} <no frames>"
+    text = f"{verb} {mine.where}"
+    if callee is not None:
+        text += f" → {_callee_name(callee)}"
+    return text
+
+
+def group_processes(processes: Iterable[ProcessStack]) -> list[StackGroup]:
+    """Group processes with identical key-thread frames, most common first."""
+    buckets: dict[tuple, list[ProcessStack]] = defaultdict(list)
+    for process in processes:
+        buckets[signature(process)].append(process)
+    groups = []
+    for members in buckets.values():
+        first = members[0]
+        thread = key_thread(first)
+        ranks = sorted({member.rank for member in members if member.rank is not None})
+        groups.append(StackGroup(
+            count=len(members),
+            pids=[member.pid for member in members],
+            ranks=ranks,
+            frames=frames_that_matter(thread) if thread else [],
+            headline=headline(first),
+            idle=bool(thread and thread.idle),
+            actor_classes=sorted({member.actor_class for member in members if member.actor_class}),
+            members=[(member.node_ip, member.pid) for member in members],
+        ))
+    groups.sort(key=lambda group: (-group.count, group.headline))
+    return groups
+
+
+def _culprit(process: ProcessStack, reason: str) -> Culprit:
+    thread = key_thread(process)
+    mine = None
+    if thread is not None:
+        frames = frames_that_matter(thread)
+        mine, _ = user_frame(frames)
+        mine = mine or (frames[0] if frames else None)
+    return Culprit(pid=process.pid, node_ip=process.node_ip, rank=process.rank, reason=reason,
+                   actor_class=process.actor_class, actor_name=process.actor_name,
+                   function=mine.function if mine else None, file=mine.file if mine else None,
+                   line=mine.line if mine else None)
+
+
+def _rank_list(processes: list[ProcessStack]) -> str:
+    ranks = sorted(p.rank for p in processes if p.rank is not None)
+    if len(ranks) == len(processes):
+        return f"rank{'s' if len(ranks) != 1 else ''} {ranks if len(ranks) != 1 else ranks[0]}"
+    return f"pid{'s' if len(processes) != 1 else ''} {[p.pid for p in processes]}"
+
+
+def majority_culprits(processes: list[ProcessStack]) -> tuple[list[Culprit], list[str]]:
+    """Peers (same actor class) away from where a blocked strict majority is."""
+    culprits: list[Culprit] = []
+    notes: list[str] = []
+    by_class: dict[str, list[ProcessStack]] = defaultdict(list)
+    for process in processes:
+        if process.actor_class and process.role == "actor" and process.threads:
+            by_class[process.actor_class].append(process)
+    for actor_class, peers in sorted(by_class.items()):
+        if len(peers) < 3:
+            continue  # two peers in two places: no majority to compare with
+        counts = Counter(signature(peer) for peer in peers)
+        top, top_count = counts.most_common(1)[0]
+        if top_count * 2 <= len(peers) or top_count == len(peers):
+            continue
+        majority = [peer for peer in peers if signature(peer) == top]
+        thread = key_thread(majority[0])
+        if thread is None or not thread.idle or is_ray_idle(thread):
+            continue  # a busy majority is training, not hanging
+        where = headline(majority[0]).removeprefix("waiting in ")
+        outliers = [peer for peer in peers if signature(peer) != top]
+        notes.append(f"{top_count} of {len(peers)} {actor_class} ({_rank_list(majority)}) wait in {where}; "
+                     f"{_rank_list(outliers)} elsewhere")
+        for peer in outliers:
+            culprits.append(_culprit(peer, f"{headline(peer)} while {top_count} of {len(peers)} {actor_class} peers "
+                                           f"wait in {where}"))
+    return culprits, notes
+
+
+def _link(process: ProcessStack) -> WaitLink:
+    thread = key_thread(process)
+    return WaitLink(pid=process.pid, node_ip=process.node_ip, role=process.role, actor_class=process.actor_class,
+                    rank=process.rank, task_name=process.task_name, where=headline(process),
+                    waiting=bool(thread and in_ray_wait(thread)))
+
+
+def wait_chains(processes: list[ProcessStack], tasks: list[dict[str, Any]], *, max_depth: int = 8
+                ) -> tuple[list[list[WaitLink]], list[ProcessStack]]:
+    """Follow ``ray.get`` waits from each driver through the calls it submitted.
+
+    ``tasks``: unfinished tasks from the State API (task_id, parent_task_id,
+    name, worker_pid, node_id/node_ip). Returns the chains (one per distinct
+    path, driver first) and the chain ends that are not waiting on anything.
+    """
+    by_worker = {(p.node_id, p.pid): p for p in processes}
+    by_pid: dict[int, list[ProcessStack]] = defaultdict(list)
+    for process in processes:
+        by_pid[process.pid].append(process)
+    children: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for task in tasks:
+        if task.get("parent_task_id"):
+            children[task["parent_task_id"]].append(task)
+
+    def executor(task: dict[str, Any]) -> ProcessStack | None:
+        pid = task.get("worker_pid")
+        if pid is None:
+            return None
+        found = by_worker.get((task.get("node_id"), pid))
+        if found is None and len(by_pid.get(pid, [])) == 1:
+            found = by_pid[pid][0]
+        return found
+
+    chains: list[list[WaitLink]] = []
+    ends: list[ProcessStack] = []
+    seen_paths: set[tuple] = set()
+
+    def follow(process: ProcessStack, own_task: str | None, path: list[ProcessStack], depth: int) -> None:
+        thread = key_thread(process)
+        calls = children.get(own_task or "", []) if thread is not None and in_ray_wait(thread) else []
+        targets = []
+        for call in calls:
+            target = executor(call)
+            if target is not None and target not in path:
+                targets.append((call, target))
+        if not targets or depth >= max_depth:
+            if len(path) > 1:
+                key = tuple((p.node_ip, p.pid) for p in path)
+                if key not in seen_paths:
+                    seen_paths.add(key)
+                    chains.append([_link(p) for p in path])
+                if path[-1] not in ends:
+                    ends.append(path[-1])
+            return
+        for call, target in targets:
+            target.task_name = target.task_name or call.get("name")
+            follow(target, call.get("task_id"), path + [target], depth + 1)
+
+    for process in processes:
+        if process.role == "driver" and process.job_id:
+            follow(process, _DRIVER_TASK_PREFIX + process.job_id, [process], 0)
+    return chains, ends
+
+
+def chain_culprits(ends: list[ProcessStack], chains: list[list[WaitLink]]) -> list[Culprit]:
+    """Chain ends whose key thread sits in the user's code (not an idle loop or lock)."""
+    culprits = []
+    for end in ends:
+        thread = key_thread(end)
+        if thread is None or is_ray_idle(thread) or in_ray_wait(thread):
+            continue
+        frames = frames_that_matter(thread)
+        if not frames or (is_library(frames[0]) and thread.idle):
+            continue  # blocked in a library wait (event loop, lock, queue): it waits on something unseen
+        path = next((chain for chain in chains if (chain[-1].node_ip, chain[-1].pid) == (end.node_ip, end.pid)), None)
+        route = " → ".join(link.task_name or link.role for link in path) if path else end.task_name
+        culprits.append(_culprit(end, f"end of the wait-for chain {route}: {headline(end)}"))
+    return culprits
+
+
+def build_verdict(processes: list[ProcessStack], tasks: list[dict[str, Any]] | None = None) -> Verdict:
+    """Culprits (majority rule, then wait-for chains), the chains and a summary line."""
+    culprits, notes = majority_culprits(processes)
+    chains, ends = wait_chains(processes, tasks or [])
+    named = {(c.node_ip, c.pid) for c in culprits}
+    for culprit in chain_culprits(ends, chains):
+        if (culprit.node_ip, culprit.pid) not in named:
+            culprits.append(culprit)
+            named.add((culprit.node_ip, culprit.pid))
+    if culprits:
+        who = ", ".join(
+            (f"rank {c.rank}" if c.rank is not None else f"pid {c.pid}") + (f" ({c.actor_class})" if c.actor_class else "")
+            for c in culprits)
+        summary = f"culprit{'s' if len(culprits) > 1 else ''}: {who}"
+        if notes:
+            summary += " — " + "; ".join(notes)
+    elif not processes:
+        summary = "no processes were read"
+    else:
+        summary = "no culprit: no peer stands apart and no wait-for chain ends in user code"
+    return Verdict(culprits=culprits, summary=summary, chains=chains)
