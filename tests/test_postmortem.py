@@ -337,3 +337,34 @@ print(json.dumps({"seen": seen, "method": rec.data["method"], "type": rec.data["
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result == {"seen": ["ZeroDivisionError"], "method": "thread:loader", "type": "ZeroDivisionError"}
+
+
+def test_post_mortem_opens_a_bounded_session_then_reraises(tmp_path):
+    """RAYSLEUTH_POST_MORTEM: a real debug session opens at the crash, nobody attaches, the wait limit lets go."""
+    from raysleuth import runtime
+    from raysleuth.recorder import RecordClient, StoreSink, get_client, open_store, reset_client
+    from raysleuth.recorder.store import open_run
+
+    old_settings = runtime.settings()
+    runtime.reload_settings(post_mortem=True, debug_wait=1.0, debugger="pdb")
+    old = reset_client(RecordClient(StoreSink(open_run(tmp_path, "local")), spool_dir=tmp_path / "spool"))
+    try:
+        @postmortem.capture_crashes
+        def evaluate():
+            reward = -1.0  # noqa: F841
+            raise LookupError("no reward model for this prompt")
+
+        started = time.monotonic()
+        with pytest.raises(LookupError, match="no reward model"):
+            evaluate()
+        assert time.monotonic() - started < 60
+        get_client().flush(10)
+        kinds = open_store(home=tmp_path).kinds()
+        assert kinds.get("crash") == 1
+        assert kinds.get("debug_session", 0) >= 1  # the breakpoints feature registered the session
+    finally:
+        client = reset_client(old)
+        if client is not None:
+            client.close()
+        runtime.reload_settings(post_mortem=old_settings.post_mortem, debug_wait=old_settings.debug_wait,
+                                debugger=old_settings.debugger)

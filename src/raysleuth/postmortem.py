@@ -505,7 +505,7 @@ def _open_post_mortem(exc: BaseException, method: str | None) -> None:
     try:
         from raysleuth.breakpoints import post_mortem_session  # built by the breakpoints feature
 
-        post_mortem_session(exc.__traceback__, name=f"post-mortem:{method or _type_name(exc)}")
+        post_mortem_session(exc, name=f"post-mortem:{method or _type_name(exc)}")  # exception + its traceback
     except BaseException as error:  # a debugger session must never change the crash
         log.warning("raysleuth: post-mortem session not opened (%r)", error)
 
