@@ -366,3 +366,28 @@ def test_arm_and_disarm_at_runtime_from_the_cli(ray_cluster, capsys):
             breakpoints.reset_cluster()
         finally:
             _kill([actor])
+
+
+def test_doctor_check_debug_flags_a_server_on_every_interface(ray_cluster, capsys):
+    import ray
+
+    from raysleuth.doctor import run_doctor
+
+    (actor,) = _actors(1, {"RAYSLEUTH_DEBUG": "1", "RAYSLEUTH_DEBUGGER": "pdb", "RAYSLEUTH_DEBUG_WAIT": "120",
+                           "RAYSLEUTH_DEBUG_HOST": "0.0.0.0"}, ranks=[1])
+    try:
+        ref = actor.step_named.remote("exposed")
+        session = _wait_session(capsys, ray_cluster.address, lambda s: s["name"] == "exposed" and s["state"] == "waiting")
+        assert session["host"] == "0.0.0.0"
+        report = run_doctor(ray_cluster.address, check_debug=True, record=False, timeout=60)
+        exposed = [c for c in report.checks if c.name == "debug server bind"]
+        assert exposed and exposed[0].status == "warn" and session["id"] in exposed[0].detail
+        per_node = [c for c in report.checks if c.name == "debugpy on node"]
+        assert len(per_node) == 2 and all(c.status == "ok" for c in per_node)
+        with socket.create_connection(("127.0.0.1", session["port"]), timeout=60) as connection:
+            _read_until(connection, b"(rs-pdb) ")
+            connection.sendall(b"c\n")
+            _read_until(connection, b"session closed")
+        assert ray.get(ref, timeout=60)["after"] == 4243 + 1
+    finally:
+        _kill([actor])

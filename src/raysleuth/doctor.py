@@ -343,6 +343,42 @@ def _node_checks(alive: list[dict[str, Any]], *, timeout: float) -> list[Check]:
     return checks
 
 
+def _debug_cluster_checks(*, timeout: float) -> list[Check]:
+    """Per node: can breakpoints start debugpy there; are debug servers listening on every interface?"""
+    checks: list[Check] = []
+    try:
+        results = agents.call_agents("versions", timeout=timeout)
+    except RaySleuthError as error:
+        return [Check(name="debugpy on node", category="debug", status="fail", detail=error.message, fix=error.fix)]
+    for result in results:
+        if not result.ok:
+            continue  # the node checks report unreachable agents
+        found = (result.value or {}).get("debugpy")
+        good = _at_least(found, MIN_DEBUGPY)
+        checks.append(Check(name="debugpy on node", category="debug", status="ok" if good else "warn",
+                            node=_node_label(result),
+                            detail=f"debugpy {found}" if found else "debugpy is not installed: breakpoints there fall back to pdb",
+                            fix=None if good else f'add it to the job\'s runtime_env, e.g. {{"pip": ["debugpy>={MIN_DEBUGPY}"]}}'))
+    try:
+        from raysleuth import breakpoints
+
+        sessions = breakpoints.list_sessions(live=True)
+    except Exception as error:
+        checks.append(Check(name="debug sessions", category="debug", status="skip", detail=f"not readable: {error}"))
+        return checks
+    exposed = [session for session in sessions if session.host in ("0.0.0.0", "::")]
+    for session in exposed:
+        checks.append(Check(name="debug server bind", category="security", status="warn", node=session.node_ip,
+                            detail=f"session {session.id} (rank {session.rank}, pid {session.pid}) listens on "
+                                   f"{session.host}:{session.port}: anyone on the network can run code in that worker",
+                            fix="unset RAYSLEUTH_DEBUG_HOST (default 127.0.0.1) and use an SSH tunnel"))
+    if not exposed:
+        waiting = sum(1 for session in sessions if session.state == "waiting")
+        checks.append(Check(name="debug sessions", category="debug", status="ok",
+                            detail=f"{len(sessions)} live ({waiting} waiting), none listening on 0.0.0.0"))
+    return checks
+
+
 def run_doctor(
     address: str | None = None,
     *,
@@ -368,6 +404,8 @@ def run_doctor(
     if ray or full:
         checks += _cluster_checks(address, ports=check_ports or full, per_node=True, timeout=timeout,
                                   info_out=cluster_info)
+        if (check_debug or full) and cluster_info:
+            checks += _debug_cluster_checks(timeout=timeout)
     report = DoctorReport(checks=checks, cluster=cluster_info or None, seconds=time.monotonic() - started)
     if record and cluster_info:
         from raysleuth.recorder import get_client
