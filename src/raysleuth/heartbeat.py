@@ -323,3 +323,20 @@ class Watchdog:
 def watchdog(stall: float = 120.0, on_stall: Callable[[StallEvent], Any] | None = None, **options: Any) -> Watchdog:
     """Start a stall watchdog in this process (usually the driver); returns it (``.stop()``, ``.events``)."""
     return Watchdog(stall, on_stall, **options).start()
+
+
+class _CallableModule(type(contextlib)):
+    """``raysleuth.heartbeat`` is both this module and the function ``rs.heartbeat``.
+
+    Importing a submodule binds it on the package (``raysleuth.heartbeat``),
+    shadowing the lazily exported function; calling the module calls the
+    function, so ``rs.heartbeat(step)`` works either way.
+    """
+
+    def __call__(self, step: int | None = None) -> None:
+        heartbeat(step)
+
+
+import sys as _sys  # noqa: E402
+
+_sys.modules[__name__].__class__ = _CallableModule
