@@ -152,6 +152,8 @@ class Sampler:
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=history)
         self.samples = 0
         self.errors = 0
+        self.cpu_seconds = 0.0
+        """CPU time this sampler's thread spent sampling (its own cost, for overhead figures)."""
         self.last_error: str | None = None
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
         self._stop = threading.Event()
@@ -193,6 +195,13 @@ class Sampler:
 
     def sample_once(self) -> dict[str, Any] | None:
         """Take, record and dispatch one sample now; never raises."""
+        cpu_start = time.thread_time()
+        try:
+            return self._sample_once()
+        finally:
+            self.cpu_seconds += time.thread_time() - cpu_start
+
+    def _sample_once(self) -> dict[str, Any] | None:
         try:
             sample = read_sample()
             sample["time"] = time.time()
