@@ -10,7 +10,6 @@ an optional callback (the CLI prints it); nothing here prints.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -98,16 +97,8 @@ def connect_for_demo(address: str | None = None, *, num_cpus: int = 8):
         return cluster.connect(), False
     if address:
         return cluster.connect(address), False
-    # cluster.connect(start_local=True) would attach to any cluster `auto` finds on this
-    # machine; the demo wants its own, so it starts one explicitly (address="local").
-    saved = os.environ.pop("RAY_ADDRESS", None)
-    try:
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, log_to_driver=False,
-                 logging_level=logging.WARNING)  # workers inherit RAYSLEUTH_HOME from this process
-    finally:
-        if saved is not None:
-            os.environ["RAY_ADDRESS"] = saved
-    info = cluster.connect()
+    # Never `auto`: another job's cluster on this machine is not the demo's to use.
+    info = cluster.start_local(num_cpus=num_cpus, log_to_driver=False)
     return info, True
 
 
