@@ -416,7 +416,11 @@ def build_capsule(exc: BaseException, *, method: str | None = None) -> CrashCaps
         me = runtime.Identity(rank=None, world_size=None, local_rank=None, rank_source="none",
                               pid=os.getpid(), hostname="")
     try:
-        formatted = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        described = traceback.TracebackException(type(exc), exc, exc.__traceback__)
+        described.stack = traceback.StackSummary.from_list(  # drop our own wrapper frames
+            [frame for frame in described.stack
+             if os.path.normcase(os.path.abspath(frame.filename)) != _OWN_FILE])
+        formatted = "".join(described.format())
     except Exception as error:
         errors.append(f"format traceback: {error!r}")
         formatted = f"{_type_name(exc)}: {_message(exc)}"

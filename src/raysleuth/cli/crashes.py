@@ -55,7 +55,7 @@ def crashes(
         table.add_row(
             str(item.id), _when(item.time), "" if item.rank is None else str(item.rank),
             item.node_ip or item.hostname or "", "" if item.pid is None else str(item.pid), escape(where),
-            f"[red]{escape(item.exception_type)}[/red]: {escape(item.message)}", escape(item.cause) if item.cause else "[dim]unknown[/dim]",
+            f"[red]{escape(item.exception_type)}[/red]: {escape(_short(item.message))}", escape(item.cause) if item.cause else "[dim]unknown[/dim]",
         )
     console.print(table)
     console.print(f"\n[red]{len(found)} crash capsule(s)[/red]; details: raysleuth crashes show ID")
@@ -121,6 +121,10 @@ def show(
     for problem in data.get("errors") or []:
         console.print(f"[yellow]capture note: {problem}[/yellow]", soft_wrap=True)
     finish(0)
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _first(text: str) -> str:
