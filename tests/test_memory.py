@@ -128,7 +128,7 @@ def test_agents_sample_a_worker_that_imports_nothing_from_raysleuth(ray_cluster,
     grower = PlainGrower.options(name="plaingrower_rank7").remote()
     try:
         pid = ray.get(grower.start.remote(1, 0.04, 400), timeout=60)
-        code = cli.main(["memory", "--sample", "3s", "--interval", "0.1", "--address", ray_cluster.address,
+        code = cli.main(["memory", "--sample", "5s", "--interval", "0.1", "--address", ray_cluster.address,
                          "--home", str(ray_cluster.home), "--json", "--rank", "7"])
         payload = json.loads(capsys.readouterr().out)
         assert ray.get(grower.imported_raysleuth.remote(), timeout=30) is False

@@ -214,6 +214,14 @@ def sample_workers(duration: float = 30.0, interval: float = 1.0, *, timeout: fl
     writer = get_writer()
     rounds = samples = 0
     pending: list = []
+    rows: dict[tuple[str, int], list] = {}
+
+    def send() -> None:  # one write per worker every 20 rounds: few calls to the writer
+        for key, batch in rows.items():
+            header = {k: v for k, v in headers.get(key, {"node_id": key[0], "pid": key[1]}).items() if k != "_rank"}
+            pending.append(writer.write.remote(header, batch))
+        rows.clear()
+
     started = next_round = time.monotonic()  # the duration counts from the first sample
     while True:
         if rounds and rounds % 20 == 0:
@@ -239,14 +247,17 @@ def sample_workers(duration: float = 30.0, interval: float = 1.0, *, timeout: fl
                 data = {"rss_bytes": memory.get("rss"), "uss_bytes": memory.get("uss"),
                         "cuda_allocated_bytes": None, "cuda_reserved_bytes": None, "cuda_peak_bytes": None,
                         "vms_bytes": memory.get("vms"), "source": "agent", "pid": int(pid), "node_ip": node_ip}
-                row = ("memory", now, header["_rank"], None, None, None, None, data, None)
-                pending.append(writer.write.remote({k: v for k, v in header.items() if k != "_rank"}, [row]))
+                rows.setdefault((node, int(pid)), []).append(
+                    ("memory", now, header["_rank"], None, None, None, None, data, None))
                 samples += 1
+        if rounds % 20 == 19:
+            send()
         rounds += 1
         next_round += interval
         if time.monotonic() - started + max(0.0, next_round - time.monotonic()) > duration:
             break
         time.sleep(max(0.0, next_round - time.monotonic()))
+    send()
     try:
         ray.get(pending, timeout=timeout)
     except Exception as error:
