@@ -299,6 +299,12 @@ def test_wait_limit_releases_an_unattended_breakpoint(ray_cluster, capsys):
         finally:
             store.close()
         assert states[0] == "waiting" and states[-1] == "released"
+        from raysleuth import cluster
+
+        offline = _cli_json(capsys, "debug", "ls", "--json", "--all", "--run", cluster.session_name(),
+                            "--home", str(ray_cluster.home))
+        assert offline["source"] == "store"
+        assert any(s["id"] == released["id"] and s["state"] == "released" for s in offline["sessions"])
     finally:
         _kill([actor])
 
