@@ -55,6 +55,8 @@ def ray_cluster(raysleuth_home) -> RayCluster:
     with socket.socket() as probe:  # other clusters on this machine may hold 8265
         probe.bind(("127.0.0.1", 0))
         dashboard_port = probe.getsockname()[1]
+    # A loaded 2-core machine can take longer than Ray's 30 s to register a raylet.
+    os.environ.setdefault("RAY_raylet_start_wait_time_s", "180")
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 8, "include_dashboard": True,
                                                             "dashboard_port": dashboard_port})
     cluster.add_node(num_cpus=8)

@@ -61,6 +61,7 @@ def versions() -> dict[str, Any]:
         "py-spy": _module_version("py-spy") if py_spy else None,
         "py_spy_path": py_spy,
         "executable": sys.executable,
+        "cpu_count": os.cpu_count(),
     }
 
 
@@ -164,6 +165,10 @@ class NodeAgent:
         """Is py-spy here, and may it read another process (ptrace)?"""
         return py_spy_check()
 
+    def gpus(self) -> list[dict[str, Any]]:
+        """This node's GPUs (index, name, total_bytes) from nvidia-smi; [] without one."""
+        return gpus()
+
 
 def run_tool(argv: list[str], timeout: float) -> dict[str, Any]:
     """Run ``argv`` with a timeout; never raises."""
@@ -197,6 +202,23 @@ def process_memory(pids: list[int]) -> dict[int, dict[str, Any]]:
         except psutil.Error as error:
             result[pid] = {"error": f"{type(error).__name__}: {error}"}
     return result
+
+
+def gpus() -> list[dict[str, Any]]:
+    """Local GPUs from ``nvidia-smi`` (no torch needed); [] when there is none."""
+    tool = find_tool("nvidia-smi")
+    if tool is None:
+        return []
+    done = run_tool([tool, "--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"], timeout=10)
+    found = []
+    for line in (done["stdout"] or "").splitlines():
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) == 3 and parts[0].isdigit():
+            try:
+                found.append({"index": int(parts[0]), "name": parts[1], "total_bytes": int(float(parts[2])) * 1024**2})
+            except ValueError:
+                continue
+    return found
 
 
 def _ptrace_scope() -> int | None:

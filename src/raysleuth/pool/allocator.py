@@ -1,0 +1,185 @@
+"""Place workers on nodes that fit, and fall back instead of pending forever.
+
+:func:`plan_placements` is pure: nodes (with their GPU memory when known)
+in, one :class:`Placement` per worker out, with the reason. The
+:class:`SmartResourceAllocator` reads the live cluster (nodes from the
+State API, GPU memory from each node's agent via ``nvidia-smi``) and plans.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from typing import Any
+
+from raysleuth.errors import UsageError
+
+__all__ = ["AllocationPlan", "Placement", "SmartResourceAllocator", "plan_placements"]
+
+log = logging.getLogger("raysleuth.pool")
+
+GiB = 1024**3
+STRATEGIES = ("cpu_backup", "wait", "fail")
+
+
+@dataclasses.dataclass(kw_only=True)
+class Placement:
+    """Where one worker goes and what it asks for."""
+
+    rank: int
+    node_id: str | None
+    node_ip: str | None
+    num_cpus: float
+    num_gpus: float
+    use_gpu: bool
+    fallback: bool = False
+    reason: str = ""
+
+
+@dataclasses.dataclass(kw_only=True)
+class AllocationPlan:
+    """The placements, the warnings raised on the way, and the strategy used."""
+
+    placements: list[Placement]
+    warnings: list[str] = dataclasses.field(default_factory=list)
+    strategy: str = "cpu_backup"
+
+    @property
+    def fell_back(self) -> bool:
+        """True when any worker was moved to CPU."""
+        return any(placement.fallback for placement in self.placements)
+
+    def explain(self) -> str:
+        """One line per worker: where, what, why."""
+        lines = [f"rank {p.rank}: {p.node_ip or 'any node'} cpus={p.num_cpus:g} gpus={p.num_gpus:g}"
+                 f"{' (CPU fallback)' if p.fallback else ''}: {p.reason}" for p in self.placements]
+        return "\n".join(lines + [f"warning: {w}" for w in self.warnings])
+
+
+def plan_placements(
+    nodes: list[dict[str, Any]],
+    num_workers: int,
+    *,
+    use_gpu: bool,
+    cpu_per_worker: float = 1.0,
+    gpu_memory_per_worker: float | None = None,
+    min_gpu_memory: float | None = None,
+    preferred_node_type: str | None = None,
+    fallback_strategy: str = "cpu_backup",
+) -> AllocationPlan:
+    """Assign workers to nodes (first fit, preferred nodes first).
+
+    ``nodes``: dicts with ``node_id``, ``node_ip``, ``resources_total``
+    (``CPU``, ``GPU``, ...), ``labels`` and optional ``gpu_memory_bytes``
+    (per GPU). Memory amounts are in GiB. ``gpu_memory_per_worker`` becomes a
+    GPU fraction of that node's GPU memory.
+    """
+    if fallback_strategy not in STRATEGIES:
+        raise UsageError(f"fallback_strategy={fallback_strategy!r} is not one of {', '.join(STRATEGIES)}")
+    if num_workers < 1:
+        raise UsageError(f"num_workers must be at least 1, got {num_workers}")
+    free = {node["node_id"]: dict(node.get("resources_total") or {}) for node in nodes}
+
+    def preferred(node: dict[str, Any]) -> bool:
+        if not preferred_node_type:
+            return False
+        labels = node.get("labels") or {}
+        resources = node.get("resources_total") or {}
+        return preferred_node_type in labels.values() or preferred_node_type in resources \
+            or f"accelerator_type:{preferred_node_type}" in resources
+
+    ordered = sorted(nodes, key=lambda node: (not preferred(node), not node.get("is_head_node", False)))
+    placements: list[Placement] = []
+    warnings: list[str] = []
+    for rank in range(num_workers):
+        placed = None
+        if use_gpu:
+            for node in ordered:
+                room = free[node["node_id"]]
+                gpus = room.get("GPU", 0.0)
+                memory = node.get("gpu_memory_bytes")
+                if min_gpu_memory and memory is not None and memory < min_gpu_memory * GiB:
+                    continue
+                if gpu_memory_per_worker and memory:
+                    fraction = min(1.0, math.ceil(gpu_memory_per_worker * GiB / memory * 100) / 100)
+                else:
+                    fraction = 1.0
+                if gpus + 1e-9 >= fraction and room.get("CPU", 0.0) + 1e-9 >= cpu_per_worker:
+                    room["GPU"] = gpus - fraction
+                    room["CPU"] = room.get("CPU", 0.0) - cpu_per_worker
+                    why = f"{fraction:g} GPU" + (f" of {memory / GiB:.0f} GiB" if memory else "")
+                    if preferred(node):
+                        why += f", preferred node type {preferred_node_type}"
+                    placed = Placement(rank=rank, node_id=node["node_id"], node_ip=node.get("node_ip"),
+                                       num_cpus=cpu_per_worker, num_gpus=fraction, use_gpu=True, reason=why)
+                    break
+            if placed is None:
+                need = f"{gpu_memory_per_worker:g} GiB of GPU memory" if gpu_memory_per_worker else "a GPU"
+                if min_gpu_memory:
+                    need += f" on a GPU of at least {min_gpu_memory:g} GiB"
+                if fallback_strategy == "fail":
+                    raise UsageError(f"no node can give rank {rank} {need}",
+                                     fix="lower the request, add GPU nodes, or use fallback_strategy='cpu_backup'")
+                if fallback_strategy == "wait":
+                    warning = f"rank {rank}: no node has {need} now; its actor will wait for one (pending)"
+                    placed = Placement(rank=rank, node_id=None, node_ip=None, num_cpus=cpu_per_worker,
+                                       num_gpus=1.0, use_gpu=True, reason="waits for a GPU")
+                    warnings.append(warning)
+                    log.warning("raysleuth: %s", warning)
+                    placements.append(placed)
+                    continue
+                warning = f"rank {rank}: no node has {need}; falling back to a CPU worker (cpu_backup)"
+                warnings.append(warning)
+                log.warning("raysleuth: %s", warning)
+        if placed is None:
+            for node in ordered:
+                room = free[node["node_id"]]
+                if room.get("CPU", 0.0) + 1e-9 >= cpu_per_worker:
+                    room["CPU"] = room.get("CPU", 0.0) - cpu_per_worker
+                    placed = Placement(rank=rank, node_id=node["node_id"], node_ip=node.get("node_ip"),
+                                       num_cpus=cpu_per_worker, num_gpus=0.0, use_gpu=False,
+                                       fallback=use_gpu, reason=f"{cpu_per_worker:g} CPU")
+                    break
+        if placed is None:
+            warning = f"rank {rank}: no node has {cpu_per_worker:g} free CPU; it will queue until one frees up"
+            warnings.append(warning)
+            placed = Placement(rank=rank, node_id=None, node_ip=None, num_cpus=cpu_per_worker, num_gpus=0.0,
+                               use_gpu=False, fallback=use_gpu, reason="queued: cluster CPUs are all planned")
+        placements.append(placed)
+    return AllocationPlan(placements=placements, warnings=warnings, strategy=fallback_strategy)
+
+
+class SmartResourceAllocator:
+    """Plans worker placement on the live cluster, with a fallback when GPUs don't fit."""
+
+    def __init__(self, min_gpu_memory: float | None = None, preferred_node_type: str | None = None,
+                 fallback_strategy: str = "cpu_backup") -> None:
+        if fallback_strategy not in STRATEGIES:
+            raise UsageError(f"fallback_strategy={fallback_strategy!r} is not one of {', '.join(STRATEGIES)}")
+        self.min_gpu_memory = min_gpu_memory
+        self.preferred_node_type = preferred_node_type
+        self.fallback_strategy = fallback_strategy
+
+    def cluster_nodes(self) -> list[dict[str, Any]]:
+        """Alive nodes, with per-GPU memory read on GPU nodes through their agents."""
+        from raysleuth import agents, cluster
+
+        nodes = cluster.nodes(alive_only=True)
+        gpu_nodes = [node["node_id"] for node in nodes if node["resources_total"].get("GPU", 0) > 0]
+        if gpu_nodes:
+            for result in agents.call_agents("gpus", timeout=30, nodes=gpu_nodes):
+                if result.ok and result.value:
+                    memory = min(gpu["total_bytes"] for gpu in result.value)
+                    for node in nodes:
+                        if node["node_id"] == result.node_id:
+                            node["gpu_memory_bytes"] = memory
+        return nodes
+
+    def plan(self, num_workers: int, *, use_gpu: bool, cpu_per_worker: float = 1.0,
+             gpu_memory_per_worker: float | None = None) -> AllocationPlan:
+        """Plan ``num_workers`` placements on the cluster this process is connected to."""
+        return plan_placements(self.cluster_nodes(), num_workers, use_gpu=use_gpu, cpu_per_worker=cpu_per_worker,
+                               gpu_memory_per_worker=gpu_memory_per_worker, min_gpu_memory=self.min_gpu_memory,
+                               preferred_node_type=self.preferred_node_type,
+                               fallback_strategy=self.fallback_strategy)
