@@ -73,7 +73,7 @@ def logs(
         else:
             for item in pulled:
                 where = f"actor {item.actor_id}, pid {item.pid}, node {item.node_ip or item.node_id}"
-                console.print(f"[bold]== {escape(item.label)} std{item.stream} ({escape(where)})[/bold]")
+                console.print(f"[bold]== {escape(item.label)} std{item.stream} ({escape(where)})[/bold]", soft_wrap=True)
                 if item.error:
                     console.print(f"[yellow]{escape(item.error)}[/yellow]")
                 for text in item.lines:
