@@ -217,13 +217,21 @@ class Trainer:
         self.kept_batches: list = []  # the leak fault keeps references here
         self.grads: list | None = None
         self.watcher = None
-        memory = instrument("memory")
-        if memory is not None:
-            try:
-                self.watcher = memory.watch(interval=config.memory_interval)
-            except Exception as error:  # the job runs on without a sampler
-                self.log.warning("memory watch unavailable: %s", error)
         self.log.info("trainer rank %d of %d ready (seed %d)", rank, world_size, seed)
+
+    def _watch_memory(self) -> None:
+        """Start ``rs.memory.watch`` once training runs (start-up growth is not a leak)."""
+        if self.watcher is not None:
+            return
+        memory = instrument("memory")
+        if memory is None:
+            self.watcher = False
+            return
+        try:
+            self.watcher = memory.watch(interval=self.config.memory_interval)
+        except Exception as error:  # the job runs on without a sampler
+            self.watcher = False
+            self.log.warning("memory watch unavailable: %s", error)
 
     def ready(self) -> dict:
         """Pid and rank, once the rank is set up."""
@@ -234,6 +242,8 @@ class Trainer:
         import numpy as np
         import torch
 
+        if step >= 1:
+            self._watch_memory()
         with _step(step), _span("forward_backward", step=step):
             total = len(batch["prompt"])
             shard = slice(self.rank * total // self.world_size, (self.rank + 1) * total // self.world_size)
@@ -252,7 +262,7 @@ class Trainer:
             loss.backward()
             if self.fault.kind == "leak" and self.fault.rank == self.rank:
                 # The bug: every batch (and a big activation buffer) stays referenced forever.
-                self.kept_batches.append((batch, np.ones(2_000_000, dtype=np.float32)))
+                self.kept_batches.append((batch, np.ones(3_000_000, dtype=np.float32)))
             grads = [p.grad.detach().numpy().copy() for p in self.policy.parameters()]
             if self.fault.kind == "hang" and self.fault.rank == self.rank and step >= self.fault.step:
                 self._wait_for_gradient_bucket()
@@ -319,7 +329,7 @@ class Trainer:
         """Stop the memory sampler and flush evidence before the actor is killed."""
         watcher = self.watcher
         with contextlib.suppress(Exception):
-            if watcher is not None and hasattr(watcher, "stop"):
+            if watcher and hasattr(watcher, "stop"):
                 watcher.stop()
         recorder = instrument("recorder")
         with contextlib.suppress(Exception):

@@ -151,7 +151,7 @@ class Job:
                 outcome.hung_step = step
                 break
             except Exception as error:  # a rank raised: the job stops, like a real one
-                outcome.error, outcome.error_object = str(error), error
+                outcome.error, outcome.error_object = f"{type(error).__name__}: {error}", error
                 break
             outcome.steps_done = step + 1
             weights = self.trainers[0].weights.remote()

@@ -242,10 +242,10 @@ def leak(config: JobConfig, say: Say) -> ScenarioResult:
     fault = Fault(kind="leak", rank=1)
     job = Job("leak", config, fault)
     try:
-        steps = max(config.steps, 16)
+        steps = max(config.steps, 30)
         say(f"  training {steps} steps while rank 1 keeps every batch")
         outcome = job.run(steps)
-        job.flush()
+        job.flush()  # stops each rank's sampler: the window is the training itself
         _settle()
         say("  raysleuth memory")
         ranks, workers = _memory_leaks(job, since)
