@@ -137,3 +137,17 @@ def test_wait_for_chain_from_a_separate_driver(ray_cluster):
     finally:
         driver.kill()
         driver.wait(timeout=30)
+
+
+def test_subprocess_of_an_actor_is_attributed_to_it(ray_cluster):
+    spawner = hangs.Spawner.options(name="spawner_rank5").remote()
+    try:
+        actor_pid, child_pid = ray.get(spawner.spawn.remote(), timeout=120)
+        report = _poll(lambda: dump_stacks(ray_cluster.address, timeout=60),
+                       lambda r: r.process(child_pid) is not None and r.process(child_pid).threads, timeout=60)
+        child = report.process(child_pid)
+        assert child is not None and child.threads, report.missing
+        assert (child.role, child.parent_pid, child.actor_class, child.rank) == ("child", actor_pid, "Spawner", 5)
+        assert child.threads[0].frames[0].file == "<string>"
+    finally:
+        hangs.kill(spawner)

@@ -164,3 +164,22 @@ if __name__ == "__main__":
         _chain(sys.argv[3])
     else:
         sys.exit("usage: python -m victims.hangs chain --address ip:port")
+
+
+@ray.remote(num_cpus=0)
+class Spawner:
+    """An actor with a subprocess of its own (as a DataLoader worker would be)."""
+
+    def __init__(self) -> None:
+        self.child = None
+
+    def spawn(self) -> tuple[int, int]:
+        import os
+        import subprocess
+
+        self.child = subprocess.Popen([sys.executable, "-c", "import time\ntime.sleep(600)"])
+        return os.getpid(), self.child.pid
+
+    def __del__(self) -> None:
+        if self.child is not None:
+            self.child.kill()

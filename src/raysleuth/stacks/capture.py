@@ -2,8 +2,9 @@
 
 Two fan-outs over the node agents (``raysleuth.agents``):
 
-1. every agent lists its node's Ray worker processes (and their children)
-   while the State API gives actors, drivers and running tasks;
+1. the State API names the cluster's workers, drivers, actors and running
+   tasks while every agent runs ``ps`` (titles, and the subprocesses of
+   workers: DataLoader workers and the like);
 2. every agent runs ``py-spy dump --json`` on its local targets
    concurrently (``run_tools``), each with a per-process timeout.
 
@@ -31,6 +32,25 @@ OWN_PREFIXES = ("raysleuth-agent-",)
 OWN_NAMES = ("raysleuth-writer",)
 OWN_CLASSES = ("NodeAgent", "EvidenceWriter")
 _UNFINISHED = ("FINISHED", "FAILED")
+
+
+PS_ARGV = ["ps", "-e", "-o", "pid=,ppid=,args="]
+NOT_PYTHON = "not a Python process"
+
+
+def _parse_ps(result: dict[str, Any] | None) -> dict[int, tuple[int, str]]:
+    """``pid -> (ppid, command line)`` from ``ps -e -o pid=,ppid=,args=``."""
+    rows: dict[int, tuple[int, str]] = {}
+    for line in ((result or {}).get("stdout") or "").splitlines():
+        parts = line.strip().split(None, 2)
+        if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
+            rows[int(parts[0])] = (int(parts[1]), parts[2] if len(parts) > 2 else "")
+    return rows
+
+
+def _not_python(result: dict[str, Any]) -> bool:
+    text = ((result.get("stderr") or "") + (result.get("stdout") or "")).lower()
+    return "failed to find python version" in text or "not a python" in text
 
 
 def is_own_actor(label: dict[str, Any]) -> bool:
@@ -80,14 +100,16 @@ def dump_stacks(
     timeout: float = 30.0,
     include_self: bool = False,
     per_process_timeout: float | None = None,
-    parallel: int = 16,
+    parallel: int | None = None,
 ) -> StackReport:
     """Dump, label, group and judge the stacks of every Ray worker and driver.
 
     ``pids``/``rank`` narrow the processes; ``native`` adds C/C++ frames (py-spy
     then pauses each process briefly); ``include_idle`` keeps idle pool workers
     and idle background threads. ``include_self`` keeps the calling process
-    (a driver watchdog wants its own main thread). Returns within about
+    (a driver watchdog wants its own main thread). ``parallel``: py-spy
+    processes at once per node (default: twice the node's cores, at most 32).
+    Returns within about
     ``timeout`` seconds: nodes or processes that did not answer are listed in
     ``report.missing`` with the reason.
     """
@@ -98,10 +120,11 @@ def dump_stacks(
     deadline = started + timeout
     report = StackReport(captured_at=time.time(), native=native, include_idle=include_idle)
 
-    # ---- 1. who is where: agents list processes while the State API labels them
+    # ---- 1. who is where: the State API names this cluster's workers and drivers,
+    # each agent lists its machine's processes (titles, children) with `ps`.
     phase = max(1.0, timeout * 0.4)
-    with ThreadPoolExecutor(max_workers=5) as pool:
-        listing = pool.submit(agents.call_agents, "list_processes", True, timeout=phase)
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        listing = pool.submit(agents.call_agents, "run_tool", PS_ARGV, phase, timeout=phase)
         versions = pool.submit(agents.call_agents, "versions", timeout=phase)
         labels_f = pool.submit(_safe, cluster.worker_labels)
         workers_f = pool.submit(_safe, cluster.workers)
@@ -113,12 +136,23 @@ def dump_stacks(
         tasks, tasks_error = tasks_f.result()
     labels = labels or {}
     tasks = tasks or []
-    for what, error in (("actor labels", labels_error), ("drivers", workers_error), ("running tasks", tasks_error)):
+    for what, error in (("actor labels", labels_error), ("running tasks", tasks_error)):
         if error:
             report.missing.append(Missing(reason=f"State API: no {what} ({error})"))
     ip_of = {node["node_id"]: node["node_ip"] for node in node_list}
     report.nodes = len(node_list)
+    for result in tools:
+        if not result.ok:
+            report.missing.append(Missing(node_ip=result.node_ip, reason=f"node agent: {result.error}"))
     py_spy = {result.node_id: (result.value or {}).get("py_spy_path") for result in tools if result.ok}
+    cores = {result.node_id: (result.value or {}).get("cpu_count") or 4 for result in tools if result.ok}
+    table = {result.node_id: _parse_ps(result.value) for result in listed if result.ok}
+    if workers is None:  # no State API: fall back to what each machine's `ps` shows
+        report.missing.append(Missing(reason=f"State API: no worker list ({workers_error}); "
+                                             "using `ps` on each node (drivers not found)"))
+        workers = [{"node_id": node, "pid": pid, "worker_type": "WORKER", "ip": ip_of.get(node)}
+                   for node, rows in table.items() for pid, (_ppid, title) in rows.items() if title.startswith("ray::")]
+    report.timings["discover"] = time.monotonic() - started
 
     running: dict[tuple[str | None, int], dict[str, Any]] = {}
     for task in tasks:
@@ -129,62 +163,54 @@ def dump_stacks(
     # ---- 2. the targets per node
     me = (os.getpid(), _my_node_id())
     targets: dict[str, list[ProcessStack]] = {}
-    # Agents list every Ray worker on their machine; keep this cluster's (several
-    # clusters, or several nodes of one test cluster, may share a machine).
-    known = {(w.get("node_id"), w.get("pid")) for w in workers} if workers else None
-    for result in listed:
-        if not result.ok:
-            report.missing.append(Missing(node_ip=result.node_ip, reason=f"node agent: {result.error}"))
+    for worker in workers:
+        pid, node_id, kind = worker.get("pid"), worker.get("node_id"), worker.get("worker_type")
+        if not pid or kind not in ("WORKER", "DRIVER"):
+            continue  # spill/restore IO workers hold no user code
+        node_ip = ip_of.get(node_id, worker.get("ip"))
+        label = labels.get((node_ip, pid), {})
+        if is_own_actor(label):
             continue
-        node_ip = result.node_ip
-        by_pid = {item["pid"]: item for item in result.value or []}
-        for item in result.value or []:
-            pid = item["pid"]
-            owner = item.get("parent_pid")
-            if known is not None and (result.node_id, owner or pid) not in known:
+        title = table.get(node_id, {}).get(pid, (None, ""))[1]
+        process = ProcessStack(pid=pid, node_ip=node_ip, node_id=node_id, title=title[:200] or None,
+                               actor_class=label.get("actor_class"), actor_name=label.get("actor_name"),
+                               actor_id=label.get("actor_id"), rank=label.get("rank"))
+        task = running.get((node_id, pid))
+        if kind == "DRIVER":
+            if (pid, node_id) == me and not include_self:
                 continue
-            label = labels.get((node_ip, owner if owner else pid), {})
-            if is_own_actor(label):
-                continue
-            title = item.get("title") or ""
-            process = ProcessStack(pid=pid, node_ip=node_ip, node_id=result.node_id, title=title[:200],
-                                   parent_pid=owner, actor_class=label.get("actor_class"),
-                                   actor_name=label.get("actor_name"), actor_id=label.get("actor_id"),
-                                   rank=label.get("rank"))
-            task = running.get((result.node_id, pid))
-            if owner:
-                process.role = "child"
-                parent = by_pid.get(owner, {})
-                process.task_name = (parent.get("title") or "").removeprefix("ray::") or None
-            elif label.get("actor_id"):
-                process.role = "actor"
-            elif task is not None:
-                process.role = "task"
-            elif title.startswith("ray::IDLE"):
-                process.role = "idle worker"
-            else:
-                process.role = "worker"
-            if task is not None:
-                process.task_name, process.task_id = task.get("name"), task.get("task_id")
-                process.job_id = task.get("job_id")
-            elif not owner and title.startswith("ray::") and "." in title.split()[0]:
-                # Ray titles a busy worker ``ray::Class.method``; task events may lag behind.
-                process.task_name = title.split()[0].removeprefix("ray::")
-            if process.role == "idle worker" and not include_idle:
-                continue
-            targets.setdefault(result.node_id, []).append(process)
-    for worker in workers or []:
-        if worker.get("worker_type") != "DRIVER" or not worker.get("pid"):
+            process.role, process.job_id = "driver", (worker.get("worker_id") or "")[:8] or None
+        elif label.get("actor_id"):
+            process.role = "actor"
+        elif task is not None or (title.startswith("ray::") and "." in title.split()[0]):
+            process.role = "task"
+        elif title.startswith("ray::IDLE"):
+            process.role = "idle worker"
+        else:
+            process.role = "worker"
+        if task is not None:
+            process.task_name, process.task_id = task.get("name"), task.get("task_id")
+            process.job_id = task.get("job_id")
+        elif title.startswith("ray::") and "." in title.split()[0]:
+            # Ray titles a busy worker ``ray::Class.method``; task events may lag behind.
+            process.task_name = title.split()[0].removeprefix("ray::")
+        if process.role == "idle worker" and not include_idle:
             continue
-        node_id = worker.get("node_id")
-        if (worker["pid"], node_id) == me and not include_self:
-            continue
-        worker_id = worker.get("worker_id") or ""
-        driver = ProcessStack(pid=worker["pid"], node_ip=ip_of.get(node_id, worker.get("ip")), node_id=node_id,
-                              role="driver", job_id=worker_id[:8] or None, title="driver")
-        label = labels.get((driver.node_ip, driver.pid), {})
-        driver.rank = label.get("rank")
-        targets.setdefault(node_id, []).append(driver)
+        targets.setdefault(node_id, []).append(process)
+    # Processes Ray does not name (DataLoader workers, subprocesses): children of a target.
+    for node_id, procs in list(targets.items()):
+        rows = table.get(node_id, {})
+        parents = {proc.pid: proc for proc in procs if proc.role != "driver"}
+        for pid, (ppid, title) in sorted(rows.items()):
+            owner = parents.get(ppid)
+            while owner is None and ppid in rows and ppid not in parents and ppid > 1:
+                ppid = rows[ppid][0]  # a grandchild belongs to the same worker
+                owner = parents.get(ppid)
+            if owner is None or pid in parents or title.startswith(("ps ", "py-spy")):
+                continue
+            procs.append(ProcessStack(pid=pid, node_ip=owner.node_ip, node_id=node_id, role="child",
+                                      parent_pid=owner.pid, title=title[:200], actor_class=owner.actor_class,
+                                      actor_name=owner.actor_name, rank=owner.rank, task_name=owner.task_name))
 
     # ---- 3. narrow to what was asked
     if pids:
@@ -217,8 +243,10 @@ def dump_stacks(
             for proc in procs:
                 proc.error = reason
             continue
+        # py-spy is CPU-bound while it reads a process: more at once than ~2 per core only queues.
+        width = parallel or min(32, 2 * cores.get(node_id, 4))
         per_node_args[node_id] = ([_py_spy_argv(path, p.pid, native) for p in procs], spy_timeout,
-                                  max(1, min(parallel, len(procs))))
+                                  max(1, min(width, len(procs))))
     if targets and not per_node_args:
         raise ToolMissing("py-spy is not installed on any node with Ray workers",
                           fix='pip install py-spy on every node (or runtime_env={"pip": ["py-spy"]})')
@@ -241,19 +269,26 @@ def dump_stacks(
                         proc.error = f"unreadable py-spy output ({error})"
                         continue
                     proc.threads, proc.folded_threads = fold_threads(threads, include_idle)
+                elif proc.role == "child" and _not_python(done):
+                    proc.error = NOT_PYTHON  # a non-Python subprocess: nothing to show
+                    continue
                 else:
                     proc.error = _spy_error(done, result.node_ip)
                 if proc.error:
                     report.missing.append(Missing(node_ip=proc.node_ip, pid=proc.pid, reason=proc.error))
 
+    report.timings["py_spy"] = time.monotonic() - started - report.timings["discover"]
+
     # ---- 5. group and judge
-    processes = [proc for node in sorted(targets, key=lambda n: ip_of.get(n) or "") for proc in targets[node]]
+    processes = [proc for node in sorted(targets, key=lambda n: ip_of.get(n) or "") for proc in targets[node]
+                 if proc.error != NOT_PYTHON]
     processes.sort(key=lambda p: (p.role != "driver", p.rank if p.rank is not None else 1 << 30, p.node_ip or "", p.pid))
     report.processes = processes
     readable = [proc for proc in processes if proc.threads]
     report.groups = group_processes(readable)
     report.verdict = build_verdict(readable, [t for t in tasks if t.get("state") not in _UNFINISHED])
     report.seconds = time.monotonic() - started
+    report.timings["analyse"] = report.seconds - report.timings["discover"] - report.timings["py_spy"]
     return report
 
 

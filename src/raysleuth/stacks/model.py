@@ -163,6 +163,8 @@ class StackReport:
     native: bool = False
     include_idle: bool = False
     nodes: int = 0
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Seconds spent discovering processes, running py-spy, and analysing."""
 
     @property
     def partial(self) -> bool:

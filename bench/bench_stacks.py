@@ -1,0 +1,96 @@
+"""Benchmark: `raysleuth stacks` vs a sequential `py-spy dump` loop (what `ray stack` does).
+
+Starts its own local Ray, grows a pool of sleeping actors to 8, 16 and 32
+worker processes, and at each size times, over the very same processes:
+
+- baseline: ``py-spy dump --pid P`` for each pid, one after the other
+  (``ray stack``'s loop, minus sudo), and the same loop with raysleuth's
+  flags (``--json --nonblocking``, "ratio2");
+- raysleuth: ``dump_stacks()`` — listing, labelling, py-spy in parallel
+  through the node agent, grouping and the verdict, end to end.
+
+Prints wall times and the ratio (baseline / raysleuth; > 1 means faster).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import ray
+
+SIZES = (8, 16, 32)
+
+
+@ray.remote(num_cpus=0)
+class Sleeper:
+    def pid(self) -> int:
+        return os.getpid()
+
+    def work(self) -> None:
+        time.sleep(3600)
+
+
+def sequential(py_spy: str, pids: list[int], flags: tuple[str, ...] = ()) -> tuple[float, int]:
+    """Wall time of one ``py-spy dump`` after another, and how many failed."""
+    started = time.perf_counter()
+    failed = 0
+    for pid in pids:
+        done = subprocess.run([py_spy, "dump", "--pid", str(pid), *flags], capture_output=True, timeout=30)
+        failed += done.returncode != 0
+    return time.perf_counter() - started, failed
+
+
+def main() -> int:
+    from raysleuth.agents import find_tool
+    from raysleuth.stacks import dump_stacks
+
+    py_spy = find_tool("py-spy")
+    if py_spy is None:
+        print("py-spy not installed: skipping")
+        return 0
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ray.init(address="local", num_cpus=4, include_dashboard=True, dashboard_port=port, log_to_driver=False,
+             runtime_env={"env_vars": {"RAYSLEUTH_MODE": "off"}})
+    address = ray.get_runtime_context().gcs_address
+    actors, pids = [], []
+    dump_stacks(address, timeout=60)  # start the node agent outside the timing
+    print(f"{'workers':>8} {'py-spy loop':>18} {'loop, nonblocking':>17} {'raysleuth stacks':>17} {'ratio':>6} "
+          f"{'ratio2':>6} {'per process':>12}")
+    worst = None
+    try:
+        for size in SIZES:
+            new = [Sleeper.remote() for _ in range(size - len(actors))]
+            pids += ray.get([actor.pid.remote() for actor in new], timeout=300)
+            for actor in new:
+                actor.work.remote()
+            actors += new
+            time.sleep(1.0)
+            baseline, failed = sequential(py_spy, pids)
+            same_flags, _ = sequential(py_spy, pids, ("--json", "--nonblocking"))
+            started = time.perf_counter()
+            report = dump_stacks(address, timeout=60)
+            ours = time.perf_counter() - started
+            seen = {p.pid for p in report.processes if p.threads}
+            missing = set(pids) - seen
+            ratio = baseline / ours
+            worst = ratio if worst is None else min(worst, ratio)
+            print(f"{size:>8} {baseline:>17.2f}s {same_flags:>16.2f}s {ours:>16.2f}s {ratio:>5.1f}x "
+                  f"{same_flags / ours:>5.1f}x {ours / size * 1000:>10.0f}ms"
+                  + (f"  ({len(missing)} not read)" if missing else "") + (f"  (baseline: {failed} failed)" if failed else ""))
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+        ray.shutdown()
+    print(f"raysleuth stacks vs sequential py-spy loop: worst ratio {worst:.1f}x "
+          f"({'faster' if worst and worst > 1 else 'NOT faster'} at every size)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
