@@ -102,7 +102,7 @@ def test_detailed_tracing_traces_ray_calls_and_restores(ray_cluster):
     original_task, original_actor = RemoteFunction._remote, ActorMethod._remote
     actor = Worker.remote()
     try:
-        with rs.enable_detailed_tracing():
+        with rs.enable_detailed_tracing(completion=True):
             assert RemoteFunction._remote is not original_task
             refs = [downstream.remote(i) for i in range(3)]
             call = actor.work.remote(0.05)

@@ -179,6 +179,7 @@ _patch_lock = threading.Lock()
 _active_blocks = 0
 _originals: dict[str, Callable] = {}
 _enabled_here: contextvars.ContextVar[bool] = contextvars.ContextVar("raysleuth_detailed", default=False)
+_completion: contextvars.ContextVar[bool] = contextvars.ContextVar("raysleuth_completion", default=False)
 
 
 def detailed_tracing_active() -> bool:
@@ -243,7 +244,7 @@ def _record_call(kind: str, target: Any, result: Any, kwargs: dict) -> None:
             "thread": threading.get_ident(),
         }, name=f"ray.call:{label}", step=step, phase=phase, time_=start)
 
-    if ref is not None and hasattr(ref, "_on_completed"):
+    if ref is not None and _completion.get() and hasattr(ref, "_on_completed"):
         ref._on_completed(done)
     else:
         done()
@@ -274,11 +275,14 @@ def _uninstall() -> None:
 
 
 @contextlib.contextmanager
-def enable_detailed_tracing() -> Iterator[None]:
+def enable_detailed_tracing(*, completion: bool = False) -> Iterator[None]:
     """Trace every Ray task and actor call submitted inside this block.
 
-    Each call becomes a ``span`` record ``ray.call:<function>`` (submission
-    to result ready, seen from the submitter) with ``attrs.task_id``; the
+    Each call becomes a ``span`` record ``ray.call:<function>`` with
+    ``attrs.task_id``: by default it spans the submission itself (cheap; the
+    execution comes from the State API in the timeline). ``completion=True``
+    makes it last until the result is ready (a Ray completion callback per
+    call: costly, see bench/bench_detailed_tracing.py). The
     timeline joins it to the task's own lifecycle from the State API.
     Nested and concurrent blocks are fine; Ray is unpatched when the last
     block exits. Calls submitted by other threads outside a block are not
@@ -294,9 +298,11 @@ def enable_detailed_tracing() -> Iterator[None]:
     except Exception:  # no Ray, or Ray moved things: run untraced rather than fail
         installed = False
     token = _enabled_here.set(True)
+    completion_token = _completion.set(completion)
     try:
         yield
     finally:
+        _completion.reset(completion_token)
         _enabled_here.reset(token)
         if installed:
             with _patch_lock:
