@@ -354,8 +354,16 @@ def _stats_torch(tensor: Any) -> TensorStats | None:
     try:
         for start in range(0, flat.numel(), step):
             part = flat[start:start + step]
-            values = part.abs().to(torch.float64) if part.is_complex() else part.to(torch.float64)
-            stats.add(values, torch)
+            if part.is_complex():
+                part = part.abs()
+            if part.device.type == "cpu":
+                # narrow floats convert fastest through float32 (exact), then numpy float64 reductions
+                narrow = part.is_floating_point() and part.element_size() <= 2
+                values = part.to(torch.float32).numpy() if narrow else part.to(torch.float64).numpy()
+                with np.errstate(invalid="ignore"):  # signalling NaN bit patterns
+                    stats.add(values.astype(np.float64), np)
+            else:
+                stats.add(part.to(torch.float64), torch)
     except (RuntimeError, TypeError):
         return None  # a dtype with no float conversion on this device
     return stats.result(int(flat.numel()))
@@ -370,22 +378,25 @@ class _StatsAccumulator:
         self.max_abs = self.min = self.max = None
 
     def add(self, values: Any, lib: Any) -> None:
-        nan = lib.isnan(values)
-        inf = lib.isinf(values)
-        self.nan += int(nan.sum())
-        self.inf += int(inf.sum())
-        finite = values[~(nan | inf)]
+        finite_mask = lib.isfinite(values)
+        if bool(finite_mask.all()):
+            finite = values  # the common case: no mask, no copy
+        else:
+            nan = int(lib.isnan(values).sum())
+            self.nan += nan
+            self.inf += int((~finite_mask).sum()) - nan
+            finite = values[finite_mask]
         count = int(finite.numel() if hasattr(finite, "numel") else finite.size)
         if not count:
             return
         self.finite += count
-        magnitude = lib.abs(finite)
-        self.l1 += float(magnitude.sum())
+        self.l1 += float(lib.abs(finite).sum())
         self.l2 += float((finite * finite).sum())
         self.total += float(finite.sum())
-        low, high, top = float(finite.min()), float(finite.max()), float(magnitude.max())
+        low, high = float(finite.min()), float(finite.max())
         self.min = low if self.min is None else min(self.min, low)
         self.max = high if self.max is None else max(self.max, high)
+        top = max(abs(low), abs(high))
         self.max_abs = top if self.max_abs is None else max(self.max_abs, top)
 
     def result(self, count: int) -> TensorStats:
