@@ -332,7 +332,7 @@ def test_ray_log_pull_returns_print_output_labelled_with_rank(chatty, capsys):
         if (found and code == 0) or time.time() > deadline:
             break
         time.sleep(1)
-    assert code == 0, pulled
+    assert code == 0, [(item["stream"], item["error"]) for item in pulled]
     assert out["rank"] == 1 and out["label"] == "rank 1" and out["actor_id"]
     assert any(f"hello-{chatty['token']} from rank 1" in text for text in out["lines"])
     assert not any(f"hello-{chatty['token']} from rank 2" in text for text in out["lines"])
@@ -366,3 +366,68 @@ def test_lightweight_monitoring_switches_remote_workers(chatty, capsys):
         monitoring.apply_mode("light", log_level="INFO")
         ray.get(handle.__ray_call__.remote(monitoring._apply_in_worker, "light", "INFO"), timeout=60)
         runtime.reload_settings()
+
+
+def test_install_log_shipping_is_idempotent_and_ships_a_plain_logger(tmp_path):
+    import raysleuth as rs
+    from raysleuth.recorder import RecordClient, StoreSink, get_client, reset_client
+    from raysleuth.recorder.store import EvidenceStore
+
+    store = EvidenceStore(tmp_path / "e.sqlite")
+    old = reset_client(RecordClient(StoreSink(store), spool_dir=tmp_path))
+    target = logging.getLogger(f"library.{uuid.uuid4().hex}")
+    target.propagate = False
+    try:
+        rs.install_log_shipping(target)
+        rs.install_log_shipping(target)
+        assert sum(type(h).__name__ == "StoreHandler" for h in target.handlers) == 1
+        target.info("from a library that never heard of raysleuth")
+        assert get_client().flush(10)
+        [record] = store.query("log")
+        assert record.name == target.name and record.level == "INFO"
+        assert record.data["message"] == "from a library that never heard of raysleuth"
+    finally:
+        from raysleuth.logs import uninstall_log_shipping
+
+        uninstall_log_shipping(target)
+        reset_client(old)
+
+
+def test_distributed_logger_memory_alert_names_rank_and_phase():
+    import raysleuth as rs
+    from raysleuth.logs import MemoryReading
+
+    seen = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record)
+
+    logger = rs.DistributedLogger(f"alert.{uuid.uuid4().hex}", alert_threshold=0.8, monitor_memory=False,
+                                  console=False)
+    logger.addHandler(Keep())  # the stdlib surface is the underlying logger's
+    token = runtime.set_phase("rollout")
+    try:
+        full = MemoryReading(host_used_bytes=95, host_total_bytes=100)
+        assert logger.check_memory(full) == "memory above 80% of capacity: host 95%"
+        assert logger.check_memory(full) is not None and len(seen) == 1  # once per crossing
+        assert logger.check_memory(MemoryReading(host_used_bytes=10, host_total_bytes=100)) is None
+        logger.check_memory(full)
+        assert len(seen) == 2
+    finally:
+        runtime._phase.reset(token)
+        logger.close()
+    assert seen[0].levelno == logging.WARNING and "phase rollout" in seen[0].getMessage()
+    assert "rank" in seen[0].getMessage() and seen[0].phase == "rollout"
+
+
+def test_distributed_logger_aggregates_the_runs_records(chatty):
+    import raysleuth as rs
+
+    logger = rs.DistributedLogger("victims.chatty", monitor_memory=False, console=False)
+    try:
+        lines = [line for line in logger.aggregated(run=chatty["run"], home=chatty["home"])
+                 if chatty["token"] in line.message and "loss" in line.message]
+    finally:
+        logger.close()
+    assert [(line.ranks, line.differs) for line in lines] == [([0, 1, 3], False), ([2], True)]
