@@ -303,6 +303,10 @@ class Watchdog:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.stacks_timeout + 5)
+        if self._store is not None and (self._thread is None or not self._thread.is_alive()):
+            with contextlib.suppress(Exception):
+                self._store.close()
+            self._store = None
 
     def wait(self, timeout: float | None = None) -> StallEvent | None:
         """Block until the first stall event (or timeout); returns it."""

@@ -35,10 +35,8 @@ def render_report(report, *, show_frames: int = MAX_FRAMES, out=None) -> None:
             out.print(f"  [dim]{escape(member.label)}  {member.role}{escape(extra)}{parent}[/dim]")
         if len(members) > 8:
             out.print(f"  [dim]... and {len(members) - 8} more[/dim]")
-        for frame in group.frames[:show_frames]:
-            out.print(f"    {escape(frame.function)}  [dim]{escape(frame.short_file or frame.file)}:{frame.line}[/dim]")
-        if len(group.frames) > show_frames:
-            out.print(f"    [dim]... {len(group.frames) - show_frames} outer frames[/dim]")
+        for line in frame_lines(group.frames, show_frames):
+            out.print(line)
     verdict = report.verdict
     if verdict.chains:
         out.print("\n[bold]wait-for chains[/bold]")
@@ -62,6 +60,29 @@ def render_report(report, *, show_frames: int = MAX_FRAMES, out=None) -> None:
             out.print(f"    [dim]{escape(culprit.reason)}[/dim]")
     else:
         out.print(f"[green]verdict:[/green] {escape(verdict.summary)}")
+
+
+def frame_lines(frames, limit: int = MAX_FRAMES) -> list[str]:
+    """Frames innermost first; runs of library frames folded to their innermost one."""
+    from raysleuth.stacks.analysis import is_library
+
+    lines: list[str] = []
+    index = 0
+    while index < len(frames) and len(lines) < limit:
+        frame = frames[index]
+        run = 1
+        if is_library(frame):
+            while index + run < len(frames) and is_library(frames[index + run]):
+                run += 1
+        where = f"{escape(frame.short_file or frame.file)}:{frame.line}"
+        text = f"    {escape(frame.function)}  [dim]{where}[/dim]"
+        if run > 1:
+            text += f"  [dim](+{run - 1} library frames)[/dim]"
+        lines.append(text)
+        index += run
+    if index < len(frames):
+        lines.append(f"    [dim]... {len(frames) - index} outer frames[/dim]")
+    return lines
 
 
 def _who(group, members) -> str:

@@ -60,6 +60,8 @@ def is_library(frame: Frame) -> bool:
     name = frame.file or ""
     if name.startswith("<") and name != "<string>":
         return True
+    if not name.startswith("<") and not name.endswith((".py", ".pyx")):
+        return True  # a native frame (--native): libc, libpython, an extension
     return bool(_LIBRARY.search(name)) and name != "<string>"
 
 
