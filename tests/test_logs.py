@@ -197,7 +197,7 @@ def test_mode_configs_and_off_makes_logging_a_no_op(tmp_path):
         finally:
             reset_client(old)
     finally:
-        monitoring.apply_mode("light")  # leave no detailed tracing patched in
+        monitoring.disable_monitoring()  # stops the memory sampler and detailed tracing these switches started
         runtime.reload_settings()
         from raysleuth.logs import refresh_levels
 
@@ -363,9 +363,12 @@ def test_lightweight_monitoring_switches_remote_workers(chatty, capsys):
         records = _cli_json(capsys, "--grep", token, "--json", "--run", chatty["run"], "--home", chatty["home"])
         assert [record["message"] for record in records] == [f"light warning {token}"]
     finally:
-        monitoring.apply_mode("light", log_level="INFO")
+        monitoring.disable_monitoring()  # stops what the switch started in this process
         ray.get(handle.__ray_call__.remote(monitoring._apply_in_worker, "light", "INFO"), timeout=60)
         runtime.reload_settings()
+        from raysleuth.logs import refresh_levels
+
+        refresh_levels()
 
 
 def test_install_log_shipping_is_idempotent_and_ships_a_plain_logger(tmp_path):
