@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
