@@ -166,6 +166,8 @@ def _callee_name(inner: list[Frame]) -> str:
     if waiting:
         return waiting
     frame = inner[-1]
+    if not (frame.file or "").endswith(".py"):
+        return frame.function  # a native frame
     module = _short(frame).rsplit("/", 1)[-1].removesuffix(".py")
     return f"{module}.{frame.function}" if "." not in frame.function else frame.function
 
