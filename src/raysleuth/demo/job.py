@@ -29,7 +29,7 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["Fault", "JobConfig", "RolloutWorker", "Trainer", "instrument", "policy_weights", "score_group"]
+__all__ = ["Fault", "JobConfig", "RolloutWorker", "GRPOTrainer", "instrument", "policy_weights", "score_group"]
 
 VOCAB = 8
 LENGTH = 4
@@ -199,7 +199,7 @@ def score_group(batch: dict, reference_weights: dict, seed: int) -> dict:
                 ref_logprobs=ref_logprobs.numpy())
 
 
-class Trainer:
+class GRPOTrainer:
     """One data-parallel trainer rank."""
 
     def __init__(self, rank: int, world_size: int, config: JobConfig, fault: Fault) -> None:
@@ -341,6 +341,6 @@ def now() -> float:
     return time.time()
 
 
-def policy_weights(trainer: Trainer) -> dict:
+def policy_weights(trainer: GRPOTrainer) -> dict:
     """The trainer's named parameters (what ``rs.compare`` runs on each trainer actor)."""
     return {name: param.detach() for name, param in trainer.policy.named_parameters()}

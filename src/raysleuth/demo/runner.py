@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from raysleuth import runtime
-from raysleuth.demo.job import Fault, JobConfig, RolloutWorker, Trainer, instrument, score_group
+from raysleuth.demo.job import Fault, GRPOTrainer, JobConfig, RolloutWorker, instrument, score_group
 from raysleuth.errors import UsageError
 
 __all__ = ["DemoResult", "Job", "JobOutcome", "ScenarioResult", "connect_for_demo", "run_demo"]
@@ -112,7 +112,7 @@ class Job:
         self.scenario, self.config, self.fault = scenario, config, fault
         suffix = f"{os.getpid()}-{int(time.time() * 1000) % 10**8}"
         rollout_class = ray.remote(num_cpus=1)(RolloutWorker)
-        trainer_class = ray.remote(num_cpus=1, max_restarts=0, max_task_retries=0)(Trainer)
+        trainer_class = ray.remote(num_cpus=1, max_restarts=0, max_task_retries=0)(GRPOTrainer)
         self.score = ray.remote(num_cpus=1, max_retries=0)(score_group)
         self.rollout = rollout_class.options(name=f"demo-{scenario}-rollout-{suffix}").remote(config.seed)
         self.trainers = [
@@ -157,6 +157,16 @@ class Job:
             weights = self.trainers[0].weights.remote()
         outcome.seconds = time.monotonic() - started
         return outcome
+
+    def actor_ids(self) -> set[str]:
+        """The ids of the job's actors (to pick its own entries out of cluster-wide listings)."""
+        ids = set()
+        for actor in [self.rollout, *self.trainers, *self.extra_actors]:
+            try:
+                ids.add(actor._actor_id.hex())
+            except Exception:
+                pass
+        return ids
 
     def call_all(self, method: str, *args: Any, timeout: float = 30.0) -> list[Any]:
         """Call a method on every trainer rank and wait (for finishing touches)."""

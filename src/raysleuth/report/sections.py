@@ -129,11 +129,13 @@ def stack_section(records: Sequence[Record]) -> list[dict[str, Any]]:
                     lines.append(f"{frame.get('function') or frame.get('name') or '?'}  ({where})")
                 else:
                     lines.append(str(frame))
-            members = group.get("ranks") or group.get("members") or group.get("pids") or []
+            members = group.get("ranks") or group.get("pids") or group.get("members") or []
+            if group.get("ranks"):
+                members = [f"rank {rank}" for rank in members]
             groups.append({
                 "count": group.get("count") or (len(members) if isinstance(members, list) else None),
                 "members": members if isinstance(members, list) else [members],
-                "summary": group.get("summary") or group.get("signature") or group.get("top") or "",
+                "summary": group.get("headline") or group.get("summary") or group.get("signature") or "",
                 "frames": lines[-12:],
             })
         out.append({
