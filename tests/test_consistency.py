@@ -107,12 +107,12 @@ def test_missing_shape_and_dtype_mismatches(ranks):
 
 def test_rank_that_never_arrives_is_reported_missing_with_timeout(ranks):
     started = time.monotonic()
-    reports = run_all(ranks[:3], "check", "absent", timeout=3)
+    reports = run_all(ranks[:3], "check", "absent", timeout=10)
     assert time.monotonic() - started < 60
     for report in reports:
         assert not report["consistent"]
         assert report["missing_ranks"] == [3] and report["arrived_ranks"] == [0, 1, 2]
-        assert report["timeout"] == 3 and report["mismatches"] == []
+        assert report["timeout"] == 10 and report["mismatches"] == []
 
 
 def test_gradient_sync_catches_skipped_allreduce(ranks):
