@@ -101,8 +101,9 @@ def check_distributed_consistency(
 
 def _post_error(exchange: Exchange, message: str) -> None:
     try:
+        # tell the peers at once (they list this rank as missing, with the reason) instead of
+        # letting them wait out the timeout; the topics stay for them to read
         exchange.round("fp", {_ERROR: message}, expected=[exchange.rank])
-        exchange.close([exchange.rank], complete=False)
     except Exception:
         pass
 
