@@ -125,14 +125,28 @@ class Job:
         self.reference_weights = ray.put(ray.get(self.trainers[0].weights.remote(), timeout=ready_timeout))
         self.extra_actors: list = []
 
-    def run(self, steps: int, *, first_step_timeout: float = 120.0, step_timeout: float = 15.0) -> JobOutcome:
-        """Train ``steps`` steps; stops at the first step that does not finish in time, or that raises."""
+    def run(self, steps: int, *, first_step_timeout: float = 120.0, step_timeout: float = 15.0,
+            min_seconds: float = 0.0, max_steps: int | None = None) -> JobOutcome:
+        """Train ``steps`` steps; stops at the first step that does not finish in time, or that raises.
+
+        ``min_seconds``: keep training past ``steps`` (up to ``max_steps``) until
+        this long has passed since step 1 (a fast machine still gives the memory
+        sampler enough samples).
+        """
+        import itertools
+
         import ray
 
         started = time.monotonic()
         outcome = JobOutcome()
         weights = None
-        for step in range(steps):
+        training_started = None
+        for step in itertools.count():
+            if step >= steps and (training_started is None or time.monotonic() - training_started >= min_seconds
+                                  or step >= (max_steps or steps)):
+                break
+            if step == 1:
+                training_started = time.monotonic()
             batch = self.rollout.generate.remote(step, weights, self.config.prompts, self.config.group)
             scored = self.score.remote(batch, self.reference_weights, self.config.seed)
             grad_refs = [trainer.compute_grads.remote(step, scored) for trainer in self.trainers]

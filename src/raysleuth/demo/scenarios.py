@@ -247,7 +247,7 @@ def leak(config: JobConfig, say: Say) -> ScenarioResult:
     try:
         steps = max(config.steps, 30)
         say(f"  training {steps} steps while rank 1 keeps every batch")
-        outcome = job.run(steps)
+        outcome = job.run(steps, min_seconds=4.0, max_steps=60)
         job.flush()  # stops each rank's sampler: the window is the training itself
         _settle()
         say("  raysleuth memory")
