@@ -154,3 +154,17 @@ def test_report_renders_in_chromium(evidence_home: Path, tmp_path: Path) -> None
     subprocess.run([browser, *_chrome_flags(tmp_path / "profile2"), "--window-size=1400,3000",
                     f"--screenshot={shot}", url], capture_output=True, timeout=120)
     assert shot.is_file() and shot.stat().st_size > 10_000
+
+
+def test_report_of_a_sparse_run_says_what_is_missing(tmp_path: Path) -> None:
+    store = open_run(tmp_path / "home", "sparse")
+    store.set_meta("run_id", "sparse")
+    store.write_batch({"client_id": "c", "pid": 1}, [("log", time.time(), 0, 1, None, "x", "ERROR",
+                                                       {"message": "only a log"}, 0)])
+    store.close()
+    result = generate_report(tmp_path / "r.html", home=tmp_path / "home")
+    text = result.path.read_text()
+    for phrase in ("No doctor results", "No stack reports", "No task evidence", "No consistency checks",
+                   "No memory samples", "No crashes captured", "No spans with steps", "No Perfetto trace"):
+        assert phrase in text
+    assert "only a log" in text

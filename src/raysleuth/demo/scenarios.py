@@ -321,12 +321,24 @@ def pending(config: JobConfig, say: Say) -> ScenarioResult:
             time.sleep(1.0)
         if found is None:
             return _result("pending", verdict="the GPU worker was not listed as pending", correct=False)
+        _record_tasks(report)
         wants_gpu = "GPU" in (found.required_resources or {}) or "GPU" in found.detail
         correct = found.reason == "infeasible" and wants_gpu
         return _result("pending", verdict=f"{found.name}: {found.reason} — {found.detail}", correct=correct,
                        details={"pending": [p.__dict__ for p in (report.pending if report else [])][:5]})
     finally:
         ray.kill(actor, no_restart=True)
+
+
+def _record_tasks(report: Any) -> None:
+    """Keep what ``tasks --pending`` said as evidence (kind ``tasks``), for the report."""
+    try:
+        from raysleuth.recorder import record
+
+        record("tasks", report.to_dict(), name="tasks --pending", level="WARNING" if report.problem else "INFO")
+        flush_evidence()
+    except Exception:
+        pass
 
 
 RUNNERS: dict[str, Callable[[JobConfig, Say], ScenarioResult]] = {
