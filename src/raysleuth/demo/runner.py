@@ -18,7 +18,7 @@ from typing import Any
 
 from raysleuth import runtime
 from raysleuth.demo.job import Fault, GRPOTrainer, JobConfig, RolloutWorker, instrument, score_group
-from raysleuth.errors import UsageError
+from raysleuth.errors import ToolMissing, UsageError
 
 __all__ = ["DemoResult", "Job", "JobOutcome", "ScenarioResult", "connect_for_demo", "run_demo"]
 
@@ -246,6 +246,11 @@ def run_demo(
     if unknown:
         raise UsageError(f"unknown scenario(s) {', '.join(unknown)}",
                          fix=f"pick from {', '.join(catalogue.SCENARIOS)}")
+    try:
+        import torch  # noqa: F401  (the job is a torch job)
+    except ImportError:
+        raise ToolMissing("the demo trains a torch policy and torch is not installed",
+                          fix="pip install 'raysleuth[torch]' (CPU torch is enough)") from None
     say = progress or (lambda message: None)
     config = config or JobConfig()
     started = time.monotonic()
