@@ -86,8 +86,27 @@ def _stack_culprits(job: Job, timeout: float = 45.0) -> tuple[list[int], str, An
     rank_of_pid = {pid: rank for rank, pid in job.pids.items()}
     ours = [c for c in report.verdict.culprits if c.pid in rank_of_pid]
     ranks = sorted({c.rank if c.rank is not None else rank_of_pid[c.pid] for c in ours})
-    text = "; ".join(c.reason for c in ours) or report.verdict.summary
+    text = "; ".join(f"{_job_frame(report, c.pid)}{c.reason}" for c in ours) or report.verdict.summary
     return ranks, text, report
+
+
+def _job_frame(report: Any, pid: int) -> str:
+    """``in GRPOTrainer._wait_for_gradient_bucket (job.py:212), `` — the job's own innermost frame.
+
+    raysleuth's stack verdict skips raysleuth's own files as library code, and
+    the demo's job lives inside raysleuth; a user's job would be named directly.
+    """
+    try:
+        from raysleuth.stacks.analysis import key_thread
+
+        process = report.process(pid)
+        thread = key_thread(process) if process is not None else None
+        for frame in thread.frames if thread is not None else []:
+            if frame.file.replace("\\", "/").endswith("demo/job.py"):
+                return f"in {frame.function} (job.py:{frame.line}), "
+    except Exception:
+        pass
+    return ""
 
 
 def _consistency_rows(name: str, since: float) -> list[Any]:
