@@ -153,19 +153,18 @@ class Job:
             # Nested refs are not resolved by Ray: each rank fetches every rank's gradients itself.
             updates = [trainer.update.remote(step, grad_refs) for trainer in self.trainers]
             timeout = first_step_timeout if step == 0 else step_timeout
-            ready, waiting = ray.wait(updates, num_returns=len(updates), timeout=timeout)
-            if waiting:
-                failed = _first_error(ready)
-                if failed is None:
-                    outcome.hung_step = step
+            deadline = time.monotonic() + timeout
+            waiting, failed = list(updates), None
+            while waiting and failed is None:  # stop at the first rank that raises, like a real job
+                ready, waiting = ray.wait(waiting, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+                if not ready:
                     break
-            try:
-                ray.get(updates, timeout=5)
-            except ray.exceptions.GetTimeoutError:
-                outcome.hung_step = step
+                failed = _first_error(ready)
+            if failed is not None:
+                outcome.error, outcome.error_object = f"{type(failed).__name__}: {failed}", failed
                 break
-            except Exception as error:  # a rank raised: the job stops, like a real one
-                outcome.error, outcome.error_object = f"{type(error).__name__}: {error}", error
+            if waiting:
+                outcome.hung_step = step
                 break
             outcome.steps_done = step + 1
             weights = self.trainers[0].weights.remote()
