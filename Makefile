@@ -36,7 +36,7 @@ browser:
 	       fi; true; }
 
 bench: $(STAMP)
-	@for script in bench/bench_*.py; do echo "== $$script"; $(PY) $$script || exit 1; done
+	@status=0; for script in bench/bench_*.py; do echo "== $$script"; $(PY) $$script || { echo "!! $$script missed its target or failed"; status=1; }; done; exit $$status
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

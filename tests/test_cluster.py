@@ -110,6 +110,7 @@ def _client_env(home, **extra):
     env = {key: value for key, value in os.environ.items()
            if key not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS")}
     env["HOME"] = str(home)  # no ~/.ray/auth_token there
+    env["RAYSLEUTH_HOME"] = str(home / "raysleuth")  # another cluster: its evidence must not land in the session's home
     env.update(extra)
     return env
 

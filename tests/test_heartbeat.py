@@ -37,6 +37,16 @@ def test_tracker_repeated_beats_without_progress_are_a_stall():
     assert [r.rank for r in stalled] == [0]
 
 
+def test_tracker_a_new_process_on_a_rank_starts_afresh():
+    """An earlier job's ranks reached step 50; the new job's ranks restart at 0 and must not look stalled."""
+    tracker = StallTracker(stall=5)
+    tracker.update(beats(0, range(50), 0, pid=100) + beats(1, range(50), 0, pid=100))
+    tracker.update(beats(0, range(20), 100, pid=200) + beats(1, range(3), 100, pid=200))
+    stalled, others, _ = tracker.check(now=120)
+    assert [r.rank for r in stalled] == [1] and stalled[0].pid == 201 and stalled[0].step == 2
+    assert [r.rank for r in others] == [0]
+
+
 def test_tracker_all_stopped_and_bad_stall():
     tracker = StallTracker(stall=5)
     tracker.update(beats(0, range(3), 0) + beats(1, range(3), 0))

@@ -127,3 +127,17 @@ def test_throughput_is_reasonable(ray_cluster):
     assert result["ok"] and result["delivered"] >= 20000
     assert 20000 / seconds > 2000, f"only {20000 / seconds:.0f} records/s"
     ray.kill(actor)
+
+
+def test_connected_process_reads_its_own_run_even_when_another_is_latest(ray_cluster):
+    """Two clusters writing under one home must not mix: `latest` is not ours."""
+    from raysleuth import cluster
+    from raysleuth.recorder.store import latest_run
+
+    ray.get(get_writer().info.remote())
+    open_run(ray_cluster.home, "some-other-cluster").add("doctor", {"ok": True})
+    assert latest_run(ray_cluster.home) == "some-other-cluster"
+    assert open_store(home=ray_cluster.home).path.parent.name == cluster.session_name()
+    assert open_store("some-other-cluster", home=ray_cluster.home).count("doctor") == 1
+    marker = ray_cluster.home / "runs" / "latest"
+    marker.write_text(cluster.session_name())  # leave `latest` as the session found it

@@ -35,6 +35,11 @@ def collective_hang(ray_cluster):
     hangs.kill(barrier, *trainers)
 
 
+def _own(pids):
+    """The victims' pids: the session cluster is shared, other modules' actors may still be around."""
+    return list(pids.values()) if isinstance(pids, dict) else list(pids)
+
+
 def _trainers(report):
     return [p for p in report.processes if p.actor_class == "Trainer"]
 
@@ -46,7 +51,7 @@ def test_collective_hang_names_the_straggler(ray_cluster, collective_hang):
         waiting = [g for g in report.groups if "all_reduce" in g.headline and g.count == 3]
         return bool(waiting) and report.verdict.culprits
 
-    report = _poll(lambda: dump_stacks(ray_cluster.address, timeout=60), settled)
+    report = _poll(lambda: dump_stacks(ray_cluster.address, pids=_own(pids), timeout=60), settled)
     assert settled(report), report.to_dict()
     # every rank labelled, on both nodes
     trainers = _trainers(report)
@@ -73,7 +78,7 @@ def test_collective_hang_names_the_straggler(ray_cluster, collective_hang):
 def test_rank_filter_and_unknown_rank(ray_cluster, collective_hang):
     from raysleuth.errors import WorkerNotFound
 
-    report = dump_stacks(ray_cluster.address, rank=2, timeout=60)
+    report = dump_stacks(ray_cluster.address, rank=2, pids=_own(collective_hang), timeout=60)
     assert [p.rank for p in report.processes] == [2]
     with pytest.raises(WorkerNotFound, match="rank 99"):
         dump_stacks(ray_cluster.address, rank=99, timeout=60)

@@ -62,7 +62,6 @@ def versions() -> dict[str, Any]:
         "py_spy_path": py_spy,
         "executable": sys.executable,
         "cpu_count": os.cpu_count(),
-        "cpu_count": os.cpu_count(),
     }
 
 

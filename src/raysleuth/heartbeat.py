@@ -127,6 +127,13 @@ class StallTracker:
                 continue
             when, step_now = float(beat["time"]), beat.get("step")
             known = self.ranks.get(rank)
+            pid = beat.get("pid")
+            if known is not None and pid is not None and known.pid is not None and pid != known.pid \
+                    and when >= known.last_beat:
+                # A new process took this rank (a restart, or the next job in the same run): its
+                # steps start again, so the old process's progress says nothing about it.
+                self.reported.discard(rank)
+                known = None
             if known is None:
                 self.ranks[rank] = RankProgress(rank=rank, step=step_now, last_beat=when, last_progress=when,
                                                 pid=beat.get("pid"), node_ip=beat.get("node_ip"),

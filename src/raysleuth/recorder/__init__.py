@@ -73,6 +73,29 @@ def get_writer(*, create: bool = True, home: Path | str | None = None):
 
 
 def open_store(run: str | None = None, *, home: Path | str | None = None) -> EvidenceStore:
-    """Open a run's evidence read-only (``run``: id, path, or ``None`` for the latest)."""
+    """Open a run's evidence read-only.
+
+    ``run``: a run id or a path to an ``evidence.sqlite``. Without one, a
+    process connected to Ray reads the run of *its* cluster (the Ray session
+    name), so several clusters sharing one home never mix; otherwise the
+    latest run.
+    """
     home_path = Path(home) if home else runtime.settings().home
+    if run is None:
+        run = _connected_run(home_path)
     return EvidenceStore(resolve_store_path(home_path, run), readonly=True)
+
+
+def _connected_run(home: Path) -> str | None:
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    try:
+        from raysleuth import cluster
+
+        session = cluster.session_name()
+    except Exception:
+        return None
+    return session if (home / "runs" / session / "evidence.sqlite").is_file() else None
