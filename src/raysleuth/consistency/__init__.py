@@ -32,6 +32,9 @@ from raysleuth.consistency.report import ConsistencyReport, Mismatch
 check_consistency = check_distributed_consistency
 """Short name for :func:`check_distributed_consistency`."""
 
+inspect_tensor = inspect_distributed_tensor
+"""Short name for :func:`inspect_distributed_tensor`."""
+
 __all__ = [
     "ConsistencyReport",
     "Mismatch",
@@ -44,6 +47,7 @@ __all__ = [
     "check_gradient_sync",
     "compare",
     "inspect_distributed_tensor",
+    "inspect_tensor",
     "latest_checks",
     "seed_everything",
     "set_random_seed",

@@ -11,6 +11,9 @@ from raysleuth.pool.allocator import AllocationPlan, Placement, SmartResourceAll
 from raysleuth.pool.instrument import InstrumentOptions, InstrumentedWorker, install_here, instrument
 from raysleuth.pool.workers import PoolWorker, RayResourcePool
 
+WorkerGroup = RayResourcePool
+"""DESIGN.md's name for a pool of instrumented, ranked workers (same class)."""
+
 __all__ = [
     "AllocationPlan",
     "InstrumentOptions",
@@ -19,6 +22,7 @@ __all__ = [
     "PoolWorker",
     "RayResourcePool",
     "SmartResourceAllocator",
+    "WorkerGroup",
     "install_here",
     "instrument",
     "plan_placements",
