@@ -22,6 +22,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -214,13 +215,19 @@ def _discover_rank() -> tuple[int | None, int | None, str]:
     return None, None, "none"
 
 
+_RANK_RECHECK_S = 1.0
+_rank_checked_at = 0.0
+
+
 def _rank_info() -> tuple[int | None, int | None, str]:
-    global _rank_cache
+    global _rank_cache, _rank_checked_at
     cached = _rank_cache
-    if cached is None or cached[0] is None:
-        # An unknown rank is looked up again: torch.distributed may come up later.
+    if cached is None or (cached[0] is None and time.monotonic() - _rank_checked_at >= _RANK_RECHECK_S):
+        # An unknown rank is looked up again (torch.distributed may come up later),
+        # at most once a second: instruments ask on every record.
         cached = _discover_rank()
         _rank_cache = cached
+        _rank_checked_at = time.monotonic()
     return cached
 
 

@@ -300,11 +300,19 @@ def _default_sink() -> Sink:
     return StoreSink(open_run(runtime.settings().home, "local"))
 
 
+def _forget_client_after_fork() -> None:
+    global _client, _client_pid
+    _client, _client_pid = None, None  # the child makes its own (the thread did not survive the fork)
+
+
+os.register_at_fork(after_in_child=_forget_client_after_fork)
+
+
 def get_client() -> RecordClient:
     """This process's client (created on first use, again after a fork)."""
     global _client, _client_pid
     client = _client
-    if client is not None and _client_pid == os.getpid():
+    if client is not None:
         return client
     with _client_lock:
         if _client is None or _client_pid != os.getpid():
