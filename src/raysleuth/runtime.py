@@ -232,9 +232,9 @@ def _rank_info() -> tuple[int | None, int | None, str]:
 
 
 def get_rank() -> int | None:
-    """This process's training rank, or ``None`` when it has none."""
+    """This process's training rank, or ``None`` when it has none (hot path: a cached read)."""
     cached = _rank_cache
-    if cached is not None and cached[0] is not None:
+    if cached is not None and (cached[0] is not None or time.monotonic() - _rank_checked_at < _RANK_RECHECK_S):
         return cached[0]
     return _rank_info()[0]
 

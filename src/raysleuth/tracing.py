@@ -46,6 +46,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 _span_ids = itertools.count(1)
 _parent: contextvars.ContextVar[int | None] = contextvars.ContextVar("raysleuth_span", default=None)
 _now = time.time
+_phase_var = runtime._phase  # the phase contextvar, set directly on the hot path
 
 
 class Span:
@@ -74,7 +75,7 @@ class Span:
             if self.step is None:
                 self.step = runtime.current_step()
             self._parent_token = _parent.set(self.span_id)
-            self._phase_token = runtime.set_phase(self.name)
+            self._phase_token = _phase_var.set(self.name)
             self.start = _now()
         except Exception:
             self._enabled = False
@@ -86,7 +87,7 @@ class Span:
         end = self.end = _now()
         try:
             _parent.reset(self._parent_token)
-            runtime._phase.reset(self._phase_token)
+            _phase_var.reset(self._phase_token)
         except Exception:  # exited in another context (generators): just clear
             try:
                 _parent.set(self.parent_id)
@@ -194,7 +195,10 @@ def _call_name(kind: str, target: Any) -> str:
             descriptor = target._function_descriptor
             return f"{descriptor.module_name}.{descriptor.function_name}".rsplit(".", 2)[-1] \
                 if descriptor.function_name else "task"
-        return f"{target._ray_class_name if hasattr(target, '_ray_class_name') else ''}.{target._method_name}"
+        actor = getattr(target, "_actor", None)  # ActorMethod -> its ActorHandle (Ray 2.4x+)
+        descriptor = getattr(actor, "_ray_actor_creation_function_descriptor", None)
+        class_name = descriptor.class_name.rsplit(".", 1)[-1] if descriptor is not None else ""
+        return f"{class_name}.{target._method_name}"
     except Exception:
         return getattr(target, "_method_name", None) or getattr(target, "__name__", kind)
 
@@ -226,7 +230,7 @@ def _record_call(kind: str, target: Any, result: Any, kwargs: dict) -> None:
     label = _call_name(kind, target)
     if kind == "actor_call":
         try:
-            actor_id = target._actor_ref().hex() if callable(getattr(target, "_actor_ref", None)) else None
+            actor_id = target._actor._actor_id.hex()
         except Exception:
             actor_id = None
     else:

@@ -123,7 +123,8 @@ class RecordClient:
         """Queue one record. Never blocks, never raises. ``rank`` overrides this process's rank."""
         try:
             buffer = self._buffer
-            if len(buffer) >= self.capacity:
+            queued = len(buffer)
+            if queued >= self.capacity:
                 self.stats.dropped += 1
             buffer.append((
                 kind,
@@ -139,7 +140,7 @@ class RecordClient:
             self.stats.recorded += 1
             if self._thread is None:
                 self._start()
-            elif len(buffer) >= self.batch_size:
+            elif queued >= self.batch_size:
                 self._wake.set()
         except Exception:  # an instrument must not take the step down
             pass
