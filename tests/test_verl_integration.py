@@ -1,5 +1,6 @@
 """raysleuth on verl's real single controller (CPU): ranks, hangs, crashes."""
 
+import json
 import time
 
 import pytest
@@ -57,7 +58,7 @@ def test_crash_in_a_verl_method_leaves_a_capsule_with_the_verl_rank(worker_group
     assert "ghp_abcdefghijklmnopqrstuvwxyz" not in str(capsules[0].data)
 
 
-def test_hung_rank_is_named_with_its_method(worker_group, instrumented, ray_cluster):
+def test_hung_rank_is_named_with_its_method(worker_group, instrumented, ray_cluster, capsys):
     refs = worker_group.generate_sequences(1, 25)  # non-blocking: rank 1 sleeps 25 s
     deadline = time.time() + 20
     stuck = []
@@ -79,6 +80,16 @@ def test_hung_rank_is_named_with_its_method(worker_group, instrumented, ray_clus
 
     assert in_method(by_rank[1])
     assert not in_method(by_rank[0])
+    # The same answer from outside the driver: `raysleuth stacks` reads the verl_call evidence.
+    from raysleuth.cli import main
+    from raysleuth.recorder import get_client
+
+    get_client().flush(timeout=10)
+    pid_args = [arg for pid in instrumented.pids() for arg in ("--pid", str(pid))]
+    capsys.readouterr()
+    main(["stacks", "--address", ray_cluster.address, *pid_args, "--json", "--no-record", "--timeout", "60"])
+    unreturned = json.loads(capsys.readouterr().out)["unreturned_calls"]
+    assert [(call["rank"], call["method"]) for call in unreturned] == [(1, "generate_sequences")]
     assert ray.get(refs, timeout=60) == [0, 1]
     time.sleep(0.5)
     assert instrumented.outstanding() == []

@@ -123,11 +123,27 @@ def stacks(
         _flush()
     if output is not None:
         _write(report, output)
+    unreturned = _unreturned_calls()
     if json_:
-        emit_json(report.to_dict())
+        emit_json({**report.to_dict(), "unreturned_calls": unreturned})
     else:
         render_report(report)
+        for call in unreturned:
+            console.print(f"[yellow]verl: rank {call['rank']} has not returned from {call['method']} "
+                          f"({call['seconds']:.0f}s, {call['worker_name'] or 'worker'})[/yellow]")
     finish(1 if report.verdict.culprits else 0)
+
+
+def _unreturned_calls() -> list[dict]:
+    """Registered-method calls of an instrumented verl worker group that have not returned (if any)."""
+    try:
+        from raysleuth.integrations.verl import unreturned_calls
+
+        calls = unreturned_calls()
+    except Exception:  # no run, no verl evidence: nothing to add
+        return []
+    return [{"rank": call.rank, "method": call.method, "worker_name": call.worker_name, "task_id": call.task_id,
+             "seconds": round(call.seconds, 1)} for call in calls]
 
 
 def _write(report, output: Path) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 from raysleuth.errors import UsageError
 from raysleuth.pool.instrument import InstrumentedWorker, instrument as instrument_actors
 
-__all__ = ["VerlCall", "VerlInstrumentation", "instrument", "parse_worker_name"]
+__all__ = ["VerlCall", "VerlInstrumentation", "instrument", "parse_worker_name", "unreturned_calls"]
 
 _NAME = re.compile(r"^(?P<prefix_class>.*)_(?P<pg>\d+):(?P<local_rank>\d+)$")
 
@@ -181,3 +181,33 @@ def instrument(worker_group: Any, *, crash_capture: bool = True, log_shipping: b
                                 crash_capture=crash_capture, log_shipping=log_shipping,
                                 memory_watch=memory_watch, memory_interval=memory_interval, timeout=timeout)
     return VerlInstrumentation(worker_group, workers, trace_calls)
+
+
+def unreturned_calls(run: str | None = None, *, home: Any = None, older_than: float = 0.0,
+                     now: float | None = None) -> list[VerlCall]:
+    """From the evidence store: calls submitted to a rank whose return was never recorded, oldest first.
+
+    This is what ``raysleuth stacks`` prints next to its verdict, so the
+    question *which rank has not returned from which method* is answered
+    from outside the driver. A driver that died leaves its last calls here
+    too: ``older_than`` and the submission time tell them apart.
+    """
+    from raysleuth.recorder import open_store
+
+    store = open_store(run, home=home)
+    try:
+        rows = store.query("verl_call")
+    finally:
+        store.close()
+    pending: dict[Any, VerlCall] = {}
+    for row in rows:
+        key = row.data.get("task_id") or (row.rank, row.name, row.pid)
+        if row.data.get("state") == "submitted":
+            pending[key] = VerlCall(method=row.data.get("method") or row.name or "?", rank=row.rank if row.rank is not None else -1,
+                                    worker_name=row.data.get("worker_name"), task_id=row.data.get("task_id"),
+                                    submitted=row.time)
+        elif row.data.get("state") == "returned":
+            pending.pop(key, None)
+    moment = time.time() if now is None else now
+    return sorted((call for call in pending.values() if moment - call.submitted >= older_than),
+                  key=lambda call: call.submitted)
