@@ -59,7 +59,7 @@ def test_crash_in_a_verl_method_leaves_a_capsule_with_the_verl_rank(worker_group
 
 
 def test_hung_rank_is_named_with_its_method(worker_group, instrumented, ray_cluster, capsys):
-    refs = worker_group.generate_sequences(1, 25)  # non-blocking: rank 1 sleeps 25 s
+    refs = worker_group.generate_sequences(1, 40)  # non-blocking: rank 1 sleeps 40 s
     deadline = time.time() + 20
     stuck = []
     while time.time() < deadline:
@@ -90,6 +90,13 @@ def test_hung_rank_is_named_with_its_method(worker_group, instrumented, ray_clus
     main(["stacks", "--address", ray_cluster.address, *pid_args, "--json", "--no-record", "--timeout", "60"])
     unreturned = json.loads(capsys.readouterr().out)["unreturned_calls"]
     assert [(call["rank"], call["method"]) for call in unreturned] == [(1, "generate_sequences")]
+    # ... and `raysleuth watch` treats a call that has not returned for --stall seconds as a stall.
+    code = main(["watch", "--address", ray_cluster.address, "--stall", "3", "--duration", "15", "--json",
+                 "--home", str(ray_cluster.home), "--timeout", "60"])
+    event = json.loads(capsys.readouterr().out)
+    assert code == 1, event
+    assert "rank 1 has not returned from generate_sequences" in event["summary"]
+    assert [r["rank"] for r in event["stalled"]] == [1] and event["stalled"][0]["pid"] == instrumented.pids()[1]
     assert ray.get(refs, timeout=60) == [0, 1]
     time.sleep(0.5)
     assert instrumented.outstanding() == []

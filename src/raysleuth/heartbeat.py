@@ -198,6 +198,8 @@ class Watchdog:
         self.error: str | None = None
         self._after_id = 0
         self._store = None
+        self._run_id: str | None = run
+        self._reported_calls: set[tuple[Any, int]] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -212,6 +214,7 @@ class Watchdog:
                 cluster.connect(self.address)
                 run = cluster.session_name()
             self._store = open_store(run, home=self.home)
+            self._run_id = run
         return self._store
 
     def read(self) -> int:
@@ -235,11 +238,16 @@ class Watchdog:
         self.read()
         now = time.time() if now is None else now
         stalled, peers, all_stopped = self.tracker.check(now)
-        if not stalled:
-            return None
-        self.tracker.mark_reported(stalled)
-        event = StallEvent(time=now, stalled=stalled, peers=peers, all_stopped=all_stopped,
-                           summary=describe(stalled, peers, all_stopped, now))
+        if stalled:
+            self.tracker.mark_reported(stalled)
+            stalled = self._alive(stalled)
+        if stalled:
+            event = StallEvent(time=now, stalled=stalled, peers=peers, all_stopped=all_stopped,
+                               summary=describe(stalled, peers, all_stopped, now))
+        else:
+            event = self._unreturned_calls(now)
+            if event is None:
+                return None
         if self.stacks:
             self._snapshot(event)
         self.events.append(event)
@@ -249,6 +257,38 @@ class Watchdog:
             except Exception:
                 log.exception("raysleuth watchdog: on_stall callback failed")
         return event
+
+    def _alive(self, ranks: list[RankProgress]) -> list[RankProgress]:
+        """Drop ranks whose process is gone: a dead worker is a crash (``tasks --dead``), not a hang."""
+        try:
+            from raysleuth import cluster
+
+            pids = {worker.get("pid") for worker in cluster.workers(alive_only=True)}
+        except Exception:  # no State API: keep them all rather than hide a hang
+            return ranks
+        return [rank for rank in ranks if rank.pid is None or rank.pid in pids]
+
+    def _unreturned_calls(self, now: float) -> StallEvent | None:
+        """Calls of an instrumented verl worker group that have not returned for the stall time."""
+        try:
+            from raysleuth.integrations.verl import unreturned_calls
+
+            self._open()
+            calls = unreturned_calls(self._run_id, home=self.home, older_than=self.tracker.stall, now=now)
+        except Exception:
+            return None
+        fresh = [call for call in calls if (call.task_id, call.rank) not in self._reported_calls]
+        self._reported_calls.update((call.task_id, call.rank) for call in fresh)
+        stalled = self._alive([RankProgress(rank=call.rank, step=None, last_beat=call.submitted,
+                                            last_progress=call.submitted, pid=call.worker_pid,
+                                            actor_class=call.worker_name) for call in fresh])
+        if not stalled:
+            return None
+        methods = {(call.rank, call.worker_pid): call for call in fresh}
+        summary = "; ".join(
+            f"rank {rank.rank} has not returned from {methods[(rank.rank, rank.pid)].method} "
+            f"for {rank.stalled_for(now):.0f}s (verl call)" for rank in stalled)
+        return StallEvent(time=now, stalled=stalled, peers=[], all_stopped=False, summary=summary)
 
     def _snapshot(self, event: StallEvent) -> None:
         try:

@@ -54,6 +54,8 @@ class VerlCall:
     task_id: str | None
     submitted: float
     returned: float | None = None
+    worker_pid: int | None = None
+    """The worker process running the call (for stacks of that rank)."""
 
     @property
     def seconds(self) -> float:
@@ -104,12 +106,13 @@ class VerlInstrumentation:
             task_id = ref.task_id().hex()
         except Exception:
             task_id = None
+        pid = self.workers[rank].pid if rank is not None and rank < len(self.workers) else None
         call = VerlCall(method=method, rank=rank if rank is not None else -1, worker_name=name,
-                        task_id=task_id, submitted=time.time())
+                        task_id=task_id, submitted=time.time(), worker_pid=pid)
         with self._lock:
             self._calls.append((call, ref))
-        record("verl_call", {"method": method, "state": "submitted", "worker_name": name, "task_id": task_id},
-               name=method, rank=rank)
+        record("verl_call", {"method": method, "state": "submitted", "worker_name": name, "task_id": task_id,
+                             "worker_pid": pid}, name=method, rank=rank)
 
     def _watch(self) -> None:
         import ray
@@ -205,7 +208,7 @@ def unreturned_calls(run: str | None = None, *, home: Any = None, older_than: fl
         if row.data.get("state") == "submitted":
             pending[key] = VerlCall(method=row.data.get("method") or row.name or "?", rank=row.rank if row.rank is not None else -1,
                                     worker_name=row.data.get("worker_name"), task_id=row.data.get("task_id"),
-                                    submitted=row.time)
+                                    submitted=row.time, worker_pid=row.data.get("worker_pid"))
         elif row.data.get("state") == "returned":
             pending.pop(key, None)
     moment = time.time() if now is None else now
