@@ -194,6 +194,10 @@ def unreturned_calls(run: str | None = None, *, home: Any = None, older_than: fl
     question *which rank has not returned from which method* is answered
     from outside the driver. A driver that died leaves its last calls here
     too: ``older_than`` and the submission time tell them apart.
+
+    Scaling note: this reads every ``verl_call`` row of the run, and the
+    watchdog calls it on each poll; fine for thousands of calls, but a long
+    run should follow new rows by id (as the heartbeat reader does).
     """
     from raysleuth.recorder import open_store
 
