@@ -46,6 +46,7 @@ __all__ = [
     "shutdown",
     "start_local",
     "tasks",
+    "tcp_problem",
     "worker_labels",
     "worker_log",
     "workers",
@@ -125,7 +126,8 @@ def resolve_address(address: str | None) -> str | None:
     return found if found and found != "auto" else None
 
 
-def _reachable(address: str, timeout: float = 2.0) -> str | None:
+def tcp_problem(address: str, timeout: float = 2.0) -> str | None:
+    """Why ``host:port`` does not accept a TCP connection, or ``None`` when it does."""
     host, _, port = address.rpartition(":")
     try:
         with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout):
@@ -220,7 +222,7 @@ def connect(
                 fix="start one (`ray start --head`), pass --address ip:port, or set RAY_ADDRESS",
             )
         return start_local(num_cpus=num_cpus, namespace=namespace, runtime_env=runtime_env)
-    problem = _reachable(resolved)
+    problem = tcp_problem(resolved)
     if problem:
         raise ClusterUnreachable(
             f"cannot reach the Ray cluster at {resolved} ({problem})",

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from raysleuth import agents, runtime
+from raysleuth.cluster import tcp_problem
 from raysleuth.errors import ClusterUnreachable, RaySleuthError
 
 __all__ = ["Check", "DoctorReport", "MIN_DEBUGPY", "MIN_RAY", "run_doctor"]
@@ -198,14 +199,6 @@ def _debug_checks(env: Mapping[str, str]) -> list[Check]:
 # --------------------------------------------------------- cluster checks
 
 
-def _tcp(host: str, port: int, timeout: float = 2.0) -> str | None:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return None
-    except OSError as error:
-        return error.strerror or str(error)
-
-
 def _cluster_checks(address: str | None, *, ports: bool, per_node: bool, timeout: float,
                     info_out: dict[str, Any]) -> list[Check]:
     from raysleuth import cluster
@@ -243,8 +236,7 @@ def _cluster_checks(address: str | None, *, ports: bool, per_node: bool, timeout
 
 def _port_checks(info) -> list[Check]:
     checks = []
-    host, _, port = info.address.rpartition(":")
-    problem = _tcp(host, int(port))
+    problem = tcp_problem(info.address)
     checks.append(Check(name="GCS port", category="ports", status="fail" if problem else "ok",
                         detail=f"{info.address} " + (f"unreachable: {problem}" if problem else "reachable"),
                         fix="open the GCS port between nodes and this machine" if problem else None))
@@ -255,7 +247,7 @@ def _port_checks(info) -> list[Check]:
             dash_port_number = int(dash_port.strip("/"))
         except ValueError:
             dash_port_number = 8265
-        problem = _tcp(dash_host or "127.0.0.1", dash_port_number)
+        problem = tcp_problem(f"{dash_host or '127.0.0.1'}:{dash_port_number}")
         checks.append(Check(name="dashboard port", category="ports", status="fail" if problem else "ok",
                             detail=f"{url} " + (f"unreachable: {problem}" if problem else "reachable (State API works)"),
                             fix="the State API (tasks, timeline) needs the dashboard: start Ray with ray[default]" if problem else None))
