@@ -1,0 +1,82 @@
+"""The worker's control thread: one poll of the writer's controls, many handlers.
+
+A feature that must act inside a worker on request (arm breakpoints, dump
+collectives, dump stacks) registers a handler for a control key; one daemon
+thread per process polls the writer's ``get_controls`` and calls the handler
+whenever that key's value changes. Handlers run on the control thread, so
+they work while the training thread is blocked inside a collective. A
+handler that raises is logged once and never stops the thread.
+
+Issue 14 (zero-code setup) starts it in every worker; features call
+``register`` from their own ``install``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+POLL_INTERVAL = 1.0
+
+_log = logging.getLogger("raysleuth.control")
+_handlers: dict[str, Callable[[Any], None]] = {}
+_lock = threading.Lock()
+_thread: threading.Thread | None = None
+_thread_pid: int | None = None
+_failed: set[str] = set()
+
+
+def register(key: str, handler: Callable[[Any], None]) -> None:
+    """Call ``handler(value)`` on the control thread whenever control ``key`` changes."""
+    with _lock:
+        _handlers[key] = handler
+    start()
+
+
+def start() -> None:
+    """Start this process's control thread (idempotent, fork-safe)."""
+    global _thread, _thread_pid
+    with _lock:
+        if _thread is not None and _thread_pid == os.getpid() and _thread.is_alive():
+            return
+        _thread_pid = os.getpid()
+        _thread = threading.Thread(target=_poll_loop, name="raysleuth-control", daemon=True)
+        _thread.start()
+
+
+def _poll_loop() -> None:
+    handle = None
+    seen: dict[str, Any] = {}
+    while True:
+        try:
+            ray = sys.modules.get("ray")
+            if ray is not None and ray.is_initialized():
+                if handle is None:
+                    from raysleuth.recorder import get_writer
+
+                    handle = get_writer(create=False)
+                controls = ray.get(handle.get_controls.remote(), timeout=10)
+                with _lock:
+                    handlers = dict(_handlers)
+                for key, handler in handlers.items():
+                    value = controls.get(key)
+                    if key in seen and seen[key] == value:
+                        continue
+                    seen[key] = value
+                    _dispatch(key, handler, value)
+        except Exception:
+            handle = None  # no writer yet, or it moved: look it up again next time
+        time.sleep(POLL_INTERVAL)
+
+
+def _dispatch(key: str, handler: Callable[[Any], None], value: Any) -> None:
+    try:
+        handler(value)
+    except Exception:
+        if key not in _failed:
+            _failed.add(key)
+            _log.warning("raysleuth control handler for %r failed", key, exc_info=True)
