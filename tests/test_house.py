@@ -45,7 +45,6 @@ LAYERS: dict[str, int] = {
 DEBT_CYCLES: set[frozenset[str]] = {
     frozenset({"cluster", "recorder", "recorder.client"}),
     frozenset({"logs", "logs.distributed", "monitoring"}),
-    frozenset({"demo.runner", "demo.scenarios"}),
 }
 DEBT_UP_ARROWS: set[tuple[str, str]] = {
     ("heartbeat", "integrations"),  # the instrument also holds the watchdog and a verl stall source

@@ -10,11 +10,11 @@ their shard, exchange gradients through the object store (every rank reads
 every rank's gradient refs and averages them), step Adam, and rank 0's
 weights go back to the rollout worker.
 
-The job uses raysleuth the way a user would: ranks (``rs.set_rank`` and the
-``RANK``/``WORLD_SIZE`` environment), ``rs.step``/``rs.heartbeat``, spans,
-``rs.get_logger``, ``rs.memory.watch``, ``rs.check_distributed_consistency``
-and ``@rs.capture_crashes``. Each instrument is imported guarded
-(:func:`instrument`): a missing feature leaves the job running.
+The job uses raysleuth the way a user would, through ``import raysleuth as
+rs`` only: ranks (``rs.set_rank`` and the ``RANK``/``WORLD_SIZE``
+environment), ``rs.step``, spans, ``rs.get_logger``, ``rs.memory.watch``,
+``rs.check_distributed_consistency`` and ``@rs.capture_crashes``. The
+instruments catch their own failures, so the job never guards them.
 
 Faults (:class:`Fault`) are injected here, one per scenario, on one rank.
 """
@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import os
 import threading
 import time
 from typing import Any
 
-__all__ = ["Fault", "JobConfig", "RolloutWorker", "GRPOTrainer", "instrument", "policy_weights", "score_group"]
+import raysleuth as rs
+
+__all__ = ["Fault", "JobConfig", "RolloutWorker", "GRPOTrainer", "policy_weights", "score_group"]
 
 VOCAB = 8
 LENGTH = 4
@@ -67,56 +68,6 @@ class JobConfig:
     """Run ``check_distributed_consistency`` on the weights every N steps."""
     memory_interval: float = 0.1
     """Seconds between memory samples of each trainer rank."""
-
-
-def instrument(name: str) -> Any | None:
-    """``raysleuth.<name>``, or ``None`` when that feature is not installed (the job runs on)."""
-    try:
-        return importlib.import_module(f"raysleuth.{name}")
-    except Exception:
-        return None
-
-
-def _span(name: str, step: int | None = None):
-    tracing = instrument("tracing")
-    if tracing is None:
-        return contextlib.nullcontext()
-    try:
-        return tracing.span(name, step=step)
-    except Exception:
-        return contextlib.nullcontext()
-
-
-def _step(n: int):
-    heartbeat = instrument("heartbeat")
-    if heartbeat is None:
-        return contextlib.nullcontext()
-    try:
-        return heartbeat.step(n)
-    except Exception:
-        return contextlib.nullcontext()
-
-
-def _logger(name: str):
-    import logging
-
-    logs = instrument("logs")
-    if logs is not None:
-        try:
-            return logs.get_logger(name)
-        except Exception:
-            pass
-    return logging.getLogger(name)
-
-
-def _capture_crashes(function):
-    postmortem = instrument("postmortem")
-    if postmortem is None:
-        return function
-    try:
-        return postmortem.capture_crashes(function)
-    except Exception:
-        return function
 
 
 def build_policy(seed: int):
@@ -160,13 +111,13 @@ class RolloutWorker:
 
         self.policy = build_policy(seed)
         self.generator = torch.Generator().manual_seed(seed + 1000)
-        self.log = _logger("raysleuth.demo.rollout")
+        self.log = rs.get_logger("raysleuth.demo.rollout")
 
     def generate(self, step: int, weights: dict | None, prompts: int, group: int) -> dict:
         """Sample ``group`` completions for each of ``prompts`` random prompts."""
         import torch
 
-        with _span("rollout", step=step):
+        with rs.span("rollout", step=step):
             if weights is not None:
                 _from_numpy(self.policy, weights)
             prompt = torch.randint(0, VOCAB, (prompts,), generator=self.generator).repeat_interleave(group)
@@ -184,7 +135,7 @@ def score_group(batch: dict, reference_weights: dict, seed: int) -> dict:
     import numpy as np
     import torch
 
-    with _span("score", step=batch["step"]):
+    with rs.span("score", step=batch["step"]):
         prompt = torch.from_numpy(batch["prompt"])
         tokens = torch.from_numpy(batch["tokens"])
         target = (prompt[:, None] + torch.arange(LENGTH)[None, :]) % VOCAB
@@ -206,14 +157,12 @@ class GRPOTrainer:
         import torch
 
         os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world_size)
-        runtime = instrument("runtime")
-        if runtime is not None:
-            runtime.set_rank(rank, world_size)
+        rs.set_rank(rank, world_size)
         self.rank, self.world_size, self.config, self.fault = rank, world_size, config, fault
         seed = config.seed + (7 if fault.kind == "diverge" and fault.rank == rank else 0)
         self.policy = build_policy(seed)
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr)
-        self.log = _logger("raysleuth.demo.trainer")
+        self.log = rs.get_logger("raysleuth.demo.trainer")
         self.kept_batches: list = []  # the leak fault keeps references here
         self.grads: list | None = None
         self.watcher = None
@@ -223,12 +172,8 @@ class GRPOTrainer:
         """Start ``rs.memory.watch`` once training runs (start-up growth is not a leak)."""
         if self.watcher is not None:
             return
-        memory = instrument("memory")
-        if memory is None:
-            self.watcher = False
-            return
         try:
-            self.watcher = memory.watch(interval=self.config.memory_interval)
+            self.watcher = rs.memory.watch(interval=self.config.memory_interval)
         except Exception as error:  # the job runs on without a sampler
             self.watcher = False
             self.log.warning("memory watch unavailable: %s", error)
@@ -244,7 +189,7 @@ class GRPOTrainer:
 
         if step >= 1:
             self._watch_memory()
-        with _step(step), _span("forward_backward", step=step):
+        with rs.step(step), rs.span("forward_backward", step=step):
             total = len(batch["prompt"])
             shard = slice(self.rank * total // self.world_size, (self.rank + 1) * total // self.world_size)
             prompt = torch.from_numpy(batch["prompt"][shard])
@@ -277,20 +222,20 @@ class GRPOTrainer:
         while not never.wait(0.5):
             pass
 
-    @_capture_crashes
+    @rs.capture_crashes
     def update(self, step: int, grad_refs: list) -> dict:
         """Exchange gradients through the object store, average them, step the optimizer."""
         import ray
         import torch
 
-        with _step(step):
-            with _span("exchange", step=step):
+        with rs.step(step):
+            with rs.span("exchange", step=step):
                 everyone = ray.get(list(grad_refs))
             if self.fault.kind == "crash" and self.fault.rank == self.rank and step >= self.fault.step:
                 scale = everyone[0][0]
                 raise ValueError(f"gradient scale became NaN at step {step} (loss scale {float(scale.sum()):.3f}): "
                                  "refusing to apply the update")
-            with _span("optimizer", step=step):
+            with rs.span("optimizer", step=step):
                 for index, param in enumerate(self.policy.parameters()):
                     param.grad = torch.from_numpy(sum(grads[index] for grads in everyone) / len(everyone))
                 self.optimizer.step()
@@ -301,12 +246,9 @@ class GRPOTrainer:
 
     def check_weights(self, step: int) -> dict | None:
         """Every rank compares its weights with the others' (``rs.check_distributed_consistency``)."""
-        consistency = instrument("consistency")
-        if consistency is None:
-            return None
-        with _span("consistency", step=step):
+        with rs.span("consistency", step=step):
             try:
-                report = consistency.check_distributed_consistency(
+                report = rs.check_distributed_consistency(
                     dict(self.policy.named_parameters()), key=f"{self.config.name}/policy-weights", step=step, timeout=30.0)
             except Exception as error:
                 self.log.warning("consistency check failed to run: %s", error)
@@ -331,9 +273,7 @@ class GRPOTrainer:
         with contextlib.suppress(Exception):
             if watcher and hasattr(watcher, "stop"):
                 watcher.stop()
-        recorder = instrument("recorder")
-        with contextlib.suppress(Exception):
-            recorder.get_client().flush(5.0)
+        rs.flush(5.0)
 
 
 def now() -> float:

@@ -14,8 +14,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from raysleuth.demo.job import Fault, JobConfig, RolloutWorker, instrument, policy_weights
-from raysleuth.demo.runner import Job, ScenarioResult, flush_evidence
+import raysleuth as rs
+from raysleuth.demo.harness import Job, ScenarioResult, flush_evidence
+from raysleuth.demo.job import Fault, JobConfig, RolloutWorker, policy_weights
 
 __all__ = ["EXPECTED", "FOUND_BY", "INJECTED", "RUNNERS", "SCENARIOS"]
 
@@ -54,17 +55,12 @@ def _result(name: str, **fields: Any) -> ScenarioResult:
                           expected=EXPECTED[name], **fields)
 
 
-def _missing(name: str, feature: str) -> ScenarioResult:
-    return _result(name, verdict=f"raysleuth.{feature} is not available: cannot diagnose", correct=False,
-                   error=f"raysleuth.{feature} missing")
-
-
 def _store_path() -> str:
-    import ray
-
-    from raysleuth.recorder import get_writer
-
-    return ray.get(get_writer().info.remote(), timeout=30)["path"]
+    store = rs.open_store()
+    try:
+        return str(store.path)
+    finally:
+        store.close()
 
 
 def _settle(seconds: float = 1.0) -> None:
@@ -77,12 +73,9 @@ def _settle(seconds: float = 1.0) -> None:
 
 
 def _stack_culprits(job: Job, timeout: float = 45.0) -> tuple[list[int], str, Any]:
-    stacks = instrument("stacks")
-    report = stacks.dump_stacks(timeout=timeout)
-    try:
-        stacks.record_report(report, name=f"demo-{job.scenario}")
-    except Exception:
-        pass
+    report = rs.dump_stacks(timeout=timeout)
+    rs.record("stack_report", report.to_dict(), name=f"demo-{job.scenario}",
+              level="ERROR" if report.verdict.culprits else "INFO")
     rank_of_pid = {pid: rank for rank, pid in job.pids.items()}
     ours = [c for c in report.verdict.culprits if c.pid in rank_of_pid]
     ranks = sorted({c.rank if c.rank is not None else rank_of_pid[c.pid] for c in ours})
@@ -96,23 +89,16 @@ def _job_frame(report: Any, pid: int) -> str:
     raysleuth's stack verdict skips raysleuth's own files as library code, and
     the demo's job lives inside raysleuth; a user's job would be named directly.
     """
-    try:
-        from raysleuth.stacks.analysis import key_thread
-
-        process = report.process(pid)
-        thread = key_thread(process) if process is not None else None
-        for frame in thread.frames if thread is not None else []:
+    process = report.process(pid)
+    for thread in process.threads if process is not None else []:
+        for frame in thread.frames:
             if frame.file.replace("\\", "/").endswith("demo/job.py"):
                 return f"in {frame.function} (job.py:{frame.line}), "
-    except Exception:
-        pass
     return ""
 
 
 def _consistency_rows(name: str, since: float) -> list[Any]:
-    from raysleuth.recorder import open_store
-
-    store = open_store(_store_path())
+    store = rs.open_store(_store_path())
     try:
         return [r for r in store.query("consistency", since=since)
                 if str(r.data.get("key", "")).startswith(f"{name}/")]
@@ -121,12 +107,9 @@ def _consistency_rows(name: str, since: float) -> list[Any]:
 
 
 def _memory_leaks(job: Job, since: float) -> tuple[list[int], list[Any]]:
-    memory = instrument("memory")
-    from raysleuth.recorder import open_store
-
-    store = open_store(_store_path())
+    store = rs.open_store(_store_path())
     try:
-        report = memory.memory_report(store, since=since)
+        report = rs.memory_report(store, since=since)
     finally:
         store.close()
     rank_of_pid = {pid: rank for rank, pid in job.pids.items()}
@@ -135,8 +118,7 @@ def _memory_leaks(job: Job, since: float) -> tuple[list[int], list[Any]]:
 
 
 def _crashes(since: float, pids: set[int]) -> list[Any]:
-    postmortem = instrument("postmortem")
-    return [c for c in postmortem.list_crashes(run=_store_path()) if c.time >= since and c.pid in pids]
+    return [c for c in rs.list_crashes(run=_store_path()) if c.time >= since and c.pid in pids]
 
 
 # ------------------------------------------------------------------ scenarios
@@ -155,44 +137,38 @@ def healthy(config: JobConfig, say: Say) -> ScenarioResult:
         notes: list[str] = []
         if outcome.steps_done != config.steps:
             flags.append(f"job stopped at step {outcome.steps_done} ({outcome.error or 'hung'})")
-        if instrument("stacks") is not None:
-            say("  raysleuth stacks")
-            ranks, text, _ = _stack_culprits(job)
-            if ranks:
-                flags.append(f"stacks blamed ranks {ranks}: {text}")
-            else:
-                notes.append("stacks: no culprit")
-        if instrument("consistency") is not None:
-            rows = _consistency_rows("healthy", since)
-            bad = [r for r in rows if not r.data.get("consistent", True)]
-            if bad:
-                flags.append(f"{len(bad)} consistency checks mismatched")
-            notes.append(f"{len(rows)} consistency checks consistent" if not bad else "")
-        if instrument("memory") is not None:
-            say("  raysleuth memory")
-            leaks, _ = _memory_leaks(job, since)
-            if leaks:
-                flags.append(f"memory leak verdict on ranks {leaks}")
-            else:
-                notes.append("no leak")
-        if instrument("postmortem") is not None:
-            crashes = _crashes(since, set(job.pids.values()))
-            if crashes:
-                flags.append(f"{len(crashes)} crash capsules")
-            else:
-                notes.append("no crash")
-        tasks = instrument("tasks")
-        if tasks is not None:
-            say("  raysleuth tasks --pending")
-            report = tasks.find_tasks(pending=True, stuck=False, failed=False, dead=False, older_than=60.0)
-            ours = job.actor_ids()
-            # Only this job's work: other jobs on a shared cluster may wait for what they like.
-            infeasible = [p for p in report.pending if p.reason == "infeasible"
-                          and (p.actor_id in ours or "score_group" in (p.name or ""))]
-            if infeasible:
-                flags.append(f"{len(infeasible)} infeasible pending tasks")
-            else:
-                notes.append("nothing infeasible")
+        say("  raysleuth stacks")
+        ranks, text, _ = _stack_culprits(job)
+        if ranks:
+            flags.append(f"stacks blamed ranks {ranks}: {text}")
+        else:
+            notes.append("stacks: no culprit")
+        rows = _consistency_rows("healthy", since)
+        bad = [r for r in rows if not r.data.get("consistent", True)]
+        if bad:
+            flags.append(f"{len(bad)} consistency checks mismatched")
+        notes.append(f"{len(rows)} consistency checks consistent" if not bad else "")
+        say("  raysleuth memory")
+        leaks, _ = _memory_leaks(job, since)
+        if leaks:
+            flags.append(f"memory leak verdict on ranks {leaks}")
+        else:
+            notes.append("no leak")
+        crashes = _crashes(since, set(job.pids.values()))
+        if crashes:
+            flags.append(f"{len(crashes)} crash capsules")
+        else:
+            notes.append("no crash")
+        say("  raysleuth tasks --pending")
+        report = rs.find_tasks(pending=True, stuck=False, failed=False, dead=False, older_than=60.0)
+        ours = job.actor_ids()
+        # Only this job's work: other jobs on a shared cluster may wait for what they like.
+        infeasible = [p for p in report.pending if p.reason == "infeasible"
+                      and (p.actor_id in ours or "score_group" in (p.name or ""))]
+        if infeasible:
+            flags.append(f"{len(infeasible)} infeasible pending tasks")
+        else:
+            notes.append("nothing infeasible")
         verdict = "; ".join(flags) if flags else "nothing flagged: " + ", ".join(n for n in notes if n)
         return _result("healthy", verdict=verdict, correct=not flags, steps_run=outcome.steps_done,
                        details={"flags": flags, "notes": notes})
@@ -202,8 +178,6 @@ def healthy(config: JobConfig, say: Say) -> ScenarioResult:
 
 def hang(config: JobConfig, say: Say) -> ScenarioResult:
     """Rank 1 never reaches the gradient exchange; ``dump_stacks`` must name it."""
-    if instrument("stacks") is None:
-        return _missing("hang", "stacks")
     fault = Fault(kind="hang", rank=1, step=2)
     job = Job("hang", config, fault)
     try:
@@ -225,9 +199,6 @@ def hang(config: JobConfig, say: Say) -> ScenarioResult:
 
 def diverge(config: JobConfig, say: Say) -> ScenarioResult:
     """Rank 2 starts from other weights; the consistency checks must name it and the tensors."""
-    consistency = instrument("consistency")
-    if consistency is None:
-        return _missing("diverge", "consistency")
     since = time.time()
     fault = Fault(kind="diverge", rank=2)
     job = Job("diverge", config, fault)
@@ -235,7 +206,7 @@ def diverge(config: JobConfig, say: Say) -> ScenarioResult:
         steps = min(config.steps, 6)
         outcome = job.run(steps)
         say("  rs.compare(trainers, policy_weights) from the driver")
-        report = consistency.compare(job.trainers, policy_weights, key="diverge/compare", timeout=60)
+        report = rs.compare(job.trainers, policy_weights, key="diverge/compare", timeout=60)
         job.flush()
         _settle()
         in_rank = [r for r in _consistency_rows("diverge", since) if not r.data.get("consistent", True)]
@@ -258,8 +229,6 @@ def diverge(config: JobConfig, say: Say) -> ScenarioResult:
 
 def leak(config: JobConfig, say: Say) -> ScenarioResult:
     """Rank 1 keeps every batch; ``raysleuth memory`` must call a leak on rank 1 only."""
-    if instrument("memory") is None:
-        return _missing("leak", "memory")
     since = time.time()
     fault = Fault(kind="leak", rank=1)
     job = Job("leak", config, fault)
@@ -289,9 +258,6 @@ def job_rank(job: Job, pid: int | None) -> int | None:
 
 def crash(config: JobConfig, say: Say) -> ScenarioResult:
     """Rank 1 raises in ``update``; a crash capsule must name rank 1, and ``explain`` the error."""
-    postmortem = instrument("postmortem")
-    if postmortem is None:
-        return _missing("crash", "postmortem")
     since = time.time()
     fault = Fault(kind="crash", rank=1, step=2)
     job = Job("crash", config, fault)
@@ -303,8 +269,7 @@ def crash(config: JobConfig, say: Say) -> ScenarioResult:
         _settle()
         crashes = _crashes(since, set(job.pids.values()))
         ranks = sorted({c.rank for c in crashes if c.rank is not None})
-        explain = instrument("explain")
-        matches = explain.explain(outcome.error) if explain is not None else []
+        matches = rs.explain_error(outcome.error)
         title = matches[0].title if matches else "no known cause"
         first = crashes[0] if crashes else None
         text = (f"{first.exception_type} on rank {first.rank} in {first.method}: {first.message}"
@@ -321,9 +286,6 @@ def pending(config: JobConfig, say: Say) -> ScenarioResult:
     """A rollout worker asks for a GPU; ``raysleuth tasks --pending`` must say infeasible, GPU."""
     import ray
 
-    tasks = instrument("tasks")
-    if tasks is None:
-        return _missing("pending", "tasks")
     worker_class = ray.remote(num_gpus=1, num_cpus=1)(RolloutWorker)
     actor = worker_class.options(name=f"demo-pending-gpu-rollout-{int(time.time())}").remote(config.seed)
     actor_id = actor._actor_id.hex()
@@ -333,7 +295,7 @@ def pending(config: JobConfig, say: Say) -> ScenarioResult:
         found = None
         report = None
         while time.monotonic() < deadline:
-            report = tasks.find_tasks(pending=True, stuck=False, failed=False, dead=False, older_than=0.0)
+            report = rs.find_tasks(pending=True, stuck=False, failed=False, dead=False, older_than=0.0)
             found = next((p for p in report.pending if p.actor_id == actor_id), None)
             if found is not None and found.reason != "unknown":
                 break
@@ -351,13 +313,8 @@ def pending(config: JobConfig, say: Say) -> ScenarioResult:
 
 def _record_tasks(report: Any) -> None:
     """Keep what ``tasks --pending`` said as evidence (kind ``tasks``), for the report."""
-    try:
-        from raysleuth.recorder import record
-
-        record("tasks", report.to_dict(), name="tasks --pending", level="WARNING" if report.problem else "INFO")
-        flush_evidence()
-    except Exception:
-        pass
+    rs.record("tasks", report.to_dict(), name="tasks --pending", level="WARNING" if report.problem else "INFO")
+    flush_evidence()
 
 
 RUNNERS: dict[str, Callable[[JobConfig, Say], ScenarioResult]] = {

@@ -31,6 +31,7 @@ __all__ = [
     "get_writer",
     "latest_run",
     "list_runs",
+    "flush",
     "open_store",
     "record",
     "reset_client",
@@ -99,3 +100,15 @@ def _connected_run(home: Path) -> str | None:
     except Exception:
         return None
     return session if (home / "runs" / session / "evidence.sqlite").is_file() else None
+
+
+def flush(timeout: float = 10.0) -> bool:
+    """Deliver this process's queued evidence now (``rs.flush()``); False if some is still queued.
+
+    Call it before a prompt exit you control; instruments deliver on their own
+    every fraction of a second. Never raises.
+    """
+    try:
+        return bool(get_client().flush(timeout))
+    except Exception:
+        return False
