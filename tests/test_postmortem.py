@@ -240,7 +240,8 @@ def test_redact_names_and_values():
     assert redact("Authorization", "x") == REDACTED
     assert redact("note", "hf_" + "a" * 30) == REDACTED
     assert redact("note", "sk-" + "abc123" * 5) == REDACTED
-    assert redact("digest", "0123456789abcdef" * 3) == REDACTED
+    assert redact("note", "0123456789abcdef" * 3) == REDACTED
+    assert redact("digest", "0123456789abcdef" * 3) == "0123456789abcdef" * 3  # named as an identifier: kept
     assert redact("header", "Bearer abc.def.ghi123456") != "Bearer abc.def.ghi123456"
     assert redact("learning_rate", 3e-4) == 3e-4
     assert redact("model_name", "Qwen2.5-7B-Instruct") == "Qwen2.5-7B-Instruct"
