@@ -43,6 +43,32 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of 
 RunOption = Annotated[str | None, typer.Option("--run", help="Run id or path to an evidence.sqlite (default: latest).")]
 HomeOption = Annotated[Path | None, typer.Option("--home", help="raysleuth home (default: RAYSLEUTH_HOME or ~/.raysleuth).")]
 
+def _number_check(low: float, *, strict: bool):
+    def check(value: float | None) -> float | None:
+        if value is None:
+            return value
+        if value != value or value in (float("inf"), float("-inf")) or value < low or (strict and value == low):
+            raise typer.BadParameter(f"{value} must be a finite number {'>' if strict else '>='} {low:g}")
+        return value
+    return check
+
+
+#: ``typer.Option(callback=...)`` checks: seconds must be finite and positive; counts at least 1.
+positive = _number_check(0, strict=True)
+non_negative = _number_check(0, strict=False)
+at_least_one = _number_check(1, strict=False)
+
+def writer_timeout() -> float:
+    """Seconds a command waits for the evidence writer (``RAYSLEUTH_WRITER_TIMEOUT``, default 15)."""
+    import os
+
+    try:
+        value = float(os.environ.get("RAYSLEUTH_WRITER_TIMEOUT", "15"))
+    except ValueError:
+        return 15.0
+    return value if 0 < value < 3600 else 15.0
+
+
 STATUS_STYLE = {"ok": ("✅", "green"), "warn": ("⚠️ ", "yellow"), "fail": ("❌", "red"), "skip": ("➖", "dim")}
 
 

@@ -113,11 +113,19 @@ class ConsistencyReport:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ConsistencyReport":
         """Rebuild a report from :meth:`to_dict` output (the CLI reads stored checks)."""
+        if not isinstance(data, dict) or not isinstance(data.get("key"), str) \
+                or not isinstance(data.get("consistent"), bool) or not isinstance(data.get("world_size"), int):
+            raise ValueError("not a stored consistency report (needs key, consistent, world_size)")
         data = dict(data)
         data.pop("outlier_ranks", None)
+        for name in ("mismatches", "within_tolerance", "arrived_ranks", "missing_ranks", "notes"):
+            if name in data and not isinstance(data[name], list):
+                raise ValueError(f"not a stored consistency report ({name} is not a list)")
+        if not isinstance(data.get("tensors_checked", 0), int):
+            raise ValueError("not a stored consistency report (tensors_checked is not a number)")
         known = {f for f in cls.__dataclass_fields__}
         mismatches = [Mismatch(**{k: v for k, v in m.items() if k in Mismatch.__dataclass_fields__})
-                      for m in data.get("mismatches", [])]
+                      for m in data.get("mismatches", []) if isinstance(m, dict)]
         report = cls(**{k: v for k, v in data.items() if k in known and k != "mismatches"})
         report.mismatches = mismatches
         return report
