@@ -298,10 +298,15 @@ def test_capture_into_a_local_store_keeps_chain_and_object(tmp_path):
 
 
 def test_capture_failure_never_masks_the_exception(monkeypatch):
+    from raysleuth.postmortem import capsule
+
+    tried = []
+
     def broken_build(exc, *, method=None):
+        tried.append(exc)
         raise OSError("disk on fire")
 
-    monkeypatch.setattr(postmortem, "build_capsule", broken_build)
+    monkeypatch.setattr(capsule, "build_capsule", broken_build)  # where capture_exception looks it up
 
     @postmortem.capture_crashes
     def step():
@@ -309,6 +314,7 @@ def test_capture_failure_never_masks_the_exception(monkeypatch):
 
     with pytest.raises(ArithmeticError, match="the user's own error"):
         step()
+    assert len(tried) == 1 and isinstance(tried[0], ArithmeticError)  # the failing capture path really ran
 
 
 def test_install_crash_capture_is_idempotent_and_chains_hooks():

@@ -411,3 +411,17 @@ def relevant_environment(env: Mapping[str, str] | None = None) -> dict[str, str]
             value = redact(name, env[name])
             kept[name] = value if len(value) <= 500 else value[:497] + "..."
     return kept
+
+
+class _CallableModule(type(sys)):
+    """``raysleuth.redact`` is both this module and the function ``rs.redact(name, value)``.
+
+    Importing the submodule binds it on the package, shadowing the lazily
+    exported function; calling the module calls the function.
+    """
+
+    def __call__(self, name: Any, value: Any) -> Any:
+        return redact(name, value)
+
+
+sys.modules[__name__].__class__ = _CallableModule
