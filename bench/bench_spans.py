@@ -41,6 +41,7 @@ def main() -> int:
         client = RecordClient(StoreSink(store), capacity=N * 2, batch_size=N * 2, interval=60.0,
                               spool_dir=Path(tmp) / "spool")
         reset_client(client)
+        rs.set_rank(0, 8)  # as in a training worker: the rank is known
         empty = Empty()
         nullcontext = contextlib.nullcontext()
 
