@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -32,7 +33,22 @@ def _root() -> None:
     """
 
 
-console = Console(highlight=False)
+#: Width of tables written to a file or a pipe (no terminal to fit): wide enough that no cell wraps.
+PIPE_WIDTH = 4096
+
+
+class _Console(Console):
+    """A rich console that, when stdout is not a terminal (a file, ``less``, ``grep``), does not wrap at 80."""
+
+    @property
+    def size(self):  # type: ignore[override]
+        size = super().size
+        if not self.is_terminal and self._width is None and not os.environ.get("COLUMNS"):
+            return size._replace(width=PIPE_WIDTH)
+        return size
+
+
+console = _Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
 
 AddressOption = Annotated[
@@ -60,8 +76,6 @@ at_least_one = _number_check(1, strict=False)
 
 def writer_timeout() -> float:
     """Seconds a command waits for the evidence writer (``RAYSLEUTH_WRITER_TIMEOUT``, default 15)."""
-    import os
-
     try:
         value = float(os.environ.get("RAYSLEUTH_WRITER_TIMEOUT", "15"))
     except ValueError:
