@@ -21,6 +21,7 @@ os.environ.setdefault("RAYSLEUTH_HOME", tempfile.mkdtemp(prefix="raysleuth-bench
 import ray  # noqa: E402
 
 import raysleuth as rs  # noqa: E402
+from _targets import exit_code, target  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 TASKS = int(os.environ.get("BENCH_TASKS", "400"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "4"))
@@ -53,7 +54,7 @@ def submit_cost(actor) -> float:
     return spent / (2 * TASKS)
 
 
-def main() -> None:
+def main() -> int:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     actor = Echo.remote()
     round_trip(actor)  # warm up workers
@@ -76,9 +77,11 @@ def main() -> None:
           f"(+{added_us:.1f} us, median of {ROUNDS} interleaved rounds)")
     print(f"one call end to end takes {per_call_us:.0f} us here, so tracing costs {slower:.1f}% of throughput   "
           f"target < 5%: {'OK' if slower < 5 else 'MISSED'}")
+    target("detailed tracing share of task throughput", slower < 5, f"{slower:.1f}% (< 5%)")
     print(f"end to end (noisy on a shared 2-core machine): untraced {best_off:6.0f} calls/s, traced {best_on:6.0f} "
           f"calls/s (best of {ROUNDS}, ratio {best_on / best_off:.3f})")
+    return exit_code()
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -37,6 +37,7 @@ import raysleuth as rs  # noqa: E402
 from raysleuth import monitoring, runtime  # noqa: E402
 from raysleuth.recorder import RecordClient, StoreSink, get_client, reset_client  # noqa: E402
 from raysleuth.recorder.store import EvidenceStore  # noqa: E402
+from _targets import exit_code, target  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 try:
     from raysleuth.heartbeat import heartbeat
@@ -116,7 +117,7 @@ def bench_modes() -> dict[str, float]:
     return {mode: statistics.median(values) for mode, values in times.items()}
 
 
-def main() -> None:
+def main() -> int:
     store = EvidenceStore(Path(os.environ["RAYSLEUTH_HOME"]) / "bench.sqlite")
     reset_client(RecordClient(StoreSink(store)))
     ship, null = bench_shipping(store)
@@ -135,7 +136,12 @@ def main() -> None:
               f"(+{(thread[mode] - thread['off']) * 1e6:.1f} us/step, {100 * (thread[mode] / thread['off'] - 1):+.1f}%)")
     print(f"store: {store.kinds()}")
     runtime.reload_settings()
+    target("shipped log record", ship / null <= 6.0 and shipped >= RECORDS * ROUNDS,
+           f"x{ship / null:.1f} a stdlib NullHandler record (<= 6x), {shipped} of {RECORDS * ROUNDS} stored")
+    target("light mode, training thread", thread["light"] - thread["off"] <= 20e-6,
+           f"+{(thread['light'] - thread['off']) * 1e6:.1f} us/step (<= 20 us)")
+    return exit_code()
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -16,6 +16,7 @@ import time
 os.environ.setdefault("RAYSLEUTH_HOME", tempfile.mkdtemp(prefix="raysleuth-bench-"))
 
 from raysleuth import memory  # noqa: E402
+from _targets import exit_code, target  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 
 def busy(seconds: float) -> int:
@@ -28,7 +29,7 @@ def busy(seconds: float) -> int:
     return count
 
 
-def main() -> None:
+def main() -> int:
     memory.read_sample()  # warm psutil
     n = 500
     started = time.perf_counter()
@@ -69,7 +70,9 @@ def main() -> None:
     print(f"sampler thread CPU: {cpu * 1e3:.1f} ms over {wall:.1f} s of busy loop = {cpu / wall * 100:.3f}% "
           f"(the sampler's own cost; the busy-loop ratio above also carries machine noise)")
     print(f"sample cost / 1 s interval = {recorded_us / 1e6 * 100:.3f}% of one core (the floor of the overhead)")
+    target("1 Hz sampler CPU share", cpu / wall * 100 < 1.0, f"{cpu / wall * 100:.3f}% of the wall time (< 1%)")
+    return exit_code()
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

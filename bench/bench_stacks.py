@@ -23,6 +23,8 @@ import time
 
 import ray
 
+from _targets import exit_code, target  # noqa: E402  (bench/ is on sys.path when run as a script)
+
 SIZES = (8, 16, 32)
 REPEATS = 3
 
@@ -97,7 +99,8 @@ def main() -> int:
         ray.shutdown()
     print(f"raysleuth stacks vs sequential py-spy loop: worst ratio {worst:.1f}x "
           f"({'faster' if worst and worst > 1 else 'NOT faster'} at every size)")
-    return 0
+    target("raysleuth stacks vs sequential py-spy", bool(worst and worst > 1), f"worst ratio {worst:.1f}x (> 1x)")
+    return exit_code()
 
 
 if __name__ == "__main__":

@@ -160,3 +160,13 @@ def test_wrong_token_is_reported_as_rejected(token_cluster, tmp_path):
     assert seconds < 8
     assert "rejected the token from RAY_AUTH_TOKEN" in message
     assert "not-the-right-token" not in output
+
+
+def test_token_cluster_connect_prints_no_native_auth_warnings(token_cluster, tmp_path):
+    """raysleuth's own token-less probe makes Ray's C++ client warn; the user must not see it."""
+    address, _ = token_cluster
+    token_file = tmp_path / "token"
+    token_file.write_text("raysleuth-test-token-0123456789abcdef")
+    env = _client_env(tmp_path, RAY_AUTH_TOKEN_PATH=str(token_file))
+    done, _ = _cli(["doctor", "--address", address, "--json", "--timeout", "60"], env=env, timeout=120)
+    assert "gcs_client.cc" not in done.stderr and "InvalidAuthToken" not in done.stderr, done.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""``raysleuth demo``: the healthy, hang and diverge scenarios on the session's real 2-node cluster.
+"""``raysleuth demo``: all six scenarios (healthy, hang, diverge, leak, crash, pending) on the session's real cluster.
 
 The demo runs in this process against the already-connected ``ray_cluster``
 (``run_demo`` reuses a connected Ray), with a shorter job than the CLI's to
@@ -23,7 +23,7 @@ from raysleuth.errors import UsageError
 def demo_result(ray_cluster, tmp_path_factory):
     messages: list[str] = []
     report = tmp_path_factory.mktemp("demo") / "report.html"
-    result = run_demo(["healthy", "hang", "diverge"], config=JobConfig(steps=6), report_path=report,
+    result = run_demo(list(SCENARIOS), config=JobConfig(steps=6), report_path=report,
                       progress=messages.append)
     return result, messages
 
@@ -31,7 +31,7 @@ def demo_result(ray_cluster, tmp_path_factory):
 def test_every_scenario_is_diagnosed_correctly(demo_result) -> None:
     result, messages = demo_result
     table = {item.scenario: item for item in result.results}
-    assert list(table) == ["healthy", "hang", "diverge"]
+    assert list(table) == ["healthy", "hang", "diverge", "leak", "crash", "pending"]
     for item in result.results:
         assert item.correct, f"{item.scenario}: {item.verdict} ({item.error}; {item.details})"
     assert result.ok
@@ -58,6 +58,23 @@ def test_diverge_names_rank_2_and_tensors(demo_result) -> None:
     assert diverge.culprit_ranks == [2]
     assert "tensors differ" in diverge.verdict and "weight" in diverge.verdict
     assert diverge.details["in_rank_outliers"] in ([], [2])
+
+
+def test_leak_names_rank_1_only(demo_result) -> None:
+    leak = demo_result[0].results[3]
+    assert leak.scenario == "leak" and leak.culprit_ranks == [1], leak.verdict
+
+
+def test_crash_capsule_from_rank_1_is_explained(demo_result) -> None:
+    crash = demo_result[0].results[4]
+    assert crash.scenario == "crash" and crash.culprit_ranks == [1], crash.verdict
+    assert "explain:" in crash.verdict
+
+
+def test_pending_gpu_worker_is_infeasible(demo_result) -> None:
+    pending = demo_result[0].results[5]
+    assert pending.scenario == "pending" and pending.correct, pending.verdict
+    assert "GPU" in pending.verdict or "gpu" in pending.verdict.lower(), pending.verdict
 
 
 def test_demo_writes_the_report(demo_result) -> None:

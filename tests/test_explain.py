@@ -8,6 +8,7 @@ test cluster. Pure matching runs without Ray.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -40,7 +41,9 @@ def test_real_error_text_is_explained(item):
     ids = [match.id for match in matches]
     assert item["id"] in ids, (item["source"], ids)
     found = matches[ids.index(item["id"])]
-    assert found.evidence and found.evidence in item["text"].replace("\x1b", "") or found.evidence
+    plain = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", item["text"])
+    quoted = found.evidence.removeprefix("...").removesuffix("...")
+    assert quoted and quoted in plain, (found.evidence, item["source"])
     assert found.line >= 1
 
 

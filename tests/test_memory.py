@@ -62,7 +62,7 @@ def test_one_leaking_rank_of_four_is_the_only_one_flagged(ray_cluster, capsys):
         assert key in entry
     code = cli.main(["memory", "--run", str(store.path), "--home", str(ray_cluster.home), "--rank", "1"])
     text = capsys.readouterr().out
-    assert code == 0 and "no leak" in text and "▁" in text or "█" in text
+    assert code == 0 and "no leak" in text and ("▁" in text or "█" in text)
     store.close()
 
 

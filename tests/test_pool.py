@@ -90,13 +90,16 @@ def test_pool_logs_carry_ranks_and_calls_are_recorded(debug_pool, ray_cluster):
     ref = debug_pool.submit(pool_victims.whoami_rank, rank=1)
     assert ray.get(ref, timeout=60) == 1
     time.sleep(0.5)
-    calls = [c for c in debug_pool.calls() if c["function"] == "whoami_rank" and c.get("worker_rank", 1) == 1]
+    calls = [c for c in debug_pool.calls() if c["function"] == "whoami_rank" and c.get("worker_rank") == 1]
     by_call: dict = {}
     for call in debug_pool.calls():
         by_call.setdefault(call["call_id"], []).append(call["state"])
     lifecycles = [states for states in by_call.values() if states[0] == "submitted"]
     assert any(states == ["submitted", "running", "finished"] for states in lifecycles), by_call
     assert calls
+    ran_on = {c["rank"] for c in debug_pool.calls() if c["call_id"] in {s["call_id"] for s in calls}
+              and c["state"] in ("running", "finished")}
+    assert ran_on == {1}, ran_on  # the worker of rank 1 ran the call submitted to rank 1
 
 
 def test_gpu_pool_on_cpu_cluster_falls_back(ray_cluster):

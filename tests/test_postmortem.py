@@ -240,7 +240,8 @@ def test_redact_names_and_values():
     assert redact("Authorization", "x") == REDACTED
     assert redact("note", "hf_" + "a" * 30) == REDACTED
     assert redact("note", "sk-" + "abc123" * 5) == REDACTED
-    assert redact("digest", "0123456789abcdef" * 3) == REDACTED
+    assert redact("note", "0123456789abcdef" * 3) == REDACTED
+    assert redact("digest", "0123456789abcdef" * 3) == "0123456789abcdef" * 3  # named as an identifier: kept
     assert redact("header", "Bearer abc.def.ghi123456") != "Bearer abc.def.ghi123456"
     assert redact("learning_rate", 3e-4) == 3e-4
     assert redact("model_name", "Qwen2.5-7B-Instruct") == "Qwen2.5-7B-Instruct"
@@ -297,10 +298,15 @@ def test_capture_into_a_local_store_keeps_chain_and_object(tmp_path):
 
 
 def test_capture_failure_never_masks_the_exception(monkeypatch):
+    from raysleuth.postmortem import capsule
+
+    tried = []
+
     def broken_build(exc, *, method=None):
+        tried.append(exc)
         raise OSError("disk on fire")
 
-    monkeypatch.setattr(postmortem, "build_capsule", broken_build)
+    monkeypatch.setattr(capsule, "build_capsule", broken_build)  # where capture_exception looks it up
 
     @postmortem.capture_crashes
     def step():
@@ -308,6 +314,7 @@ def test_capture_failure_never_masks_the_exception(monkeypatch):
 
     with pytest.raises(ArithmeticError, match="the user's own error"):
         step()
+    assert len(tried) == 1 and isinstance(tried[0], ArithmeticError)  # the failing capture path really ran
 
 
 def test_install_crash_capture_is_idempotent_and_chains_hooks():

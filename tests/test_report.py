@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,10 @@ from raysleuth.report import generate_report
 from raysleuth.report.sections import span_section
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
+
+
+class BrowserCheckSkipped(pytest.PytestWarning):
+    """The report's browser check could not run here (listed in pytest's warnings summary)."""
 
 
 def _capsule(rank: int) -> dict:
@@ -133,8 +138,10 @@ def _chrome_flags(profile: Path) -> list[str]:
 
 def test_report_renders_in_chromium(evidence_home: Path, tmp_path: Path) -> None:
     browser = _chromium()
-    if browser is None:
-        pytest.skip("Chromium is not installed (apt-get install -y chromium); the browser check did not run")
+    if browser is None:  # said in the final summary too, so a green run does not hide it
+        message = "Chromium is not installed (apt-get install -y chromium); the report's browser check did not run"
+        warnings.warn(BrowserCheckSkipped(message), stacklevel=1)
+        pytest.skip(message)
     result = generate_report(tmp_path / "report.html", home=evidence_home)
     url = result.path.resolve().as_uri()
     dump = subprocess.run([browser, *_chrome_flags(tmp_path / "profile"), "--enable-logging=stderr", "--v=0",
@@ -168,3 +175,19 @@ def test_report_of_a_sparse_run_says_what_is_missing(tmp_path: Path) -> None:
                    "No memory samples", "No crashes captured", "No spans with steps", "No Perfetto trace"):
         assert phrase in text
     assert "only a log" in text
+
+
+def test_a_skipped_browser_check_shows_in_the_summary(tmp_path: Path) -> None:
+    """Without Chromium on PATH the browser test skips, and the run's summary says so."""
+    import os
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(sys.executable)
+    env = {**os.environ, "PATH": str(bin_dir), "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
+                           f"{__file__}::test_report_renders_in_chromium"], capture_output=True, text=True,
+                          env=env, timeout=300, cwd=tmp_path)
+    assert "1 skipped" in done.stdout, done.stdout[-2000:]
+    assert "warnings summary" in done.stdout and "BrowserCheckSkipped" in done.stdout, done.stdout[-2000:]

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from raysleuth.errors import AuthTokenMissing, ClusterUnreachable, UsageError
+from raysleuth.native_stderr import filtered_stderr
 
 __all__ = [
     "ClusterInfo",
@@ -160,12 +161,18 @@ def _authenticate(address: str) -> None:
         _probe(address, token_source if os.environ["RAY_AUTH_MODE"].lower() == "token" else None)
         return
     try:
-        _probe(address, None)
+        with filtered_stderr(_PROBE_NOISE):  # Ray's C++ auth warnings for our own token-less probe
+            _probe(address, None)
     except AuthTokenMissing:
         if token_source is None:
             raise
         _enable_token_mode()
         _probe(address, token_source)
+
+
+#: What Ray's C++ client prints when the token-less probe meets a token cluster (expected, not the user's problem).
+_PROBE_NOISE = re.compile(r"gcs_client\.cc.*(?:InvalidAuthToken|Unauthenticated)|"
+                          r"(?:InvalidAuthToken|Unauthenticated).*(?:gcs|GCS|cluster ID)")
 
 
 def _probe(address: str, token_source: str | None) -> str:

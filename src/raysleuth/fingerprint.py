@@ -10,7 +10,11 @@ equal tensors give equal digests whatever their strides):
 
 - on the CPU (numpy arrays, CPU torch tensors) each chunk is hashed with
   XXH3-64 straight from the buffer: measured at the speed of ``numpy.sum``
-  over the same buffer (``bench/bench_fingerprint.py``);
+  over the same buffer (``bench/bench_fingerprint.py``). ``xxhash`` is a
+  dependency; where it is missing anyway the chunks are hashed with BLAKE2b
+  and the fingerprint says ``algorithm="blake2b"`` (never ``xxh3``), so a
+  comparison with an xxh3 rank is rehashed with ``wsum`` or called
+  incomparable, never a false mismatch;
 - on CUDA the bytes are viewed as 64-bit words and reduced with torch ops on
   the device, per chunk: a wrapping sum and a position-weighted wrapping sum
   (``wsum``), mixed into one 64-bit value. Only the chunk digests (8 bytes
@@ -98,7 +102,8 @@ class Fingerprint:
     device: str
     """Where it was computed: ``cpu`` or ``cuda:N``."""
     algorithm: str
-    """``xxh3`` (CPU default) or ``wsum`` (CUDA; same digests on CPU with ``algorithm="wsum"``)."""
+    """``xxh3`` (CPU default), ``blake2b`` (CPU without ``xxhash``) or ``wsum`` (CUDA; same digests on CPU
+    with ``algorithm="wsum"``). Digests of different algorithms are not comparable."""
     chunk_elems: int
     """Elements per chunk; chunk ``c`` covers flat elements ``[c*chunk_elems, (c+1)*chunk_elems)``."""
     digest: str
@@ -259,9 +264,9 @@ def _chunk_spans(prepared: _Prepared, chunk_elems: int) -> list[tuple[int, int]]
     return [(start, min(nbytes, start + step)) for start in range(0, nbytes, step)]
 
 
-def _digest_xxh3(data: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
+def _digest_bytes(data: np.ndarray, spans: list[tuple[int, int]], algorithm: str) -> np.ndarray:
     view = memoryview(data)
-    if _xxhash is not None:
+    if algorithm == "xxh3":
         hasher = _xxhash.xxh3_64_intdigest
         return np.fromiter((hasher(view[a:b]) for a, b in spans), dtype=np.uint64, count=len(spans))
     return np.fromiter((int.from_bytes(hashlib.blake2b(view[a:b], digest_size=8).digest(), "little")
@@ -323,7 +328,7 @@ def _wsum_torch(data: Any, spans: list[tuple[int, int]]) -> np.ndarray:
 def _whole_digest(dtype: str, shape: tuple[int, ...], algorithm: str, chunk_elems: int, chunks: np.ndarray) -> str:
     header = f"{dtype}|{','.join(map(str, shape))}|{algorithm}|{chunk_elems}|".encode()
     payload = header + np.ascontiguousarray(chunks, dtype="<u8").tobytes()
-    if _xxhash is not None:
+    if algorithm == "xxh3":  # the whole digest depends on the algorithm only, not on what is installed
         return f"{_xxhash.xxh3_64_intdigest(payload):016x}"
     return hashlib.blake2b(payload, digest_size=8).hexdigest()
 
@@ -412,20 +417,25 @@ class _StatsAccumulator:
 # ---------------------------------------------------------------- public
 
 
-def fingerprint(tensor: Any, *, name: str | None = None, stats: bool = True, algorithm: str = "auto",
+def fingerprint(tensor: Any, *, name: str | None = None, stats: bool = False, algorithm: str = "auto",
                 chunk_size: int = CHUNK_BYTES) -> Fingerprint:
     """Fingerprint one tensor or array on its own device.
 
-    ``algorithm``: ``auto`` (XXH3 on the CPU, ``wsum`` on CUDA), ``xxh3`` or
-    ``wsum`` (identical digests on CPU and CUDA). ``stats=False`` skips the
-    float64 statistics (bitwise mode only: the fastest). Raises
-    :class:`TypeError` naming the entry for anything that is not a tensor.
+    ``algorithm``: ``auto`` (XXH3 on the CPU, ``wsum`` on CUDA), ``xxh3``,
+    ``blake2b`` or ``wsum`` (identical digests on CPU and CUDA).
+    ``stats=True`` adds float64 statistics (min/max/mean/std/norms/NaN
+    counts): a few extra passes, so off by default to keep the default call
+    at memory speed. Raises :class:`TypeError` naming the entry for anything
+    that is not a tensor.
     """
     prepared = _prepare(tensor, name)
     if algorithm == "auto":
-        algorithm = "wsum" if prepared.device.startswith("cuda") else "xxh3"
-    if algorithm not in ("xxh3", "wsum"):
-        raise ValueError(f"unknown fingerprint algorithm {algorithm!r}: use 'auto', 'xxh3' or 'wsum'")
+        algorithm = "wsum" if prepared.device.startswith("cuda") else ("xxh3" if _xxhash is not None else "blake2b")
+    if algorithm not in ("xxh3", "blake2b", "wsum"):
+        raise ValueError(f"unknown fingerprint algorithm {algorithm!r}: use 'auto', 'xxh3', 'blake2b' or 'wsum'")
+    if algorithm == "xxh3" and _xxhash is None:
+        raise ValueError("algorithm 'xxh3' needs the xxhash package (pip install xxhash); "
+                         "use 'auto' to fall back to 'blake2b'")
     if algorithm == "wsum" and chunk_size > CHUNK_BYTES:
         raise ValueError(f"wsum chunks are at most {CHUNK_BYTES} bytes")
     chunk_elems = max(1, chunk_size // max(1, prepared.itemsize))
@@ -435,7 +445,7 @@ def fingerprint(tensor: Any, *, name: str | None = None, stats: bool = True, alg
         chunks = _wsum_torch(prepared.data, spans) if on_cuda else _wsum_numpy(prepared.data, spans)
     else:
         data = prepared.data.cpu().numpy() if on_cuda else prepared.data
-        chunks = _digest_xxh3(data, spans)
+        chunks = _digest_bytes(data, spans, algorithm)
     summary = None
     if stats:
         summary = _stats_torch(prepared.source) if prepared.framework == "torch" else _stats_numpy(prepared.source)
@@ -478,7 +488,7 @@ def named_items(tensors: Any, *, prefix: str = "param") -> list[tuple[str, Any]]
     return items
 
 
-def fingerprint_many(named_tensors: Any, *, stats: bool = True, algorithm: str = "auto") -> dict[str, Fingerprint]:
+def fingerprint_many(named_tensors: Any, *, stats: bool = False, algorithm: str = "auto") -> dict[str, Fingerprint]:
     """Fingerprint every entry of a dict / ``named_parameters()`` / ``parameters()``; keeps order."""
     return {key: fingerprint(value, name=key, stats=stats, algorithm=algorithm)
             for key, value in named_items(named_tensors)}
@@ -527,3 +537,18 @@ def decode_values(raw: bytes, dtype: str) -> np.ndarray | None:
         return values.to(torch.float64).numpy()
     except (RuntimeError, TypeError):
         return None
+
+
+class _CallableModule(type(sys)):
+    """``raysleuth.fingerprint`` is both this module and the function ``rs.fingerprint``.
+
+    Importing the submodule (``rs.compare`` does) binds it on the package,
+    shadowing the lazily exported function; calling the module calls the
+    function, so ``rs.fingerprint(t)`` works either way.
+    """
+
+    def __call__(self, tensor: Any, **options: Any) -> Fingerprint:
+        return fingerprint(tensor, **options)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -212,8 +213,10 @@ def build_timeline(
             worker_ranks[(record.node_id, record.pid)] = record.rank
         data = record.data or {}
         if record.kind == "span":
-            start = float(data.get("start", record.time))
-            end = float(data.get("end", start))
+            start = _number(data.get("start"), record.time)
+            end = max(start, _number(data.get("end"), start))
+            if not isinstance(data.get("attrs") or {}, dict):
+                data = {**data, "attrs": {"attrs": data.get("attrs")}}
             window[0], window[1] = min(window[0], start), max(window[1], end)
             args = {"step": record.step, "rank": record.rank, "span_id": data.get("span_id"),
                     "parent_id": data.get("parent_id"), **(data.get("attrs") or {})}
@@ -325,6 +328,15 @@ def export_timeline(path: Path | str, address: str | None = None, **options: Any
 # ------------------------------------------------------------------ summary
 
 
+def _number(value: Any, default: float) -> float:
+    """A stored number, or ``default`` when a row holds something else (text, a list, nan)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return float(default)
+    return number if math.isfinite(number) else float(default)
+
+
 def summarize_steps(spans: list[dict[str, Any]]) -> list[StepPhase]:
     """Straggler view from plain spans ``{"step", "name", "rank", "pid", "duration_s"}`` (pure).
 
@@ -336,7 +348,7 @@ def summarize_steps(spans: list[dict[str, Any]]) -> list[StepPhase]:
         if span.get("step") is None or str(span.get("name", "")).startswith("ray.call:"):
             continue
         who = str(span["rank"]) if span.get("rank") is not None else f"pid {span.get('pid')}"
-        grouped[(int(span["step"]), str(span.get("name")))][who] += float(span.get("duration_s") or 0.0)
+        grouped[(int(span["step"]), str(span.get("name")))][who] += _number(span.get("duration_s"), 0.0)
     result = []
     for (step, phase), durations in sorted(grouped.items()):
         median = statistics.median(durations.values())

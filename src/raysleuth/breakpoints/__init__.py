@@ -197,33 +197,40 @@ def arm_state() -> ArmState:
     return ArmState(_armed, _arm_names, _arm_ranks, _arm_source)
 
 
-def arm_cluster(name: str | None = None, ranks: Iterable[int] | None = None) -> dict[str, Any]:
-    """Arm breakpoints in every worker of the connected cluster (picked up within POLL_INTERVAL s)."""
+def _set_control(value: Any, timeout: float) -> None:
+    """Post the arming ``value`` to the writer; a writer that does not answer is a clear error, not a traceback."""
     from raysleuth.recorder import get_writer
     import ray
 
+    try:
+        ray.get(get_writer().set_control.remote(CONTROL_KEY, value), timeout=timeout)
+    except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as error:
+        from raysleuth.errors import CaptureTimeout
+
+        raise CaptureTimeout(f"the evidence writer did not take the breakpoint arming within {timeout:g}s "
+                             f"({type(error).__name__})",
+                             fix="check `raysleuth doctor`; retry when the writer answers") from None
+
+
+def arm_cluster(name: str | None = None, ranks: Iterable[int] | None = None, *,
+                timeout: float = 30.0) -> dict[str, Any]:
+    """Arm breakpoints in every worker of the connected cluster (picked up within POLL_INTERVAL s)."""
     value = {"armed": True, "names": [name] if name else None,
              "ranks": sorted(int(r) for r in ranks) if ranks else None, "since": time.time()}
-    ray.get(get_writer().set_control.remote(CONTROL_KEY, value), timeout=30)
+    _set_control(value, timeout)
     return value
 
 
-def disarm_cluster() -> dict[str, Any]:
+def disarm_cluster(*, timeout: float = 30.0) -> dict[str, Any]:
     """Disarm breakpoints in every worker, including workers armed by RAYSLEUTH_DEBUG=1."""
-    from raysleuth.recorder import get_writer
-    import ray
-
     value = {"armed": False, "since": time.time()}
-    ray.get(get_writer().set_control.remote(CONTROL_KEY, value), timeout=30)
+    _set_control(value, timeout)
     return value
 
 
-def reset_cluster() -> None:
+def reset_cluster(*, timeout: float = 30.0) -> None:
     """Forget runtime arming: every worker follows its own RAYSLEUTH_DEBUG again."""
-    from raysleuth.recorder import get_writer
-    import ray
-
-    ray.get(get_writer().set_control.remote(CONTROL_KEY, None), timeout=30)
+    _set_control(None, timeout)
 
 
 # -------------------------------------------------------------- public API

@@ -92,7 +92,18 @@ class DebugSession:
     def from_dict(cls, data: dict[str, Any]) -> "DebugSession":
         """Rebuild from :meth:`to_dict` output (unknown keys ignored)."""
         names = {field.name for field in dataclasses.fields(cls)}
-        return cls(**{key: value for key, value in data.items() if key in names})
+        kept = {key: value for key, value in data.items() if key in names}
+        for field in dataclasses.fields(cls):  # a row another writer left: a clear ValueError, not a bad session
+            value = kept.get(field.name)
+            allowed = _FIELD_TYPES.get(str(field.type).replace(" ", ""))
+            if value is not None and allowed and (not isinstance(value, allowed) or isinstance(value, bool)
+                                                  and bool not in allowed):
+                raise ValueError(f"debug session field {field.name}={value!r} is not {field.type}")
+        return cls(**kept)
+
+
+_FIELD_TYPES = {"str": (str,), "str|None": (str,), "int": (int,), "int|None": (int,), "float": (int, float),
+                "float|None": (int, float)}
 
 
 def local_addresses() -> set[str]:
@@ -227,14 +238,21 @@ def latest_states(rows: list[dict[str, Any]]) -> list[DebugSession]:
     """From many session snapshots (any order), the newest state of each session."""
     newest: dict[str, dict[str, Any]] = {}
     for row in rows:
-        if not isinstance(row, dict) or "id" not in row:
+        if not isinstance(row, dict) or not isinstance(row.get("id"), str):
             continue
         current = newest.get(row["id"])
+        if not isinstance(row.get("updated") or 0.0, (int, float)):
+            continue
         order = (row.get("updated") or 0.0, STATES.index(row["state"]) if row.get("state") in STATES else 0)
         if current is None or order >= (current.get("updated") or 0.0,
                                         STATES.index(current["state"]) if current.get("state") in STATES else 0):
             newest[row["id"]] = row
-    sessions = [DebugSession.from_dict(row) for row in newest.values()]
+    sessions = []
+    for row in newest.values():
+        try:
+            sessions.append(DebugSession.from_dict(row))
+        except (TypeError, ValueError):
+            continue
     sessions.sort(key=lambda session: (session.since, session.id))
     return sessions
 

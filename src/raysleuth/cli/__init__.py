@@ -8,6 +8,7 @@ exit code (2 usage or connection, 1 problem found, 0 all good).
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 from raysleuth.cli._app import app, err_console
@@ -38,11 +39,13 @@ for _module in COMMAND_MODULES:
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code.
 
-    Commands end with ``typer.Exit(code)``; usage errors are typer's (exit 2);
-    a :class:`RaySleuthError` becomes one red line and its exit code.
+    Commands end with ``typer.Exit(code)``; a usage error (bad option, bad
+    value) and a :class:`RaySleuthError` become one red line and exit 2 (or
+    the error's code). Anything else is a bug in raysleuth: one line naming
+    it, exit 2, and the traceback only with ``RAYSLEUTH_DEBUG=1``.
     """
     try:
-        app(args=argv, prog_name="raysleuth", standalone_mode=True)
+        code = app(args=argv, prog_name="raysleuth", standalone_mode=False)
     except SystemExit as done:
         code = done.code
         return code if isinstance(code, int) else (0 if code is None else 2)
@@ -50,9 +53,37 @@ def main(argv: list[str] | None = None) -> int:
         err_console.print("[red]interrupted[/red]")
         return 130
     except RaySleuthError as error:
-        err_console.print(f"[red]raysleuth: {error}[/red]", soft_wrap=True)
+        _one_line(str(error))
         return error.exit_code
-    return 0
+    except Exception as error:
+        if _is(error, "Abort"):
+            err_console.print("[red]interrupted[/red]")
+            return 130
+        if _is(error, "NoArgsIsHelpError"):
+            app(args=["--help"], prog_name="raysleuth", standalone_mode=False)
+            return 2
+        if _is(error, "ClickException"):  # click's, or the copy typer ships: a usage error
+            context = getattr(error, "ctx", None)
+            where = f" (see `{context.command_path} --help`)" if context is not None else ""
+            _one_line(f"{error.format_message()}{where}")
+            return int(getattr(error, "exit_code", 2) or 2)
+        if os.environ.get("RAYSLEUTH_DEBUG"):  # a bug: never a traceback on the user's terminal
+            raise
+        _one_line(f"internal error {type(error).__name__}: {error} (a raysleuth bug; RAYSLEUTH_DEBUG=1 shows "
+                  "the traceback)")
+        return 2
+    return code if isinstance(code, int) else 0
+
+
+def _is(error: BaseException, name: str) -> bool:
+    return any(kind.__name__ == name for kind in type(error).__mro__)
+
+
+def _one_line(message: str) -> None:
+    from rich.markup import escape
+
+    text = " ".join(str(message).split())
+    err_console.print(f"[red]raysleuth: {escape(text)}[/red]", soft_wrap=True)
 
 
 def run() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -32,7 +33,22 @@ def _root() -> None:
     """
 
 
-console = Console(highlight=False)
+#: Width of tables written to a file or a pipe (no terminal to fit): wide enough that no cell wraps.
+PIPE_WIDTH = 4096
+
+
+class _Console(Console):
+    """A rich console that, when stdout is not a terminal (a file, ``less``, ``grep``), does not wrap at 80."""
+
+    @property
+    def size(self):  # type: ignore[override]
+        size = super().size
+        if not self.is_terminal and self._width is None and not os.environ.get("COLUMNS"):
+            return size._replace(width=PIPE_WIDTH)
+        return size
+
+
+console = _Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
 
 AddressOption = Annotated[
@@ -42,6 +58,30 @@ AddressOption = Annotated[
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 RunOption = Annotated[str | None, typer.Option("--run", help="Run id or path to an evidence.sqlite (default: latest).")]
 HomeOption = Annotated[Path | None, typer.Option("--home", help="raysleuth home (default: RAYSLEUTH_HOME or ~/.raysleuth).")]
+
+def _number_check(low: float, *, strict: bool):
+    def check(value: float | None) -> float | None:
+        if value is None:
+            return value
+        if value != value or value in (float("inf"), float("-inf")) or value < low or (strict and value == low):
+            raise typer.BadParameter(f"{value} must be a finite number {'>' if strict else '>='} {low:g}")
+        return value
+    return check
+
+
+#: ``typer.Option(callback=...)`` checks: seconds must be finite and positive; counts at least 1.
+positive = _number_check(0, strict=True)
+non_negative = _number_check(0, strict=False)
+at_least_one = _number_check(1, strict=False)
+
+def writer_timeout() -> float:
+    """Seconds a command waits for the evidence writer (``RAYSLEUTH_WRITER_TIMEOUT``, default 15)."""
+    try:
+        value = float(os.environ.get("RAYSLEUTH_WRITER_TIMEOUT", "15"))
+    except ValueError:
+        return 15.0
+    return value if 0 < value < 3600 else 15.0
+
 
 STATUS_STYLE = {"ok": ("✅", "green"), "warn": ("⚠️ ", "yellow"), "fail": ("❌", "red"), "skip": ("➖", "dim")}
 

@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from raysleuth.cli._app import HomeOption, JsonOption, RunOption, app, console, emit_json, finish, home_path
+from raysleuth.cli._app import at_least_one  # option checks
 
 
 @app.command()
@@ -16,7 +17,7 @@ def consistency(
     run: RunOption = None,
     home: HomeOption = None,
     key: Annotated[str | None, typer.Option("--key", help="Only checks with this key (e.g. params, gradients).")] = None,
-    limit: Annotated[int, typer.Option("--limit", help="How many checks to list, newest first.")] = 20,
+    limit: Annotated[int, typer.Option("--limit", help="How many checks to list, newest first.", callback=at_least_one)] = 20,
     json_: JsonOption = False,
 ) -> None:
     """List stored consistency checks (which tensor, which rank, which element); exit 1 if the latest mismatched."""

@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from raysleuth.cli._app import HomeOption, JsonOption, RunOption, app, console, emit_json, finish, home_path
+from raysleuth.cli._app import at_least_one, non_negative  # option checks
 
 crashes_app = typer.Typer(
     help="Crash capsules left by workers (@rs.capture_crashes): list them, or show one fully.",
@@ -27,8 +28,8 @@ def _when(epoch: float | None) -> str:
 @crashes_app.callback(invoke_without_command=True)
 def crashes(
     ctx: typer.Context,
-    rank: Annotated[int | None, typer.Option("--rank", help="Only this rank's capsules.")] = None,
-    limit: Annotated[int | None, typer.Option("--limit", help="Only the newest N capsules.")] = None,
+    rank: Annotated[int | None, typer.Option("--rank", help="Only this rank's capsules.", callback=non_negative)] = None,
+    limit: Annotated[int | None, typer.Option("--limit", help="Only the newest N capsules.", callback=at_least_one)] = None,
     run: RunOption = None,
     home: HomeOption = None,
     json_: JsonOption = False,

@@ -15,6 +15,7 @@ import typer
 from rich.table import Table
 
 from raysleuth.cli._app import AddressOption, HomeOption, JsonOption, RunOption, app, console, emit_json, finish, home_path
+from raysleuth.cli._app import writer_timeout  # the writer wait, bounded
 from raysleuth.errors import ClusterUnreachable, UsageError
 
 debug_app = typer.Typer(help="Breakpoints in Ray workers: list sessions, attach, arm/disarm at runtime.",
@@ -160,10 +161,15 @@ def vscode(
         configurations.append(how["vscode"])
         if how["ssh_tunnel"]:
             tunnels.append(how["ssh_tunnel"])
+    if path.is_dir():  # --path .vscode: the launch.json inside it
+        path = path / "launch.json"
     try:
         document = breakpoints.write_launch_json(path, configurations)
     except ValueError as error:
         raise UsageError(f"{path} is not valid JSON ({error})", fix="fix or move the file, then run this again") from None
+    except OSError as error:
+        raise UsageError(f"cannot write {path} ({error.strerror or error})",
+                         fix="pass --path to a writable file, e.g. --path .vscode/launch.json") from None
     if json_:
         emit_json({"path": str(path), "configurations": configurations, "ssh_tunnels": tunnels, "launch": document})
         finish(0)
@@ -186,7 +192,7 @@ def arm(
     from raysleuth import breakpoints, cluster
 
     cluster.connect(address)
-    value = breakpoints.arm_cluster(name, rank)
+    value = breakpoints.arm_cluster(name, rank, timeout=writer_timeout())
     if json_:
         emit_json(value)
     else:
@@ -208,13 +214,13 @@ def disarm(
 
     cluster.connect(address)
     if reset:
-        breakpoints.reset_cluster()
+        breakpoints.reset_cluster(timeout=writer_timeout())
         if json_:
             emit_json({"reset": True})
         else:
             console.print("runtime arming cleared; workers follow their RAYSLEUTH_DEBUG again")
         finish(0)
-    value = breakpoints.disarm_cluster()
+    value = breakpoints.disarm_cluster(timeout=writer_timeout())
     if json_:
         emit_json(value)
     else:

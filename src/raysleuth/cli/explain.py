@@ -10,6 +10,7 @@ import typer
 from rich.markup import escape
 
 from raysleuth.cli._app import JsonOption, app, console, emit_json, finish
+from raysleuth.cli._app import at_least_one  # option checks
 from raysleuth.errors import UsageError
 
 
@@ -63,7 +64,7 @@ def explain(
 def advise(
     problem: Annotated[str, typer.Option("--problem", "-p",
                                          help="hang | divergence | memory | crash | scheduling | slow")],
-    nodes: Annotated[int | None, typer.Option("--nodes", help="Number of nodes in the cluster.")] = None,
+    nodes: Annotated[int | None, typer.Option("--nodes", help="Number of nodes in the cluster.", callback=at_least_one)] = None,
     reproducible: Annotated[bool | None, typer.Option("--reproducible/--not-reproducible",
                                                       help="Does the problem happen again on demand?")] = None,
     json_: JsonOption = False,

@@ -10,6 +10,7 @@ from rich.markup import escape
 
 from raysleuth.cli._app import AddressOption, HomeOption, JsonOption, RunOption, app, connect, console, emit_json, \
     finish, home_path
+from raysleuth.cli._app import at_least_one, positive  # option checks
 
 _LEVEL_STYLE = {"DEBUG": "dim", "INFO": "", "WARNING": "yellow", "ERROR": "red", "CRITICAL": "bold red"}
 
@@ -37,15 +38,15 @@ def logs(
     since: Annotated[str | None, typer.Option("--since", help="Only the last 30s / 10m / 2h / 1d, or since an ISO time.")] = None,
     step: Annotated[str | None, typer.Option("--step", help="Only steps 100-120 (or 100, 100-, -120).")] = None,
     name: Annotated[str | None, typer.Option("--name", help="Only this logger (and its children).")] = None,
-    limit: Annotated[int | None, typer.Option("--limit", help="Only the newest N matching records.")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", help="Only the newest N matching records.", callback=at_least_one)] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new records as they arrive.")] = False,
-    max_records: Annotated[int | None, typer.Option("--max-records", help="With --follow: stop after N records.")] = None,
-    follow_timeout: Annotated[float | None, typer.Option("--timeout", help="With --follow: stop after N seconds.")] = None,
+    max_records: Annotated[int | None, typer.Option("--max-records", help="With --follow: stop after N records.", callback=at_least_one)] = None,
+    follow_timeout: Annotated[float | None, typer.Option("--timeout", help="With --follow: stop after N seconds.", callback=positive)] = None,
     aggregate: Annotated[bool, typer.Option("--aggregate", help="Collapse same-template lines across ranks; show differing ranks apart.")] = False,
     ray_logs: Annotated[bool, typer.Option("--ray", help="Raw Ray stdout/stderr of one worker (needs a cluster).")] = False,
-    pid: Annotated[int | None, typer.Option("--pid", help="With --ray: the worker's pid.")] = None,
+    pid: Annotated[int | None, typer.Option("--pid", help="With --ray: the worker's pid.", callback=at_least_one)] = None,
     actor_id: Annotated[str | None, typer.Option("--actor-id", help="With --ray: the worker's actor id.")] = None,
-    tail: Annotated[int, typer.Option("--tail", help="With --ray: last N lines of each file.")] = 1000,
+    tail: Annotated[int, typer.Option("--tail", help="With --ray: last N lines of each file.", callback=at_least_one)] = 1000,
     address: AddressOption = None,
     json_: JsonOption = False,
     run: RunOption = None,
@@ -59,13 +60,11 @@ def logs(
     if ray_logs:
         if rank and len(rank) > 1:
             raise UsageError("--ray takes one worker", fix="pass a single --rank, --pid or --actor-id")
+        pattern = rs_logs.LogQuery(grep=grep).compiled()["pattern"] if grep else None  # bad --grep: one line, first
         connect(address)
         pulled = rs_logs.ray_worker_logs(rank=rank[0] if rank else None, pid=pid, actor_id=actor_id, tail=tail,
                                          run=run, home=home_dir)
-        if grep:
-            import re
-
-            pattern = re.compile(grep)
+        if pattern is not None:
             for item in pulled:
                 item.lines = [text for text in item.lines if pattern.search(text)]
         if json_:

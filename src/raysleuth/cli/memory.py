@@ -20,7 +20,8 @@ from raysleuth.cli._app import (
     finish,
     home_path,
 )
-from raysleuth.errors import UsageError
+from raysleuth.cli._app import non_negative, writer_timeout  # option checks
+from raysleuth.errors import CaptureTimeout, UsageError
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "": 1.0}
 
@@ -40,7 +41,7 @@ def _mib(value) -> str:
 @app.command()
 def memory(
     address: AddressOption = None,
-    rank: Annotated[int | None, typer.Option("--rank", help="Only this rank.")] = None,
+    rank: Annotated[int | None, typer.Option("--rank", help="Only this rank.", callback=non_negative)] = None,
     run: RunOption = None,
     home: HomeOption = None,
     sample: Annotated[str | None, typer.Option(
@@ -72,7 +73,13 @@ def memory(
 
             from raysleuth.recorder import get_writer
 
-            info = ray.get(get_writer().info.remote(), timeout=15)
+            try:
+                info = ray.get(get_writer().info.remote(), timeout=writer_timeout())
+            except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as error:
+                raise CaptureTimeout(f"the evidence writer did not answer within {writer_timeout():g}s "
+                                     f"({type(error).__name__}); the samples may not be stored",
+                                     fix="check `raysleuth doctor`, then `raysleuth memory` reads what arrived"
+                                     ) from None
             run = info["path"] if Path(info["path"]).is_file() else info["run_id"]
         if not json_:
             console.print(f"sampled {done.workers} worker(s) {done.rounds} time(s) in {done.seconds:.1f}s "

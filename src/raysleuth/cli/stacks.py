@@ -10,6 +10,7 @@ import typer
 from rich.markup import escape
 
 from raysleuth.cli._app import AddressOption, HomeOption, JsonOption, app, console, emit_json, err_console, finish
+from raysleuth.cli._app import non_negative, positive  # option checks
 
 MAX_FRAMES = 12
 
@@ -106,9 +107,9 @@ def stacks(
     address: AddressOption = None,
     native: Annotated[bool, typer.Option("--native", help="Add C/C++ frames (py-spy pauses each process briefly).")] = False,
     include_idle: Annotated[bool, typer.Option("--include-idle", help="Also idle pool workers and idle background threads.")] = False,
-    rank: Annotated[int | None, typer.Option("--rank", help="Only the worker(s) with this rank.")] = None,
+    rank: Annotated[int | None, typer.Option("--rank", help="Only the worker(s) with this rank.", callback=non_negative)] = None,
     pid: Annotated[list[int] | None, typer.Option("--pid", help="Only these pids (repeatable).")] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds for the whole capture; partial results after that.")] = 30.0,
+    timeout: Annotated[float, typer.Option(help="Seconds for the whole capture; partial results after that.", callback=positive)] = 30.0,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Also write the report here (.json: JSON, else text).")] = None,
     record: Annotated[bool, typer.Option("--record/--no-record", help="Store the report as stack_report evidence.")] = True,
     json_: JsonOption = False,
@@ -173,11 +174,11 @@ def _flush() -> None:
 @app.command()
 def watch(
     address: AddressOption = None,
-    stall: Annotated[float, typer.Option("--stall", help="Seconds without step progress that count as a stall.")] = 120.0,
+    stall: Annotated[float, typer.Option("--stall", help="Seconds without step progress that count as a stall.", callback=positive)] = 120.0,
     forever: Annotated[bool, typer.Option("--forever", help="Keep watching after a stall instead of exiting 1.")] = False,
-    duration: Annotated[float | None, typer.Option("--duration", help="Stop after this many seconds (exit 0 if no stall).")] = None,
-    interval: Annotated[float | None, typer.Option("--interval", help="Seconds between heartbeat reads.")] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds for the stacks snapshot at a stall.")] = 30.0,
+    duration: Annotated[float | None, typer.Option("--duration", help="Stop after this many seconds (exit 0 if no stall).", callback=positive)] = None,
+    interval: Annotated[float | None, typer.Option("--interval", help="Seconds between heartbeat reads.", callback=positive)] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds for the stacks snapshot at a stall.", callback=positive)] = 30.0,
     home: HomeOption = None,
     json_: JsonOption = False,
 ) -> None:

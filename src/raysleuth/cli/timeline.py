@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from raysleuth.cli._app import AddressOption, HomeOption, JsonOption, RunOption, app, console, emit_json, finish, home_path
+from raysleuth.cli._app import non_negative  # option checks
 from raysleuth.errors import UsageError
 
 
@@ -19,7 +20,7 @@ def timeline(
     ranks: Annotated[str | None, typer.Option("--ranks", help="Only these ranks, e.g. 0,1.")] = None,
     summary: Annotated[bool, typer.Option("--summary", help="Print per step and phase: duration per rank, slowest rank, lag.")] = False,
     ray_tasks: Annotated[bool, typer.Option("--ray-tasks/--no-ray-tasks", help="Merge Ray's task events (needs the cluster).")] = True,
-    lag_threshold: Annotated[float, typer.Option("--lag", help="With --summary: exit 1 when a rank lags the median by this ratio.")] = 0.0,
+    lag_threshold: Annotated[float, typer.Option("--lag", help="With --summary: exit 1 when a rank lags the median by this ratio.", callback=non_negative)] = 0.0,
     address: AddressOption = None,
     run: RunOption = None,
     home: HomeOption = None,

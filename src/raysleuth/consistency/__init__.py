@@ -64,4 +64,10 @@ def latest_checks(run: str | None = None, *, home=None, key: str | None = None, 
         records = store.query("consistency", name=key, limit=limit, newest_first=True)
     finally:
         store.close()
-    return [(rec, ConsistencyReport.from_dict(rec.data)) for rec in records]
+    checks = []
+    for rec in records:
+        try:
+            checks.append((rec, ConsistencyReport.from_dict(rec.data)))
+        except (TypeError, ValueError):
+            continue  # a row some other writer left under this kind: not a check
+    return checks

@@ -16,7 +16,7 @@ import numpy as np
 
 from raysleuth import runtime
 from raysleuth.consistency.exchange import Exchange, open_exchange
-from raysleuth.consistency.report import ConsistencyReport, compare_fingerprints, localize
+from raysleuth.consistency.report import ConsistencyReport, algorithms_of, compare_fingerprints, localize
 from raysleuth.errors import UsageError
 from raysleuth.fingerprint import Fingerprint, chunk_bytes, fingerprint, named_items
 
@@ -128,7 +128,10 @@ def _meet(exchange: Exchange, report: ConsistencyReport, mine: dict[str, Fingerp
         redo = exchange.round("rehash", again, expected=report.arrived_ranks)
         for rank, fps in redo.items():
             posted[rank].update(fps)
-        mismatches, requests, _ = compare_fingerprints(posted)
+        mismatches, requests, still = compare_fingerprints(posted)
+        for name in still:  # a rank's wsum rehash did not arrive: say so, never count it consistent
+            report.incomparable.append(name)
+            report.notes.append(f"{name}: not compared, digests differ in algorithm ({algorithms_of(posted, name)})")
     if requests:
         wanted = [request for request in requests if request.rank == report.rank]
         payload = {(r.name, r.chunk): chunk_bytes(tensors[r.name], posted[report.rank][r.name], r.chunk)
@@ -143,7 +146,8 @@ def _meet(exchange: Exchange, report: ConsistencyReport, mine: dict[str, Fingerp
 
 
 def _finish(report: ConsistencyReport, started: float, record: bool) -> ConsistencyReport:
-    report.consistent = not report.mismatches and not report.missing_ranks and report.error is None
+    report.consistent = (not report.mismatches and not report.missing_ranks and not report.incomparable
+                         and report.error is None)
     report.seconds = round(time.monotonic() - started, 4)
     if report.consistent:
         log.info(report.summary())

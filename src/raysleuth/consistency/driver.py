@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from raysleuth.consistency.report import ConsistencyReport, compare_fingerprints, localize
+from raysleuth.consistency.report import ConsistencyReport, algorithms_of, compare_fingerprints, localize
 from raysleuth.fingerprint import chunk_bytes, fingerprint, named_items
 
 __all__ = ["SeedReport", "compare", "set_random_seed"]
@@ -55,6 +55,26 @@ def _run_and_fingerprint(actor: Any, fn: Callable[[Any], Any], token: str, stats
 def _ship_chunks(actor: Any, token: str, wanted: list[tuple[str, int]], fps: dict[str, Any]) -> dict:
     values = _stash.get(token, {})
     return {(name, chunk): chunk_bytes(values[name], fps[name], chunk) for name, chunk in wanted}
+
+
+def _wsum_again(actor: Any, token: str, names: list[str], stats: bool) -> dict[str, Any]:
+    values = _stash.get(token, {})
+    return {name: fingerprint(values[name], name=name, stats=stats, algorithm="wsum")
+            for name in names if name in values}
+
+
+def _rehash(handles: list[Any], posted: dict[int, dict[str, Any]], names: list[str], token: str,
+            deadline: float, report: ConsistencyReport) -> None:
+    """Every rank fingerprints ``names`` again with ``wsum`` (same digests on CPU and CUDA)."""
+    import ray
+
+    refs = {rank: handles[rank].__ray_call__.remote(functools.partial(
+        _wsum_again, token=token, names=names, stats=report.atol > 0 or report.rtol > 0)) for rank in posted}
+    for rank, ref in refs.items():
+        try:
+            posted[rank].update(ray.get(ref, timeout=max(1.0, deadline - time.monotonic())))
+        except Exception as error:
+            report.notes.append(f"rank {rank}: could not rehash {names} with wsum: {type(error).__name__}")
 
 
 def _forget(actor: Any, token: str) -> None:
@@ -95,8 +115,13 @@ def compare(actor_handles: list[Any], fn: Callable[[Any], Any], atol: float = 0,
         if posted:
             report.tensors_checked = len({name for fps in posted.values() for name in fps})
             mismatches, requests, rehash = compare_fingerprints(posted)
-            if rehash:
-                report.notes.append(f"not compared (mixed CPU/CUDA digests): {rehash}")
+            if rehash:  # ranks digested alike-named tensors differently (CPU xxh3, CUDA wsum): rehash as wsum
+                _rehash(handles, posted, rehash, token, deadline, report)
+                mismatches, requests, still = compare_fingerprints(posted)
+                for name in still:
+                    report.incomparable.append(name)
+                    report.notes.append(f"{name}: not compared, digests differ in algorithm "
+                                        f"({algorithms_of(posted, name)})")
             payloads: dict[int, dict] = {}
             by_rank: dict[int, list[tuple[str, int]]] = {}
             for request in requests:
@@ -119,7 +144,8 @@ def compare(actor_handles: list[Any], fn: Callable[[Any], Any], atol: float = 0,
     finally:
         for rank in posted:
             handles[rank].__ray_call__.remote(functools.partial(_forget, token=token))
-    report.consistent = not report.mismatches and not report.missing_ranks and report.error is None
+    report.consistent = (not report.mismatches and not report.missing_ranks and not report.incomparable
+                         and report.error is None)
     report.seconds = round(time.monotonic() - started, 4)
     (log.info if report.consistent else log.warning)(report.summary())
     if record:

@@ -4,8 +4,11 @@ An :class:`Exchange` runs *rounds*: every rank posts one value and gets back
 everyone's (``{rank: value}``). The mailbox exchange works when NCCL is
 broken (which is exactly when you need a consistency check) and has a
 timeout: a rank that does not post in time is reported missing, never
-waited on forever. ``torch.distributed`` (``all_gather_object``) is used
-when Ray is not connected but a process group is initialised.
+waited on forever. ``torch.distributed`` is used when Ray is not connected
+but a process group is initialised: an all-gather of the pickled values,
+each ``wait`` bounded by the timeout (a rank that does not join is reported
+missing; after such a timeout the process group may be unusable, as after
+any collective timeout).
 
 Scaling note: the writer relays every value, so a round costs
 ``world_size`` posts and reads of a few hundred bytes per tensor (the chunk
@@ -101,16 +104,45 @@ class MailboxExchange(Exchange):
 
 
 class TorchExchange(Exchange):
-    """Rounds through ``torch.distributed.all_gather_object`` (no per-call timeout)."""
+    """Rounds through ``torch.distributed`` all-gathers whose waits time out (never waits forever)."""
 
     name = "torch.distributed"
 
     def round(self, label: str, value: Any, expected: list[int]) -> dict[int, Any]:
+        import datetime
+        import pickle
+
+        import torch
         import torch.distributed as dist
 
-        gathered: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, value)
-        return {rank: item for rank, item in enumerate(gathered) if rank in set(expected)}
+        world = dist.get_world_size()
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
+            else torch.device("cpu")
+        payload = torch.frombuffer(bytearray(pickle.dumps(value)), dtype=torch.uint8).to(device)
+        deadline = time.monotonic() + self.timeout
+
+        def gather(tensor: Any) -> list[Any]:
+            out = [torch.empty_like(tensor) for _ in range(world)]
+            work = dist.all_gather(out, tensor, async_op=True)
+            left = max(0.001, deadline - time.monotonic())
+            try:
+                work.wait(timeout=datetime.timedelta(seconds=left))
+            except RuntimeError as error:  # a rank did not join within the timeout
+                raise TimeoutError(str(error)) from None
+            return out
+
+        try:
+            sizes = gather(torch.tensor([payload.numel()], dtype=torch.int64, device=device))
+            longest = int(max(int(size.item()) for size in sizes))
+            padded = torch.zeros(longest, dtype=torch.uint8, device=device)
+            padded[: payload.numel()] = payload
+            gathered = gather(padded)
+        except TimeoutError:
+            return {self.rank: value} if self.rank in expected else {}
+        wanted = set(expected)
+        # peers are the same job's ranks (the check's own process group): their bytes are ours to load
+        return {rank: pickle.loads(bytes(gathered[rank][: int(sizes[rank].item())].cpu().numpy()))  # noqa: S301
+                for rank in range(world) if rank in wanted}
 
 
 def _job_id() -> str:

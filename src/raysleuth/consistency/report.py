@@ -17,7 +17,7 @@ import numpy as np
 
 from raysleuth.fingerprint import Fingerprint, decode_values, first_difference
 
-__all__ = ["ChunkRequest", "ConsistencyReport", "Mismatch", "compare_fingerprints", "localize"]
+__all__ = ["ChunkRequest", "ConsistencyReport", "Mismatch", "algorithms_of", "compare_fingerprints", "localize"]
 
 MAX_EXCHANGE_BYTES = 64 * 1024 * 1024
 """Chunk bytes one check may ship in total to localise differences (per sender)."""
@@ -82,6 +82,9 @@ class ConsistencyReport:
     seconds: float = 0.0
     error: str | None = None
     notes: list[str] = field(default_factory=list)
+    incomparable: list[str] = field(default_factory=list)
+    """Tensors whose ranks' digests use different algorithms (xxh3/blake2b/wsum) and could not be
+    rehashed alike: not compared, so the check cannot say they are consistent."""
 
     @property
     def outlier_ranks(self) -> list[int]:
@@ -100,6 +103,11 @@ class ConsistencyReport:
         parts = [mismatch.describe() for mismatch in self.mismatches[:5]]
         if len(self.mismatches) > 5:
             parts.append(f"... {len(self.mismatches) - 5} more")
+        if self.incomparable:
+            parts.append(f"incomparable (digest algorithms differ between ranks, not compared): "
+                         f"{self.incomparable[:5]}")
+            if not self.mismatches and not self.missing_ranks:
+                return f"consistency check {self.key!r} INCOMPARABLE: " + "; ".join(parts)
         if self.missing_ranks:
             parts.append(f"rank(s) {self.missing_ranks} did not arrive within {self.timeout}s")
         return f"consistency check {self.key!r} MISMATCH: " + "; ".join(parts)
@@ -113,11 +121,19 @@ class ConsistencyReport:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ConsistencyReport":
         """Rebuild a report from :meth:`to_dict` output (the CLI reads stored checks)."""
+        if not isinstance(data, dict) or not isinstance(data.get("key"), str) \
+                or not isinstance(data.get("consistent"), bool) or not isinstance(data.get("world_size"), int):
+            raise ValueError("not a stored consistency report (needs key, consistent, world_size)")
         data = dict(data)
         data.pop("outlier_ranks", None)
+        for name in ("mismatches", "within_tolerance", "arrived_ranks", "missing_ranks", "notes"):
+            if name in data and not isinstance(data[name], list):
+                raise ValueError(f"not a stored consistency report ({name} is not a list)")
+        if not isinstance(data.get("tensors_checked", 0), int):
+            raise ValueError("not a stored consistency report (tensors_checked is not a number)")
         known = {f for f in cls.__dataclass_fields__}
         mismatches = [Mismatch(**{k: v for k, v in m.items() if k in Mismatch.__dataclass_fields__})
-                      for m in data.get("mismatches", [])]
+                      for m in data.get("mismatches", []) if isinstance(m, dict)]
         report = cls(**{k: v for k, v in data.items() if k in known and k != "mismatches"})
         report.mismatches = mismatches
         return report
@@ -220,6 +236,15 @@ def compare_fingerprints(
             mismatch.diff_exact = complete
             mismatches.append(mismatch)
     return mismatches, requests, rehash
+
+
+def algorithms_of(posted: dict[int, dict[str, Fingerprint]], name: str) -> str:
+    """``xxh3 on [0, 1], wsum on [2]``: which rank digested ``name`` how."""
+    by_algorithm: dict[str, list[int]] = defaultdict(list)
+    for rank in sorted(posted):
+        if name in posted[rank]:
+            by_algorithm[posted[rank][name].algorithm].append(rank)
+    return ", ".join(f"{algorithm} on {ranks}" for algorithm, ranks in sorted(by_algorithm.items()))
 
 
 def _format(value: Any) -> str:

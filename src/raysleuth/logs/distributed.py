@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from raysleuth import runtime
+from raysleuth.redact import REDACTED, redact_text, redact_value, redacted_repr
 from raysleuth.logs.aggregate import AggregatedLine, LogItem, aggregate
 from raysleuth.logs.loggers import get_logger
 
@@ -232,31 +233,25 @@ class DistributedLogger:
 
 # -------------------------------------------------------------- decorator
 
-_SECRET_WORDS = ("token", "secret", "key", "password", "passwd", "credential", "auth", "cookie")
 _span_ids = itertools.count(1)
 
 
-def _redact(name: str, value: Any) -> Any:
-    try:
-        from raysleuth.postmortem import redact
-    except ImportError:
-        lowered = name.lower()
-        return "<redacted>" if any(word in lowered for word in _SECRET_WORDS) else value
-    try:
-        return redact(name, value)
-    except Exception:
-        return "<redacted>"
-
-
-def _describe(value: Any, limit: int) -> str:
+def _describe(name: str, value: Any, limit: int) -> str:
     shape = getattr(value, "shape", None)
     dtype = getattr(value, "dtype", None)
     if shape is not None and dtype is not None and not isinstance(value, (str, bytes)):
-        return f"<{type(value).__name__} shape={tuple(shape)} dtype={dtype}>"
+        try:
+            return f"<{type(value).__name__} shape={tuple(shape)} dtype={dtype}>"
+        except Exception:
+            pass
     try:
-        text = value if isinstance(value, str) and value == "<redacted>" else repr(value)
+        if isinstance(value, str):  # the whole text, so the cut below says how long it was
+            cleaned = redact_value(value[:100_000], name)
+            text = REDACTED if cleaned == REDACTED else repr(cleaned)
+        else:
+            text = redacted_repr(name, value, max(limit, 300) * 4)
     except Exception as error:
-        text = f"<unreprable {type(value).__name__}: {error}>"
+        text = f"<unreprable {type(value).__name__}: {type(error).__name__}>"
     return text if len(text) <= limit else text[:limit] + f"...(+{len(text) - limit} chars)"
 
 
@@ -271,7 +266,7 @@ def capture_arguments(function: Callable, args: tuple, kwargs: dict, limit: int 
     for name, value in items:
         if name == "self":
             continue
-        result[name] = _describe(_redact(name, value), limit)
+        result[name] = _describe(name, value, limit)
     return result
 
 
@@ -357,7 +352,7 @@ def debug_decorator(function: F | None = None, *, capture_args: bool = True, log
                         attrs["gpu_memory_delta_bytes"] = gpu_after - gpu_before
                         parts.append(f"gpu {(gpu_after - gpu_before) / 2**20:+.1f} MiB")
                 if error is not None:
-                    parts.append(f"raised {type(error).__name__}: {str(error)[:200]}")
+                    parts.append(f"raised {type(error).__name__}: {redact_text(str(error)[:2000])[:200]}")
                 log.log(logging.ERROR if error is not None else level, ", ".join(parts),
                         duration_s=duration, function=qualname)
                 if span is not None:  # the tracing helper's span: nesting and layout from its owner

@@ -24,6 +24,7 @@ import weakref
 from typing import Any
 
 from raysleuth import runtime
+from raysleuth.redact import REDACTED, looks_like_secret_name, redact, redact_text, redacted_repr
 
 __all__ = [
     "RANK_FORMAT",
@@ -101,6 +102,21 @@ def annotate(record: logging.LogRecord) -> logging.LogRecord:
     return record
 
 
+def _redact_field(name: str, value: Any) -> Any:
+    if isinstance(value, (bool, int, float)) or value is None:
+        return REDACTED if looks_like_secret_name(name) else value
+    return redacted_repr(name, value, 100_000) if not isinstance(value, str) else redact(name, value)
+
+
+def _redact_arg(arg: Any, message: str, clean: str) -> str:
+    """An argument's repr, redacted; and redacted whole when the message around it showed it is a secret."""
+    if clean is not message and isinstance(arg, (str, bytes, int)):
+        text = str(arg)
+        if len(text) >= 4 and text in message and text not in clean:
+            return REDACTED
+    return redacted_repr(None, arg, 100_000)
+
+
 def _short(value: Any) -> Any:
     if isinstance(value, (bool, int, float)) or value is None:
         return value
@@ -161,9 +177,10 @@ def record_data(record: logging.LogRecord) -> dict[str, Any]:
         message = record.getMessage()
     except Exception as error:
         message = f"{record.msg!r} % {record.args!r} (formatting failed: {error})"
+    clean = redact_text(message)
     data: dict[str, Any] = {
-        "message": message,
-        "template": record.msg if isinstance(record.msg, str) else repr(record.msg),
+        "message": clean,
+        "template": redact_text(record.msg if isinstance(record.msg, str) else repr(record.msg)),
         "module": record.module,
         "lineno": record.lineno,
         "funcName": record.funcName,
@@ -173,19 +190,19 @@ def record_data(record: logging.LogRecord) -> dict[str, Any]:
     }
     if record.args:
         args = record.args if isinstance(record.args, tuple) else (record.args,)
-        data["args"] = [_short(repr(arg)) for arg in args]
+        data["args"] = [_short(_redact_arg(arg, message, clean)) for arg in args]
     if record.exc_info and not record.exc_text:
         try:
             record.exc_text = logging.Formatter().formatException(record.exc_info)
         except Exception:
             pass
     if record.exc_text:
-        data["exc_text"] = record.exc_text[-20_000:]
+        data["exc_text"] = redact_text(record.exc_text[-20_000:])
     if record.stack_info:
-        data["stack_info"] = record.stack_info[-20_000:]
+        data["stack_info"] = redact_text(record.stack_info[-20_000:])
     extra = record.__dict__.keys() - _KNOWN_ATTRS  # set arithmetic in C: cheap when there is none
     if extra:
-        fields = {key: _short(record.__dict__[key]) for key in extra if not key.startswith("_")}
+        fields = {key: _short(_redact_field(key, record.__dict__[key])) for key in extra if not key.startswith("_")}
         if fields:
             data["fields"] = fields
     return data

@@ -40,6 +40,7 @@ from typing import Any, Callable
 from raysleuth import runtime
 from raysleuth.memory.sampling import _torch_cuda, read_sample, watch
 from raysleuth.recorder import record
+from raysleuth.redact import redact_text
 
 __all__ = ["ThresholdTrigger", "capture_capsule", "memory_breakpoint", "on_threshold", "top_holders"]
 
@@ -166,7 +167,7 @@ def top_holders(limit: int = 10, *, min_bytes: int = 1 << 20, time_budget: float
 
 def _frames(frame, limit: int = 40) -> list[dict[str, Any]]:
     summary = traceback.extract_stack(frame, limit=limit)
-    return [{"file": f.filename, "line": f.lineno, "function": f.name, "code": f.line} for f in summary]
+    return [{"file": f.filename, "line": f.lineno, "function": f.name, "code": redact_text(f.line)} for f in summary]
 
 
 def thread_stacks(*, skip_current: bool = False) -> dict[str, list[dict[str, Any]]]:

@@ -14,6 +14,7 @@ from raysleuth import cluster, runtime
 from raysleuth.errors import CaptureTimeout, UsageError, WorkerNotFound
 from raysleuth.pool.allocator import AllocationPlan, SmartResourceAllocator
 from raysleuth.pool.instrument import InstrumentOptions, InstrumentedWorker, install_here, instrument
+from raysleuth.redact import redact_text
 
 __all__ = ["PoolWorker", "RayResourcePool"]
 
@@ -62,7 +63,7 @@ class PoolWorker:
                 result = fn(*args, **kwargs)
         except BaseException as error:
             record("pool_call", {"call_id": call_id, "function": name, "state": "failed",
-                                 "duration_s": time.time() - started, "error": f"{type(error).__name__}: {error}"[:500]},
+                                 "duration_s": time.time() - started, "error": redact_text(f"{type(error).__name__}: {error}"[:2000])[:500]},
                    name=name, level="ERROR")
             if self.debug_mode:
                 try:

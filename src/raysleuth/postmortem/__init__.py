@@ -29,7 +29,7 @@ Layout: :mod:`~raysleuth.postmortem.redact` (secrets), :mod:`~raysleuth.postmort
 from raysleuth.postmortem.capsule import CrashCapsule, build_capsule, capture_exception
 from raysleuth.postmortem.capture import capture_crashes, install_crash_capture, install_crash_capture_on_instance
 from raysleuth.postmortem.query import CrashSummary, get_crash, list_crashes
-from raysleuth.postmortem.redact import (
+from raysleuth.redact import (
     REDACTED,
     looks_like_secret_name,
     looks_like_token,

@@ -27,7 +27,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from raysleuth import runtime
 
@@ -145,6 +145,30 @@ class RecordClient:
         except Exception:  # an instrument must not take the step down
             pass
 
+    def record_span(self, start: float, step: int | None, name: str, payload: tuple) -> None:
+        """:meth:`record` for a span (the hot path of ``rs.span``). Never raises.
+
+        ``payload`` is a tuple of plain values; the dict is built from it by
+        the function registered with :func:`register_lazy_data` when the batch
+        is taken, off the traced thread, and rows of plain values are not
+        followed by the garbage collector while they wait.
+        """
+        try:
+            buffer = self._buffer
+            queued = len(buffer)
+            if queued >= self.capacity:
+                self.stats.dropped += 1
+            cached = runtime._rank_cache  # a worker's rank, once known, without a call
+            rank = cached[0] if cached is not None and cached[0] is not None else runtime.get_rank()
+            buffer.append(("span", start, rank, step, name, name, None, payload, next(self._seq)))
+            self.stats.recorded += 1
+            if self._thread is None:
+                self._start()
+            elif queued >= self.batch_size:
+                self._wake.set()
+        except Exception:
+            pass
+
     # ---------------------------------------------------------- background
 
     def _start(self) -> None:
@@ -185,7 +209,10 @@ class RecordClient:
         batch = []
         buffer = self._buffer
         while buffer and len(batch) < self.batch_size:
-            batch.append(buffer.popleft())
+            row = buffer.popleft()
+            if type(row[7]) is tuple and row[0] in _lazy_data:  # spans: the dict is built here, not when traced
+                row = (*row[:7], _lazy_data[row[0]](row[7]), row[8])
+            batch.append(row)
         return batch
 
     def _deliver_pending(self) -> bool:
@@ -283,6 +310,14 @@ class RecordClient:
         self.flush(timeout=5.0)
         self._closed = True
         self._wake.set()
+
+
+_lazy_data: dict[str, Callable[[tuple], dict[str, Any]]] = {}
+
+
+def register_lazy_data(kind: str, build: Callable[[tuple], dict[str, Any]]) -> None:
+    """Rows of ``kind`` whose data is a plain tuple get their dict from ``build(tuple)`` when taken."""
+    _lazy_data[kind] = build
 
 
 _client: RecordClient | None = None

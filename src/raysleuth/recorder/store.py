@@ -327,6 +327,8 @@ class EvidenceStore:
             values["data"] = json.loads(values["data"]) if values["data"] else {}
         except ValueError:
             values["data"] = {"raw": values["data"]}
+        if not isinstance(values["data"], dict):  # rs.record("kind", [1, 2]) or a foreign writer
+            values["data"] = {"value": values["data"]}
         return Record(**values)
 
     def count(self, kind: str | None = None) -> int:

@@ -79,15 +79,31 @@ def build_report_data(store) -> dict[str, Any]:
     sample = [record for records in fetched.values() for record in records]
     return {
         "summary": sections.summary_section(kinds, meta, sample),
-        "doctor": sections.doctor_section(fetched["doctor"]),
-        "stacks": sections.stack_section(fetched["stacks"]),
-        "tasks": sections.task_section(fetched["tasks"]),
-        "consistency": sections.consistency_section(fetched["consistency"]),
-        "memory": _memory(store, fetched["memory"]),
-        "crashes": sections.crash_section(fetched["crashes"]),
-        "logs": sections.log_section(fetched["logs"]),
-        "spans": sections.span_section(fetched["spans"]),
+        "doctor": _robust(sections.doctor_section, fetched["doctor"]),
+        "stacks": _robust(sections.stack_section, fetched["stacks"]),
+        "tasks": _robust(sections.task_section, fetched["tasks"]),
+        "consistency": _robust(sections.consistency_section, fetched["consistency"]),
+        "memory": _robust(lambda records: _memory(store, records), fetched["memory"]),
+        "crashes": _robust(sections.crash_section, fetched["crashes"]),
+        "logs": _robust(sections.log_section, fetched["logs"]),
+        "spans": _robust(sections.span_section, fetched["spans"]),
     }
+
+
+def _robust(build, records: list) -> dict[str, Any]:
+    """``build(records)``; when a malformed row (not what its kind's writer stores) breaks it, without that row."""
+    try:
+        return build(records)
+    except Exception:
+        pass
+    kept = []
+    for record in records:
+        try:
+            build([record])
+        except Exception:
+            continue
+        kept.append(record)
+    return build(kept)
 
 
 def _memory(store, records: list) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from collections import defaultdict
 from typing import Any
 
 from raysleuth import cluster
+from raysleuth.redact import redact_text
 from raysleuth.tasks.classify import (
     PENDING_STATES,
     RUNNING_STATES,
@@ -525,7 +526,7 @@ def _failed(tasks, actors_by_id, rank_of, explain: bool) -> list[FailedTask]:
         cause, fix = _explain(f"{task.get('error_type') or ''}\n{message}") if explain else (None, None)
         result.append(FailedTask(
             task_id=task.get("task_id"), name=_short(task), error_type=task.get("error_type"),
-            error_message=message[-2000:], node_id=task.get("node_id"), pid=pid,
+            error_message=redact_text(message[-2000:]), node_id=task.get("node_id"), pid=pid,
             rank=rank_of(task.get("node_id"), pid, actor.get("name")), actor_id=task.get("actor_id"),
             cause=cause, fix=fix, time=_seconds(task.get("end_time_ms")),
         ))

@@ -1,0 +1,427 @@
+"""What is a secret, and how evidence is written without it: the one redaction module.
+
+Every writer of evidence passes what it keeps through here: crash capsules
+(locals, messages, tracebacks, environment), ``@rs.debug_decorator``
+arguments and span attributes, shipped log messages, failed-task error
+texts, memory-capsule source lines.
+
+Where the line is drawn
+-----------------------
+The decision works first on **structure**, then on **value shape**.
+
+Redacted (the value, never the name around it):
+
+- a value whose *name* says secret: variables, dict keys, keyword
+  arguments, environment variables, argv flags (``--hf-token X``,
+  ``--api-key=X``), ``(name, value)`` pairs, ``name=value`` and
+  ``"name": "value"`` in free text. A name is secret when one of its words
+  (split at ``_ - .`` and camelCase) is ``password passwd passphrase secret
+  credential(s) cookie auth authorization apikey ...``, or it ends in
+  ``token``/``key`` with a secret-ish sense (``hf_token``, ``api_key``,
+  ``access_key``; not ``pad_token``, ``max_tokens``, ``sort_key``,
+  ``key_states``);
+- ``Authorization: Basic|Bearer|Token <credential>`` and a lone
+  ``Bearer <credential>``;
+- the password of a URL (``scheme://user:PASSWORD@host``), and a URL's
+  user part when it is token-shaped (``https://ghp_...@github.com``);
+- known token shapes anywhere in text: OpenAI/Anthropic ``sk-``, Hugging
+  Face ``hf_``, GitHub ``ghp_ gho_ ghs_ ghu_ ghr_ github_pat_``, GitLab
+  ``glpat-``, Slack ``xox?-``, AWS ``AKIA/ASIA`` key ids, Google ``AIza``
+  keys and ``ya29.`` tokens, Stripe ``sk_live_``/``rk_live_``, npm
+  ``npm_``, PyPI ``pypi-``, JWTs, PEM private-key blocks;
+- a run of 32 or more hex digits inside text (mixing letters and digits),
+  unless it is named as an identifier (below);
+- a whole string value that is one long hex word, or one long base64 word
+  mixing upper case, lower case and digits.
+
+Kept (the look-alikes): tensor and array reprs, numbers, paths and file
+names (hex inside a path or a file name, e.g. Ray's
+``worker-<hex>-<pid>.out``), UUIDs, and hex named as an identifier: after
+``commit``, ``sha``, ``rev``, ``digest``, ``checksum``, ``hash``, an
+``...id``/``..._id`` name (``actor_id=``, ``run_id:``, ``task id``), or a
+Ray id repr (``ObjectRef(...)``, ``ActorID(...)``, ``TaskID(...)``,
+``NodeID(...)``), or a name itself saying identifier (``commit``,
+``actor_id``). A secret behind a name that says identifier *and* a shape
+that says token (``"run_id": "hf_..."``) is still redacted: known token
+shapes always win.
+
+Not attempted: secrets with no name and no known shape (a 20-character
+random password in a positional argument) cannot be told from data.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import reprlib
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = [
+    "REDACTED", "looks_like_secret_name", "looks_like_token", "redact", "redact_text", "redact_value",
+    "redacted_repr", "relevant_environment", "safe_repr",
+]
+
+REDACTED = "<redacted>"
+
+# ------------------------------------------------------------------- names
+
+_WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
+#: A word that alone makes a name secret.
+_SECRET_WORDS = frozenset({
+    "password", "passwd", "passphrase", "pwd", "secret", "secrets", "credential", "credentials", "cookie",
+    "cookies", "auth", "authorization", "apikey", "apitoken", "accesstoken", "authtoken", "secretkey",
+    "privatekey", "accesskey", "apisecret", "clientsecret", "hftoken", "bearer", "refreshtoken",
+    "sessiontoken", "xapikey", "oauth", "dsn", "pat", "sas", "signingkey",
+})
+#: After "auth", these words name a setting, not a credential (``RAY_AUTH_MODE``, ``auth_url``).
+_AUTH_SETTINGS = frozenset({"mode", "type", "method", "methods", "enabled", "required", "provider", "url",
+                            "host", "domain", "scheme", "kind", "backend", "plugin", "timeout", "port"})
+#: Before a final "token", these words name a vocabulary token (LLMs), not a credential.
+_VOCAB_TOKEN = frozenset({"pad", "eos", "bos", "unk", "sep", "cls", "mask", "special", "start", "end", "stop",
+                          "image", "video", "audio", "vision", "placeholder", "chat", "num", "max", "min",
+                          "first", "last", "next", "prev", "sample", "output", "input", "decoder", "think",
+                          "default", "additional", "new", "boi", "eoi", "tool", "user", "assistant", "system"})
+#: Before a final "key", these words name a lookup/tensor key, not a credential.
+_PLAIN_KEY = frozenset({"sort", "cache", "primary", "foreign", "dict", "lookup", "hash", "partition", "routing",
+                        "shard", "group", "query", "kv", "map", "row", "column", "col", "field", "index",
+                        "table", "unique", "s3", "object", "blob", "bucket", "sub", "parent", "child",
+                        "cluster", "node", "metric", "metrics", "config", "state", "name", "file", "path",
+                        "attention", "cross", "self", "dedup", "join", "record", "batch", "sample", "item",
+                        "entry", "tensor", "param", "module", "layer", "weight", "checkpoint", "ckpt", "prefix",
+                        "cache", "rng", "random", "seed", "data", "dataset", "redis", "store", "the", "a",
+                        "keyboard", "hot", "shift", "ctrl", "alt", "event"})
+#: Names that match the words above but are well known not to hold secrets.
+_NOT_SECRET_NAMES = frozenset({"PWD", "OLDPWD", "KEYBOARD", "SORT_KEY", "KEY_FUNC", "TOKENIZERS_PARALLELISM",
+                               "RAY_AUTH_MODE"})
+#: A name that says "this is an identifier", whose hex value is kept.
+_ID_WORDS = frozenset({"id", "ids", "sha", "sha1", "sha256", "commit", "rev", "revision", "digest", "checksum",
+                       "hash", "fingerprint", "uuid", "xxh3", "md5", "blake2b", "etag", "hexsha", "oid"})
+
+
+def _words(name: str) -> list[str]:
+    return [word.lower() for word in _WORD_SPLIT.split(name) if word]
+
+
+def looks_like_secret_name(name: Any) -> bool:
+    """True when a variable/key/flag/environment name says its value is a secret."""
+    if not name or not isinstance(name, str) or len(name) > 128:
+        return False
+    bare = name.strip().lstrip("-").strip("'\"")
+    if not bare or bare.upper() in _NOT_SECRET_NAMES:
+        return False
+    words = _words(bare)
+    for index, word in enumerate(words):
+        after = words[index + 1] if index + 1 < len(words) else None
+        before = words[index - 1] if index else None
+        if word in ("auth", "oauth"):
+            if after not in _AUTH_SETTINGS:
+                return True
+            continue
+        if word in _SECRET_WORDS:
+            if word == "pwd" and len(words) == 1 and bare.isupper():
+                return False  # the shell's working directory
+            return True
+        if word.endswith(("password", "passwd")):
+            return True
+        if after is None and word == "token":
+            return before not in _VOCAB_TOKEN
+        if after is None and word == "key":
+            return before is not None and before not in _PLAIN_KEY
+    return False
+
+
+def _names_identifier(name: Any) -> bool:
+    if not name or not isinstance(name, str):
+        return False
+    words = _words(name)
+    return bool(words) and (words[-1] in _ID_WORDS or words[-1].endswith("id") and len(words[-1]) <= 8
+                            and words[-1] in {"id", "runid", "jobid", "taskid", "nodeid", "actorid", "objectid"})
+
+
+# ------------------------------------------------------------------ shapes
+
+_KNOWN_TOKENS = (
+    r"\bsk-(?:ant-|proj-|svcacct-)?[A-Za-z0-9_\-]{16,}"   # OpenAI / Anthropic
+    r"|\bhf_[A-Za-z0-9]{20,}"                           # Hugging Face
+    r"|\b(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{20,}"      # GitHub
+    r"|\bgithub_pat_[A-Za-z0-9_]{20,}"
+    r"|\bglpat-[A-Za-z0-9_\-]{20,}"                     # GitLab
+    r"|\bxox[abposr]-[A-Za-z0-9\-]{10,}"                # Slack
+    r"|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"                   # AWS access key ids
+    r"|\bAIza[0-9A-Za-z_\-]{35}"                        # Google API keys
+    r"|\bya29\.[0-9A-Za-z_\-]{20,}"                     # Google OAuth access tokens
+    r"|\b(?:sk|rk|pk)_(?:live|test)_[0-9A-Za-z]{16,}"   # Stripe
+    r"|\bnpm_[A-Za-z0-9]{30,}"                          # npm
+    r"|\bpypi-[A-Za-z0-9_\-]{40,}"                      # PyPI
+    r"|\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"  # JWTs
+    r"|-----BEGIN[A-Z ]*PRIVATE KEY-----[\s\S]*?(?:-----END[A-Z ]*PRIVATE KEY-----|$)"
+)
+_KNOWN_TOKEN = re.compile(_KNOWN_TOKENS)
+#: ``Authorization: Basic xxx`` / ``Bearer xxx`` / ``Token xxx``: the credential after the scheme.
+_AUTH_SCHEME = re.compile(r"(?P<lead>\b(?:Basic|Bearer|Token|Digest|Negotiate)\s+)(?P<value>[A-Za-z0-9._~+/=\-]{6,})")
+_AUTH_HEADER = re.compile(
+    r"(?P<lead>\b(?:Proxy-)?Authorization['\"]?\s*[:=]\s*['\"]?(?:(?:Basic|Bearer|Token|Digest)\s+)?)"
+    r"(?P<value>[^\s'\",}\]]+)", re.IGNORECASE)
+#: ``scheme://user:password@host`` and ``scheme://token@host``.
+_URL_CREDENTIALS = re.compile(r"(?P<lead>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^\s/:@'\"]*)"
+                              r"(?::(?P<password>[^\s/@'\"]*))?@")
+#: argv flags and ``name=value`` / ``name: value`` / ``"name": "value"`` in text; the name is judged in code.
+_ASSIGNMENT = re.compile(
+    r"(?P<lead>(?P<q1>['\"]?)(?P<name>-{0,2}[A-Za-z_][A-Za-z0-9_.\-]{0,80})(?P=q1)\s*[:=]\s*(?P<q2>['\"])?)"
+    r"(?P<value>(?(q2)[^'\"\n]*|[^\s'\",;}\)\]]+))")
+_FLAG = re.compile(r"(?<![\w-])(?P<lead>(?P<name>--?[A-Za-z][A-Za-z0-9_.\-]{0,80})\s+(?P<q2>['\"])?)"
+                   r"(?P<value>(?(q2)[^'\"\n]*|[^\s'\",;}\)\]-][^\s'\",;}\)\]]*))")
+#: ``('name', 'value')`` / ``'--flag', 'value'`` in a repr.
+_PAIR = re.compile(r"(?P<lead>(?P<q1>['\"])(?P<name>-{0,2}[A-Za-z_][A-Za-z0-9_.\-]{0,80})(?P=q1)\s*,\s*(?P<q2>['\"]))"
+                   r"(?P<value>[^'\"\n]*)")
+#: 32+ hex digits as a word (not inside a path or a file name).
+_HEX_RUN = re.compile(r"(?<![A-Za-z0-9/\\_.\-])[0-9a-fA-F]{32,}(?![A-Za-z0-9/\\_\-]|\.[A-Za-z])")
+_HEX_CONTEXT = re.compile(
+    r"(?:(?:\b(?i:commit|sha\d*|rev|revision|digest|checksum|hash|fingerprint|xxh3|blake2b|md5|etag|oid|uuid"
+    r"|ids?|session|run|job|task|actor|node|object|worker|placement group)|\b[A-Za-z]+_(?i:ids?)|[a-z]ID|\bID)"
+    r"['\"]?\s*[:=(]?\s*['\"]?"
+    r"|\b(?:ObjectRef|ObjectID|ActorID|TaskID|NodeID|JobID|WorkerID|PlacementGroupID|ActorHandle|ClientObjectRef)"
+    r"\(\s*['\"]?|@)$")
+_HEX_WORD = re.compile(r"[0-9a-fA-F]{32,}")
+_B64_WORD = re.compile(r"[A-Za-z0-9+/_\-]{32,}={0,2}")
+#: Cheap first test: text without any of these cannot hold a secret this module finds.
+_MAYBE = re.compile(r"[0-9a-fA-F]{32}|://|Basic|Bearer|Token|Digest|Negotiate|Authorization|PRIVATE KEY|"
+                    r"sk-|hf_|gh[pousr]_|github_pat_|glpat-|xox|AKIA|ASIA|AIza|ya29\.|_live_|_test_|npm_|pypi-|"
+                    r"eyJ|token|secret|key|pass|pwd|auth|cred|cookie|dsn|pat|sas|bearer", re.IGNORECASE)
+
+
+def looks_like_token(value: Any) -> bool:
+    """True when a whole string value looks like a credential (a known token shape, long hex/base64)."""
+    if not isinstance(value, str):
+        return False
+    text = value.strip()
+    if len(text) < 8 or len(text) > 4096:
+        return False
+    if _KNOWN_TOKEN.search(text) or _AUTH_SCHEME.match(text):
+        return True
+    if _HEX_WORD.fullmatch(text):
+        return any(c.isdigit() for c in text) and any(c.isalpha() for c in text)
+    if _B64_WORD.fullmatch(text) and not text.startswith(("/", "-", "_")):
+        return (any(c.isupper() for c in text) and any(c.islower() for c in text)
+                and any(c.isdigit() for c in text) and not _looks_like_identifier(text))
+    return False
+
+
+def _looks_like_identifier(text: str) -> bool:
+    """snake_case/kebab-case words of letters (``my_long_module_name_for_tests``) are names, not tokens."""
+    parts = re.split(r"[_\-]", text)
+    return len(parts) >= 3 and all(part.isalpha() or part.isdigit() for part in parts if part)
+
+
+_SCHEMES = frozenset({"Basic", "Bearer", "Token", "Digest", "Negotiate"})
+
+
+def _sub_named(match: re.Match) -> str:
+    value = match.group("value")
+    if (not value or value.startswith(REDACTED) or value in _SCHEMES
+            or not looks_like_secret_name(match.group("name"))):
+        return match.group(0)
+    return match.group("lead") + REDACTED
+
+
+def _sub_url(match: re.Match) -> str:
+    user, password = match.group("user"), match.group("password")
+    if password is not None and password:
+        return f"{match.group('lead')}{user}:{REDACTED}@"
+    if user and looks_like_token(user):
+        return f"{match.group('lead')}{REDACTED}@"
+    return match.group(0)
+
+
+def _sub_hex(match: re.Match) -> str:
+    text = match.string
+    before = text[max(0, match.start() - 40):match.start()]
+    run = match.group(0)
+    if not (any(c.isdigit() for c in run) and any(c.isalpha() for c in run)):
+        return run
+    if _HEX_CONTEXT.search(before):
+        return run
+    return REDACTED
+
+
+def redact_text(text: Any) -> Any:
+    """Free text with credentials replaced by ``<redacted>`` (see the module docstring for the line)."""
+    if not text or not isinstance(text, str) or not _MAYBE.search(text):
+        return text
+    try:
+        text = _KNOWN_TOKEN.sub(REDACTED, text)
+        text = _AUTH_HEADER.sub(lambda m: m.group("lead") + (m.group("value") if m.group("value").startswith(
+            REDACTED) else REDACTED), text)
+        text = _AUTH_SCHEME.sub(lambda m: m.group("lead") + (m.group("value") if m.group("value").startswith(
+            REDACTED) else REDACTED), text)
+        if "://" in text:
+            text = _URL_CREDENTIALS.sub(_sub_url, text)
+        text = _PAIR.sub(_sub_named, text)
+        text = _ASSIGNMENT.sub(_sub_named, text)
+        text = _FLAG.sub(_sub_named, text)
+        return _HEX_RUN.sub(_sub_hex, text)
+    except Exception:
+        return REDACTED
+
+
+# --------------------------------------------------------------- structure
+
+def redact_value(value: Any, name: Any = None, _depth: int = 0) -> Any:
+    """``value`` with secrets replaced, looking into dicts, lists, tuples, argv lists and pairs.
+
+    Containers come back as new containers of the same kind (at most 200
+    items each, 6 levels deep); other objects come back unchanged (their
+    ``repr`` is redacted as text by :func:`redacted_repr`).
+    """
+    if looks_like_secret_name(name):
+        return REDACTED
+    if isinstance(value, str):
+        if _names_identifier(name):  # a commit, an actor id: kept unless it has a known token shape
+            return _KNOWN_TOKEN.sub(REDACTED, value)
+        if looks_like_token(value):
+            return REDACTED
+        return redact_text(value)
+    if isinstance(value, bytes):
+        return redact_value(value.decode("utf-8", "replace"), name, _depth) if len(value) < 4096 else value
+    if _depth >= 6:
+        return value
+    try:
+        if isinstance(value, Mapping):
+            return {key: redact_value(item, key if isinstance(key, str) else None, _depth + 1)
+                    for key, item in list(value.items())[:200]}
+        if isinstance(value, (list, tuple)):
+            return _redact_sequence(value, _depth)
+    except Exception:
+        return REDACTED
+    return value
+
+
+def _redact_sequence(value: list | tuple, depth: int) -> list | tuple:
+    items = list(value[:200])
+    if len(items) == 2 and isinstance(items[0], str) and looks_like_secret_name(items[0]):
+        out = [items[0], REDACTED]  # a (name, value) pair
+    else:
+        out = []
+        secret_next = False
+        for item in items:
+            if secret_next:
+                out.append(REDACTED)
+                secret_next = False
+                continue
+            if isinstance(item, str) and item.startswith("-") and "=" not in item and looks_like_secret_name(item):
+                secret_next = True  # argv: "--hf-token", "X"
+                out.append(item)
+                continue
+            out.append(redact_value(item, None, depth + 1))
+    if isinstance(value, tuple):
+        try:
+            return type(value)(*out) if hasattr(value, "_fields") else tuple(out)
+        except Exception:
+            return tuple(out)
+    return out
+
+
+# ------------------------------------------------------------------- reprs
+
+_repr = reprlib.Repr()
+_repr.maxstring = 240
+_repr.maxother = 240
+_repr.maxlist = _repr.maxtuple = _repr.maxset = _repr.maxfrozenset = _repr.maxdeque = 20
+_repr.maxdict = 20
+_repr.maxlevel = 3
+
+
+def _array_summary(value: Any) -> str | None:
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if isinstance(value, torch.Tensor):
+                return f"Tensor(shape={tuple(value.shape)}, dtype={value.dtype}, device={value.device})"
+        except Exception:
+            return None
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        try:
+            if isinstance(value, numpy.ndarray):
+                return f"ndarray(shape={value.shape}, dtype={value.dtype})"
+        except Exception:
+            return None
+    return None
+
+
+def safe_repr(value: Any, limit: int = 300) -> str:
+    """A bounded ``repr`` that never raises (tensors and arrays summarised, long text cut). Not redacted."""
+    try:
+        text = _array_summary(value) or _repr.repr(value)
+    except Exception as error:
+        text = f"<repr failed: {type(error).__name__}>"
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return text
+
+
+def redacted_repr(name: Any, value: Any, limit: int = 300) -> str:
+    """The text to keep for ``name = value``: structure redacted, then the repr redacted as text."""
+    if looks_like_secret_name(name):
+        return REDACTED
+    try:
+        cleaned = redact_value(value, name)
+    except Exception:
+        return REDACTED
+    if cleaned is REDACTED or cleaned == REDACTED:
+        return REDACTED
+    text = safe_repr(cleaned, limit)
+    if _names_identifier(name) and isinstance(value, str):
+        return text
+    return redact_text(text)
+
+
+_redacted_repr = redacted_repr  # the name capsule.py used
+
+
+def redact(name: Any, value: Any) -> Any:
+    """The value to keep for ``name``: ``<redacted>`` when the name or the value looks secret.
+
+    Strings that are not secrets as a whole still have secret pieces
+    replaced; dicts, lists and tuples are redacted inside; other values are
+    returned unchanged unless the name is secret.
+    """
+    return redact_value(value, name)
+
+
+# ------------------------------------------------------------ environment
+
+_ENV_NAMES = frozenset({
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "ROLE_RANK",
+    "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING", "OMP_NUM_THREADS", "PYTHONPATH", "VIRTUAL_ENV",
+    "HOSTNAME", "PYTORCH_CUDA_ALLOC_CONF", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+})
+_ENV_PREFIXES = ("RAY_", "RAYSLEUTH_", "NCCL_", "MASTER_", "TORCH_", "TORCHELASTIC_", "VERL_", "VLLM_",
+                 "HF_", "HUGGING_FACE_", "CUDA_", "TORCHINDUCTOR_", "GLOO_", "PYTORCH_")
+
+
+def relevant_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment variables that matter for a distributed crash, redacted."""
+    env = os.environ if env is None else env
+    kept = {}
+    for name in sorted(env):
+        if name in _ENV_NAMES or name.startswith(_ENV_PREFIXES):
+            value = redact(name, env[name])
+            kept[name] = value if len(value) <= 500 else value[:497] + "..."
+    return kept
+
+
+class _CallableModule(type(sys)):
+    """``raysleuth.redact`` is both this module and the function ``rs.redact(name, value)``.
+
+    Importing the submodule binds it on the package, shadowing the lazily
+    exported function; calling the module calls the function.
+    """
+
+    def __call__(self, name: Any, value: Any) -> Any:
+        return redact(name, value)
+
+
+sys.modules[__name__].__class__ = _CallableModule
