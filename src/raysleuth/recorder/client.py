@@ -9,9 +9,17 @@ batches and hands them to a *sink*:
 - :class:`StoreSink` — a local :class:`EvidenceStore` (no Ray, or tests).
 
 A batch the sink cannot take is appended to a JSON-lines spool file under
-``$RAYSLEUTH_HOME/spool/`` and re-sent, oldest first, once the sink answers
-again. Rows carry ``(client_id, seq)``, so a batch delivered twice is stored
-once. ``stats.delivered`` counts only rows the sink acknowledged.
+``$RAYSLEUTH_HOME/spool/<run-id>/`` (see :mod:`raysleuth.recorder.spool`) and
+re-sent, oldest first, once the sink answers again. Rows carry
+``(client_id, seq)``, so a batch delivered twice is stored once.
+``stats.delivered`` counts only rows the sink acknowledged.
+
+When the process ends (interpreter exit, a Ray worker told to exit when its
+job ends, ``ray.shutdown()`` in a driver that imported raysleuth), what is
+still queued or in flight is first written to the spool — a few
+milliseconds, so a kill right after loses nothing — then delivered for at
+most :data:`EXIT_DELIVERY_S` seconds. What did not arrive stays in the spool
+for the writer (which ingests abandoned spool files of its run) or the CLI.
 """
 
 from __future__ import annotations
@@ -30,10 +38,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from raysleuth import runtime
+from raysleuth.recorder import spool
 
 __all__ = ["ClientStats", "RecordClient", "StoreSink", "WriterSink", "get_client", "record", "reset_client"]
 
 log = logging.getLogger("raysleuth.recorder")
+
+#: At exit, how long a client tries to deliver what it spooled before leaving it to the writer/CLI.
+EXIT_DELIVERY_S = float(os.environ.get("RAYSLEUTH_EXIT_DELIVERY_S", "2.0"))
 
 
 class Sink(Protocol):
@@ -96,6 +108,7 @@ class RecordClient:
         batch_size: int = 5_000,
         interval: float = 0.2,
         spool_dir: Path | None = None,
+        run_id: str | None = None,
     ) -> None:
         self.sink = sink
         self.capacity = capacity
@@ -111,9 +124,12 @@ class RecordClient:
         self._deliver_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = False
-        home = spool_dir or runtime.settings().home / "spool"
-        self.spool_path = Path(home) / f"{os.uname().nodename}-{os.getpid()}-{self.client_id}.jsonl"
-        self._header: dict[str, Any] | None = None
+        self.run_id = run_id or "local"
+        if spool_dir is not None:
+            self.spool_path = Path(spool_dir) / f"{os.uname().nodename}-{os.getpid()}-{self.client_id}.jsonl"
+        else:
+            self.spool_path = spool.spool_path(runtime.settings().home, self.run_id, self.client_id)
+        self._inflight: list | None = None
 
     # ------------------------------------------------------------- hot path
 
@@ -178,6 +194,7 @@ class RecordClient:
             "actor_name": me.actor_name,
             "actor_class": me.actor_class,
             "role": me.role,
+            "job_id": me.job_id,
         }
         return header
 
@@ -201,6 +218,7 @@ class RecordClient:
                     return False
                 while self._buffer:
                     batch = self._take_batch()
+                    self._inflight = batch  # what an exit must save if it comes now
                     try:
                         self.sink.deliver(header, batch)
                         self.stats.delivered += len(batch)
@@ -210,6 +228,8 @@ class RecordClient:
                         while self._buffer:
                             self._spool(header, self._take_batch())
                         return False
+                    finally:
+                        self._inflight = None
                 return True
             finally:
                 self._idle.set()
@@ -222,40 +242,27 @@ class RecordClient:
 
     def _spool(self, header: dict[str, Any], batch: list) -> None:
         try:
-            self.spool_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.spool_path, "a", encoding="utf-8") as handle:
-                for row in batch:
-                    handle.write(json.dumps(list(row), default=repr, separators=(",", ":")) + "\n")
-            self.stats.spooled += len(batch)
+            self.stats.spooled += spool.append(self.spool_path, header, batch)
         except Exception as error:  # disk full, read-only home: count as dropped
             self.stats.dropped += len(batch)
             self.stats.last_error = repr(error)
 
     def _deliver_spool(self, header: dict[str, Any]) -> bool:
         try:
-            lines = self.spool_path.read_text(encoding="utf-8").splitlines()
+            size = self.spool_path.stat().st_size
+            groups = spool.read_spool(self.spool_path, size)
         except OSError:
             return True
-        rows = []
-        for line in lines:
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                continue  # a torn last line from a crash: skip it
-        for start in range(0, len(rows), self.batch_size):
-            batch = rows[start:start + self.batch_size]
-            try:
-                self.sink.deliver(header, batch)
-            except Exception as error:
-                self._failed(error)
-                # rewrite the spool with what is left
-                rest = rows[start:]
-                tmp = self.spool_path.with_suffix(".tmp")
-                tmp.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rest), encoding="utf-8")
-                os.replace(tmp, self.spool_path)
-                return False
-            self.stats.delivered += len(batch)
-        self.spool_path.unlink(missing_ok=True)
+        for file_header, rows in groups:
+            for start in range(0, len(rows), self.batch_size):
+                batch = rows[start:start + self.batch_size]
+                try:
+                    self.sink.deliver(file_header or header, batch)
+                except Exception as error:
+                    self._failed(error)
+                    return False  # the file stays; rows already delivered are ignored when sent again
+                self.stats.delivered += len(batch)
+        spool.take_delivered(self.spool_path, size)
         self.stats.last_error = None
         return True
 
@@ -276,13 +283,60 @@ class RecordClient:
         worker.join(max(0.0, deadline - time.monotonic()))
         return bool(result and result[0])
 
-    def close(self) -> None:
-        """Flush what is left (bounded) and stop the thread."""
+    def close(self, timeout: float | None = None) -> bool:
+        """Save what is left to the spool, deliver it for at most ``timeout`` s, stop the thread.
+
+        Runs at interpreter exit (atexit; a Ray worker's SIGTERM ends in it too).
+        True when everything reached the sink; else the spool file is handed
+        over (renamed ``<host>-closed-<client>.jsonl``) to the writer or CLI.
+        """
         if self._closed:
-            return
-        self.flush(timeout=5.0)
+            return True
         self._closed = True
         self._wake.set()
+        deadline = time.monotonic() + (EXIT_DELIVERY_S if timeout is None else timeout)
+        try:
+            header = self.header()
+            pending = list(self._inflight or ()) + self._take_all()
+            if pending:
+                self._spool(header, pending)  # on disk first: a kill from here on loses nothing
+            if not self.spool_path.exists():
+                return True
+            result: list[bool] = []
+
+            def attempt() -> None:
+                if self._deliver_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                    try:
+                        result.append(self._deliver_spool(header))
+                    finally:
+                        self._deliver_lock.release()
+
+            worker = threading.Thread(target=attempt, name="raysleuth-recorder-exit", daemon=True)
+            worker.start()
+            worker.join(max(0.0, deadline - time.monotonic()))
+            if result and result[0] and not self.spool_path.exists():
+                return True
+            self._hand_over()
+            return False
+        except Exception as error:  # never break the user's exit
+            self.stats.last_error = repr(error)
+            return False
+
+    def _take_all(self) -> list:
+        rows = []
+        while self._buffer:
+            rows.extend(self._take_batch())
+        return rows
+
+    def _hand_over(self) -> None:
+        """Name the spool file so the writer and the CLI know no live client will send it."""
+        try:
+            host = os.uname().nodename
+            target = self.spool_path.with_name(f"{host}-closed-{self.client_id}.jsonl")
+            if self.spool_path.exists():
+                os.replace(self.spool_path, target)
+        except OSError:
+            pass
 
 
 _client: RecordClient | None = None
@@ -290,15 +344,51 @@ _client_pid: int | None = None
 _client_lock = threading.Lock()
 
 
-def _default_sink() -> Sink:
+def _default_sink() -> tuple[Sink, str]:
+    """The sink for this process and the run it delivers to."""
     import sys
 
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
-        return WriterSink()
+        from raysleuth import cluster
+
+        try:
+            run_id = cluster.session_name()
+        except Exception:
+            run_id = "local"
+        _flush_before_ray_shutdown(ray)
+        return WriterSink(), run_id
     from raysleuth.recorder.store import open_run
 
-    return StoreSink(open_run(runtime.settings().home, "local"))
+    return StoreSink(open_run(runtime.settings().home, "local")), "local"
+
+
+def _flush_before_ray_shutdown(ray) -> None:
+    """Make ``ray.shutdown()`` in this process hand over its evidence first (bounded).
+
+    Without this a driver that records and then shuts Ray down at once loses
+    what was queued: the writer is out of reach a moment later. The client is
+    closed (spooled, delivered for at most EXIT_DELIVERY_S) and forgotten, so
+    a later ``ray.init`` starts a client for the new run.
+    """
+    original = ray.shutdown
+    if getattr(original, "_raysleuth_flushes", False):
+        return
+
+    def shutdown(*args: Any, **kwargs: Any):
+        client = _client
+        if client is not None and _client_pid == os.getpid() and isinstance(client.sink, WriterSink):
+            try:
+                client.close()
+            except Exception:
+                pass
+            reset_client(None)
+        return original(*args, **kwargs)
+
+    shutdown.__doc__ = original.__doc__
+    shutdown.__wrapped__ = original  # type: ignore[attr-defined]
+    shutdown._raysleuth_flushes = True  # type: ignore[attr-defined]
+    ray.shutdown = shutdown
 
 
 def _forget_client_after_fork() -> None:
@@ -317,9 +407,52 @@ def get_client() -> RecordClient:
         return client
     with _client_lock:
         if _client is None or _client_pid != os.getpid():
-            _client = RecordClient(_default_sink())
+            sink, run_id = _default_sink()
+            _client = RecordClient(sink, run_id=run_id)
             _client_pid = os.getpid()
+            if isinstance(sink, WriterSink):
+                _save_on_sigterm()
         return _client
+
+
+#: At SIGTERM, how long a worker tries to deliver before Ray's own handler ends it.
+SIGTERM_DELIVERY_S = 0.5
+_sigterm_hooked = False
+
+
+def _save_on_sigterm() -> None:
+    """Chain a SIGTERM handler that spools (then briefly delivers) before Ray's handler runs.
+
+    When a job ends, Ray sends its workers SIGTERM and they leave at once,
+    without atexit: measured on Ray 2.60, a worker is gone a few ms after
+    the signal. Python only lets the main thread set handlers; elsewhere (a
+    Ray Train training thread) this is skipped and atexit is the only net.
+    """
+    global _sigterm_hooked
+    import signal
+
+    if _sigterm_hooked or threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        previous = signal.getsignal(signal.SIGTERM)
+
+        def on_sigterm(signum, frame):
+            client = _client
+            if client is not None and _client_pid == os.getpid():
+                try:
+                    client.close(timeout=SIGTERM_DELIVERY_S)
+                except Exception:
+                    pass
+            if callable(previous):
+                previous(signum, frame)
+            elif previous == signal.SIG_DFL:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+        _sigterm_hooked = True
+    except Exception:  # not the main interpreter, or signals unavailable: atexit still runs
+        pass
 
 
 def reset_client(client: RecordClient | None = None) -> RecordClient | None:
