@@ -9,7 +9,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from raysleuth.cli._app import HomeOption, JsonOption, RunOption, app, console, emit_json, finish, home_path
+from raysleuth.cli._app import HomeOption, JobOption, JsonOption, RunOption, app, console, emit_json, finish, home_path, \
+    name_run
 
 crashes_app = typer.Typer(
     help="Crash capsules left by workers (@rs.capture_crashes): list them, or show one fully.",
@@ -30,6 +31,7 @@ def crashes(
     rank: Annotated[int | None, typer.Option("--rank", help="Only this rank's capsules.")] = None,
     limit: Annotated[int | None, typer.Option("--limit", help="Only the newest N capsules.")] = None,
     run: RunOption = None,
+    job: JobOption = None,
     home: HomeOption = None,
     json_: JsonOption = False,
 ) -> None:
@@ -38,7 +40,7 @@ def crashes(
         return
     from raysleuth.postmortem import list_crashes
 
-    found = list_crashes(run, home=home_path(home), rank=rank, limit=limit)
+    found = list_crashes(name_run(run, home), home=home_path(home), rank=rank, limit=limit, job=job or None)
     if json_:
         emit_json([item.to_dict() for item in found])
         finish(1 if found else 0)
@@ -72,7 +74,7 @@ def show(
     """Print one crash capsule fully: chain, traceback, locals per frame, memory, environment, cause and fix."""
     from raysleuth.postmortem import get_crash
 
-    record = get_crash(capsule_id, run, home=home_path(home))
+    record = get_crash(capsule_id, name_run(run, home), home=home_path(home))
     if json_:
         emit_json(record)
         finish(0)

@@ -44,6 +44,10 @@ __all__ = ["ClientStats", "RecordClient", "StoreSink", "WriterSink", "get_client
 
 log = logging.getLogger("raysleuth.recorder")
 
+#: Records at these levels are on disk (the write-ahead file) before ``record`` returns: a worker that
+#: Ray ends without a chance to run Python (its actor killed with force when the job ends) keeps them.
+URGENT_LEVELS = frozenset({"WARNING", "ERROR", "CRITICAL"})
+
 #: At exit, how long a client tries to deliver what it spooled before leaving it to the writer/CLI.
 EXIT_DELIVERY_S = float(os.environ.get("RAYSLEUTH_EXIT_DELIVERY_S", "2.0"))
 
@@ -65,24 +69,65 @@ class StoreSink:
 
 
 class WriterSink:
-    """Deliver to the run's writer actor (looked up, or created, on demand)."""
+    """Deliver to the run's writer actor (looked up, or created, on demand).
+
+    A delivery waits in short ``ray.get`` slices, so :meth:`cancel` (called
+    before ``ray.shutdown()``) stops it within a slice: no thread of ours is
+    left inside a Ray call when Ray's core worker goes away (that ends the
+    whole process).
+    """
 
     def __init__(self, timeout: float = 10.0) -> None:
         self.timeout = timeout
         self._handle = None
+        self._cancelled = threading.Event()
+        self._active = 0
+        self._active_lock = threading.Condition()
 
     def deliver(self, header: dict[str, Any], rows: list) -> None:
         import ray
 
         from raysleuth.recorder import get_writer
 
-        if self._handle is None:
-            self._handle = get_writer()
+        with self._active_lock:
+            if self._cancelled.is_set():
+                raise ConnectionError("Ray is shutting down in this process: kept in the spool")
+            self._active += 1
         try:
-            ray.get(self._handle.write.remote(header, rows), timeout=self.timeout)
+            if self._handle is None:
+                self._handle = get_writer()
+            ref = self._handle.write.remote(header, rows)
+            deadline = time.monotonic() + self.timeout
+            while True:
+                if self._cancelled.is_set():
+                    raise ConnectionError("Ray is shutting down in this process: kept in the spool")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"the evidence writer did not answer within {self.timeout:.0f}s")
+                try:
+                    ray.get(ref, timeout=min(0.1, remaining))
+                    return
+                except ray.exceptions.GetTimeoutError:
+                    continue
         except Exception:
             self._handle = None  # look it up again next time: it may have been replaced
             raise
+        finally:
+            with self._active_lock:
+                self._active -= 1
+                self._active_lock.notify_all()
+
+    def cancel(self, wait: float = 1.0) -> bool:
+        """Refuse new deliveries and wait (bounded) until none is inside a Ray call; True when none is."""
+        self._cancelled.set()
+        deadline = time.monotonic() + wait
+        with self._active_lock:
+            while self._active:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._active_lock.wait(remaining)
+        return True
 
 
 @dataclass
@@ -129,7 +174,12 @@ class RecordClient:
             self.spool_path = Path(spool_dir) / f"{os.uname().nodename}-{os.getpid()}-{self.client_id}.jsonl"
         else:
             self.spool_path = spool.spool_path(runtime.settings().home, self.run_id, self.client_id)
+        self.write_ahead = True
+        self._wal_path = self.spool_path.with_name(self.spool_path.name[: -len(".jsonl")] + ".wal.jsonl")
+        self._wal_fd: int | None = None
+        self._wal_lock = threading.Lock()
         self._inflight: list | None = None
+        self._last_header: dict[str, Any] | None = None
 
     # ------------------------------------------------------------- hot path
 
@@ -142,7 +192,7 @@ class RecordClient:
             queued = len(buffer)
             if queued >= self.capacity:
                 self.stats.dropped += 1
-            buffer.append((
+            row = (
                 kind,
                 time.time() if time_ is None else time_,
                 runtime.get_rank() if rank is None else rank,
@@ -152,13 +202,49 @@ class RecordClient:
                 level,
                 {} if data is None else data,
                 next(self._seq),
-            ))
+            )
+            if level in URGENT_LEVELS and self.write_ahead:
+                self._write_ahead(row)  # queues it too, under the same lock as the file is emptied
+            else:
+                buffer.append(row)
             self.stats.recorded += 1
             if self._thread is None:
                 self._start()
             elif queued >= self.batch_size:
                 self._wake.set()
         except Exception:  # an instrument must not take the step down
+            pass
+
+    def _write_ahead(self, row: tuple) -> None:
+        """Append one urgent row to this client's write-ahead file (one ``write``; survives a hard kill), and queue it."""
+        with self._wal_lock:
+            self._buffer.append(row)
+            try:
+                if self._wal_fd is None:
+                    self._wal_path.parent.mkdir(parents=True, exist_ok=True)
+                    self._wal_fd = os.open(self._wal_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                text = json.dumps(list(row), default=repr, separators=(",", ":")) + "\n"
+                if os.fstat(self._wal_fd).st_size == 0:
+                    text = json.dumps({"header": self.header()}, default=repr, separators=(",", ":")) + "\n" + text
+                os.write(self._wal_fd, text.encode("utf-8"))
+            except Exception:
+                self.write_ahead = False  # read-only home, disk full: the normal path still delivers
+
+    def _clear_write_ahead(self, remove: bool = False) -> None:
+        """Everything written ahead has been delivered (or spooled): empty the file."""
+        if self._wal_fd is None:
+            return
+        try:
+            with self._wal_lock:
+                if self._buffer and not remove:
+                    return  # rows written ahead may still be queued
+                if remove:
+                    os.close(self._wal_fd)
+                    self._wal_fd = None
+                    self._wal_path.unlink(missing_ok=True)
+                else:
+                    os.ftruncate(self._wal_fd, 0)
+        except Exception:
             pass
 
     # ---------------------------------------------------------- background
@@ -196,6 +282,7 @@ class RecordClient:
             "role": me.role,
             "job_id": me.job_id,
         }
+        self._last_header = header
         return header
 
     def _take_batch(self) -> list:
@@ -230,6 +317,7 @@ class RecordClient:
                         return False
                     finally:
                         self._inflight = None
+                self._clear_write_ahead()
                 return True
             finally:
                 self._idle.set()
@@ -296,10 +384,14 @@ class RecordClient:
         self._wake.set()
         deadline = time.monotonic() + (EXIT_DELIVERY_S if timeout is None else timeout)
         try:
-            header = self.header()
+            try:
+                header = self.header()
+            except Exception:  # Ray half torn down: the last header this client knew is as good
+                header = self._last_header or {"client_id": self.client_id, "pid": os.getpid()}
             pending = list(self._inflight or ()) + self._take_all()
             if pending:
                 self._spool(header, pending)  # on disk first: a kill from here on loses nothing
+            self._clear_write_ahead(remove=True)  # its rows are delivered or in the spool now
             if not self.spool_path.exists():
                 return True
             result: list[bool] = []
@@ -380,6 +472,7 @@ def _flush_before_ray_shutdown(ray) -> None:
         if client is not None and _client_pid == os.getpid() and isinstance(client.sink, WriterSink):
             try:
                 client.close()
+                client.sink.cancel(wait=1.0)
             except Exception:
                 pass
             reset_client(None)
@@ -436,7 +529,15 @@ def _save_on_sigterm() -> None:
     try:
         previous = signal.getsignal(signal.SIGTERM)
 
+        saving = threading.Event()
+
         def on_sigterm(signum, frame):
+            # Ray sends SIGTERM twice in a row: a second one must not interrupt the first's save
+            # (Ray's handler raises SystemExit wherever the main thread is), so it is ignored here
+            # and the first one chains to Ray's handler when the evidence is on disk.
+            if saving.is_set():
+                return
+            saving.set()
             client = _client
             if client is not None and _client_pid == os.getpid():
                 try:
