@@ -45,3 +45,43 @@ def test_raysleuths_own_failed_writer_is_not_the_users_problem(ray_cluster, tmp_
     assert actor_id not in {item.actor_id for item in report.dead_actors}
     assert actor_id not in {item.actor_id for item in report.failed}
     assert not any("EvidenceWriter" in (item.name or "") for item in report.failed)
+
+
+def _watch(address: str, capsys) -> tuple[int, dict]:
+    import json
+
+    from raysleuth.cli import main
+
+    code = main(["watch", "--address", address, "--stall", "3", "--json", "--duration", "90", "--interval", "0.5",
+                 "--timeout", "60"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_watch_after_the_training_loop_finished_is_not_a_stall(ray_cluster, capsys):
+    """The loop returned, actors still alive: the old verdict was "stall: every rank stopped", exit 1."""
+    from victims import hangs
+
+    steppers = [hangs.Stepper.options(name=f"finished_rank{rank}").remote(rank, 3) for rank in range(3)]
+    try:
+        assert ray.get([s.run.remote(8, -1, -1, 0.05) for s in steppers], timeout=120) == [8, 8, 8]
+        code, out = _watch(ray_cluster.address, capsys)
+        assert code == 0, out
+        assert out["finished"] is True and out["summary"].startswith("finished: every rank stopped at step 7")
+    finally:
+        hangs.kill(*steppers)
+
+
+def test_every_rank_hung_inside_its_step_is_still_a_stall(ray_cluster, capsys):
+    from victims import hangs
+
+    steppers = [hangs.Stepper.options(name=f"allhung_rank{rank}").remote(rank, 3) for rank in range(3)]
+    try:
+        ray.get([s.pid.remote() for s in steppers], timeout=120)
+        for rank, stepper in enumerate(steppers):
+            stepper.run.remote(600, rank, 3)  # every rank blocks in read_shard at step 3
+        code, out = _watch(ray_cluster.address, capsys)
+        assert code == 1, out  # a stall, not "finished": every rank is still inside its call
+        assert out["stalled"] and {r["rank"] for r in out["stalled"]} <= {0, 1, 2}
+        assert "finished" not in out["summary"]
+    finally:
+        hangs.kill(*steppers)

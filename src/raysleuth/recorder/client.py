@@ -476,7 +476,10 @@ def _flush_before_ray_shutdown(ray) -> None:
             except Exception:
                 pass
             reset_client(None)
-        return original(*args, **kwargs)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            runtime.forget_identity()  # a later ray.init is another job: its records carry its own job id
 
     shutdown.__doc__ = original.__doc__
     shutdown.__wrapped__ = original  # type: ignore[attr-defined]
