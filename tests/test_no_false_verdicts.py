@@ -85,3 +85,67 @@ def test_every_rank_hung_inside_its_step_is_still_a_stall(ray_cluster, capsys):
         assert "finished" not in out["summary"]
     finally:
         hangs.kill(*steppers)
+
+
+# ------------------------------------------------------------------- pools
+
+def test_a_worker_no_node_can_ever_hold_fails_up_front_instead_of_queueing():
+    import pytest
+
+    from raysleuth.errors import UsageError
+    from raysleuth.pool import plan_placements
+
+    nodes = [{"node_id": "a", "node_ip": "10.0.0.1", "resources_total": {"CPU": 4}},
+             {"node_id": "b", "node_ip": "10.0.0.2", "resources_total": {"CPU": 2}}]
+    with pytest.raises(UsageError, match="no node can ever hold a worker of 6 CPU: the largest node has 4"):
+        plan_placements(nodes, 1, use_gpu=True, cpu_per_worker=6)  # the old plan said "will queue"
+    queued = plan_placements(nodes, 3, use_gpu=False, cpu_per_worker=3)  # fits a node, not all at once
+    assert "will queue until one frees up" in queued.warnings[0]
+
+
+def test_a_pool_that_can_never_start_together_fails_up_front():
+    import pytest
+
+    from raysleuth.errors import UsageError
+    from raysleuth.pool import plan_placements
+    from raysleuth.pool.allocator import check_starts_together
+
+    nodes = [{"node_id": "a", "node_ip": "10.0.0.1", "resources_total": {"CPU": 4}}]
+    plan = plan_placements(nodes, 4, use_gpu=True, cpu_per_worker=2, gpu_memory_per_worker=4)  # the README's
+    with pytest.raises(UsageError, match=r"4 workers x 2 CPU need 8 CPU, but the cluster has 4 CPU") as caught:
+        check_starts_together(plan, nodes)
+    assert "cpu_cores_per_worker=1" in caught.value.fix
+    check_starts_together(plan_placements(nodes, 4, use_gpu=False, cpu_per_worker=1), nodes)  # fits: no error
+
+
+def test_pool_with_the_readme_arguments_on_a_too_small_cluster_fails_at_once(ray_cluster):
+    import pytest
+
+    from raysleuth.errors import UsageError
+    from raysleuth.pool import RayResourcePool
+
+    started = time.monotonic()
+    with pytest.raises(UsageError, match="could never start while the others run"):
+        RayResourcePool(num_workers=4, use_gpu=True, debug_mode=True, cpu_cores_per_worker=6,
+                        gpu_memory_per_worker=4, name="toobig")  # 24 CPU on a 16-CPU cluster
+    assert time.monotonic() - started < 30  # not start_timeout (120 s)
+    from raysleuth import cluster
+
+    assert not [a for a in cluster.actors().items if str(a.get("name") or "").startswith("toobig")]
+
+
+def test_pool_compare_shows_the_real_exception_and_its_rank(ray_cluster):
+    from raysleuth.pool import RayResourcePool
+    from victims import pool_victims
+
+    pool = RayResourcePool(num_workers=2, cpu_cores_per_worker=0.1, name="comparefails", start_timeout=90)
+    try:
+        started = time.monotonic()
+        report = pool.compare(pool_victims.weights_or_fail, timeout=60)
+        assert time.monotonic() - started < 55
+        assert not report.consistent and report.missing_ranks == [1]
+        assert "KeyError: 'layer.3.weight'" in report.error and "rank(s) [1]" in report.error
+        assert "pool_victims.py" in report.error and "weights_or_fail" in report.error
+        assert "did not arrive" not in report.summary()
+    finally:
+        pool.shutdown()
