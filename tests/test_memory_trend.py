@@ -149,3 +149,20 @@ def test_sawtooth_whose_troughs_rise_is_a_leak():
     y = (200 + (t % 6) * 20 + (t // 6) * 15) * MiB  # GC brings it down, but each trough is higher
     verdict = detect_leak(t, y)
     assert verdict.leak, verdict.reason
+
+
+def test_memory_command_says_not_enough_data_never_ok(tmp_path, capsys):
+    """`raysleuth memory` after `--sample 10s` (8 samples): the old table said "ok" and exited 0."""
+    from raysleuth.cli import main
+    from raysleuth.recorder.store import open_run
+
+    store = open_run(tmp_path, "short")
+    for n in range(8):
+        store.add("memory", {"rss_bytes": 400 * MiB, "uss_bytes": 300 * MiB + n * MiB, "source": "agent",
+                             "pid": 4242, "node_ip": "10.0.0.1"}, time=1000.0 + n, rank=1, pid=4242)
+    code = main(["memory", "--run", "short", "--home", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 1 and "not enough data" in out
+    assert " ok " not in out and "no leak" not in out
+    code = main(["memory", "--run", "short", "--home", str(tmp_path), "--json"])
+    assert code == 1 and json.loads(capsys.readouterr().out)["verdict"] == "not enough data"

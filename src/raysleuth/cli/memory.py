@@ -84,8 +84,10 @@ def memory(
     finally:
         store.close()
     if json_:
-        emit_json({"workers": report.to_dict()["workers"], "store": report.store, "problems": problems})
-        finish(1 if report.leaks else 0)
+        verdict = "leak" if report.leaks else "not enough data" if report.undecided else "ok"
+        emit_json({"workers": report.to_dict()["workers"], "store": report.store, "problems": problems,
+                   "verdict": verdict})
+        finish(1 if report.leaks or report.undecided else 0)  # "could not tell" is never exit 0
     if not report.workers:
         console.print("no memory samples in this run: call rs.memory.watch() in the workers, "
                       "or sample them from outside with `raysleuth memory --sample 30s`")
@@ -122,4 +124,4 @@ def memory(
                       f"worker(s): sample longer (e.g. --sample 30s) to judge them")
     else:
         console.print(f"\n[green]no leak[/green] in {len(report.workers)} worker(s)")
-    finish(1 if leaks else 0)
+    finish(1 if leaks or report.undecided else 0)  # "could not tell" is never exit 0
