@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -39,7 +42,9 @@ def test_steady_growth_is_a_leak_with_evidence():
     assert verdict.slope_bytes_per_step == pytest.approx(4 * MiB, rel=0.05)
     assert verdict.r2 > 0.99
     assert verdict.samples == 48  # warm-up (20%) ignored
-    assert verdict.growth_bytes == pytest.approx(8 * MiB * verdict.window_s, rel=0.05)
+    # growth between the start and end levels (medians of the first and last fifth of the window)
+    assert verdict.growth_bytes == pytest.approx(verdict.end_bytes - verdict.start_bytes)
+    assert 0.7 * 8 * MiB * verdict.window_s < verdict.growth_bytes <= 8 * MiB * verdict.window_s
 
 
 def test_flat_noisy_series_is_not_a_leak():
@@ -63,12 +68,12 @@ def test_small_slow_growth_is_below_the_bar():
     t = np.arange(60, dtype=float)
     y = 2000 * MiB + t * 10_000  # 600 KB over a minute: not worth an alarm
     verdict = detect_leak(t, y)
-    assert not verdict.leak and "under" in verdict.reason
+    assert not verdict.leak and verdict.status == "ok" and "no lasting growth" in verdict.reason
 
 
 def test_too_few_samples_gives_no_verdict():
     verdict = detect_leak([0, 1, 2], [1, 2, 3])
-    assert not verdict.leak and "fewer than" in verdict.reason
+    assert not verdict.leak and verdict.status == "not enough data" and "not enough data" in verdict.reason
     assert detect_leak([], []).samples == 0
     assert detect_leak([0, 1, 2, 3], [None, None, None, 5]).samples == 1
 
@@ -85,3 +90,79 @@ def test_sparkline():
     assert sparkline([5, 5]) == "▁▁"
     assert sparkline([]) == ""
     assert len(sparkline(list(range(1000)), width=30)) == 30
+
+
+# ---------------------------------------------------- recorded shapes (issue 17)
+
+SHAPES = json.loads((Path(__file__).parent / "data" / "memory_shapes.json").read_text())["shapes"]
+
+
+def _judge(name: str, **policy):
+    shape = SHAPES[name]
+    return detect_leak(shape["times"], shape["uss_bytes"], policy=LeakPolicy(**policy) if policy else None)
+
+
+@pytest.mark.parametrize("name, status, pattern", [
+    ("linear", "leak", "steady"),
+    ("step", "leak", "steady"),
+    ("plateau_after_climb", "leak", "climb"),
+    ("recent_growth", "leak", "recent"),
+    ("sawtooth_gc", "ok", None),
+    ("noisy_flat", "ok", None),
+    ("short_window", "not enough data", None),
+])
+def test_recorded_shapes(name, status, pattern):
+    verdict = _judge(name)
+    assert (verdict.status, verdict.pattern) == (status, pattern), verdict.reason
+    assert verdict.leak is (status == "leak")
+    if status != "leak":
+        assert "ok" not in verdict.reason.split()  # the reason never claims more than the data holds
+
+
+def test_climb_then_plateau_from_the_issue_is_a_leak():
+    """345 -> 826 MiB over 8 s, then flat: the old verdict said "ok, no steady growth (R²=0.74)"."""
+    t = np.arange(0, 16, 0.5)
+    y = np.where(t < 8, 345 + (826 - 345) * t / 8, 826) * MiB
+    verdict = detect_leak(t, y)
+    assert verdict.leak and verdict.pattern == "climb", verdict.reason
+    assert verdict.r2 < 0.8  # the line fit alone would have missed it
+
+
+def test_plus_4_mib_per_snapshot_is_a_leak():
+    """USS rising exactly +4 MiB per MemoryProfiler snapshot, snapshots at irregular times: old verdict R²=0.54."""
+    rng = np.random.default_rng(0)
+    t = np.cumsum(rng.choice([0.05, 0.1, 3.0], size=12))
+    y = 900 * MiB + np.arange(12) * 4 * MiB
+    verdict = detect_leak(t, y, policy=LeakPolicy(min_samples=5))
+    assert verdict.leak and verdict.pattern == "steady", verdict.reason
+
+
+def test_eight_samples_is_not_enough_data_never_ok():
+    """`memory --sample 10s` gave 8 samples: the old verdict said "ok, ... fewer than the 10 needed"."""
+    verdict = detect_leak(np.arange(8.0), np.full(8, 300 * MiB))
+    assert verdict.status == "not enough data" and not verdict.leak
+    assert verdict.reason.startswith("not enough data")
+
+
+def test_sawtooth_whose_troughs_rise_is_a_leak():
+    t = np.arange(60.0)
+    y = (200 + (t % 6) * 20 + (t // 6) * 15) * MiB  # GC brings it down, but each trough is higher
+    verdict = detect_leak(t, y)
+    assert verdict.leak, verdict.reason
+
+
+def test_memory_command_says_not_enough_data_never_ok(tmp_path, capsys):
+    """`raysleuth memory` after `--sample 10s` (8 samples): the old table said "ok" and exited 0."""
+    from raysleuth.cli import main
+    from raysleuth.recorder.store import open_run
+
+    store = open_run(tmp_path, "short")
+    for n in range(8):
+        store.add("memory", {"rss_bytes": 400 * MiB, "uss_bytes": 300 * MiB + n * MiB, "source": "agent",
+                             "pid": 4242, "node_ip": "10.0.0.1"}, time=1000.0 + n, rank=1, pid=4242)
+    code = main(["memory", "--run", "short", "--home", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 1 and "not enough data" in out
+    assert " ok " not in out and "no leak" not in out
+    code = main(["memory", "--run", "short", "--home", str(tmp_path), "--json"])
+    assert code == 1 and json.loads(capsys.readouterr().out)["verdict"] == "not enough data"

@@ -68,6 +68,20 @@ def step(n: int) -> Iterator[int]:
 
 # ------------------------------------------------------------- detection
 
+_LIBRARY_PARTS = ("site-packages", "dist-packages", "/lib/python3", "raysleuth/", "<frozen")
+
+
+def _runs_own_code(proc: Any) -> bool:
+    """A thread of this process is in code of its own (not Ray's, a library's or the stdlib's)."""
+    for thread in getattr(proc, "threads", None) or []:
+        if str(getattr(thread, "name", "")).startswith("TrainingThread"):
+            return True  # Ray Train's thread running the user's train function
+        for frame in getattr(thread, "frames", None) or []:
+            path = str(getattr(frame, "file", "") or "")
+            if path and not any(part in path for part in _LIBRARY_PARTS):
+                return True
+    return False
+
 
 @dataclasses.dataclass
 class RankProgress:
@@ -159,6 +173,13 @@ class StallTracker:
         self.reported.update(r.rank for r in ranks)
 
 
+def _describe_finish(ranks: list[RankProgress]) -> str:
+    steps = sorted({rank.step for rank in ranks if rank.step is not None})
+    at = f" at step {steps[0]}" if len(steps) == 1 else (f" at steps {steps[0]}-{steps[-1]}" if steps else "")
+    return (f"finished: every rank stopped{at} and none is running a call or its own code "
+            f"(the training loop returned; the actors are still alive)")
+
+
 def describe(stalled: list[RankProgress], peers: list[RankProgress], all_stopped: bool, now: float) -> str:
     """One line: ``rank 2 stalled at step 5 for 12s while peers reached step 40``."""
     ranks = ", ".join(str(r.rank) for r in stalled)
@@ -195,6 +216,9 @@ class Watchdog:
         self.stacks, self.stacks_timeout, self.include_self = stacks, stacks_timeout, include_self
         self.forever = forever
         self.events: list[StallEvent] = []
+        self._done: dict[int, RankProgress] = {}
+        self.finished: str | None = None
+        """Set when every rank stopped because the training loop finished (not a stall): why we think so."""
         self.error: str | None = None
         self._after_id = 0
         self._store = None
@@ -241,15 +265,23 @@ class Watchdog:
         if stalled:
             self.tracker.mark_reported(stalled)
             stalled = self._alive(stalled)
+        report = None
         if stalled:
             event = StallEvent(time=now, stalled=stalled, peers=peers, all_stopped=all_stopped,
                                summary=describe(stalled, peers, all_stopped, now))
+            finished, report = self._finished(event)
+            if finished:  # these ranks returned from their loop: not a stall (peers may finish a moment later)
+                self._done.update({rank.rank: rank for rank in stalled})
+                if set(self._done) >= set(self.tracker.ranks):
+                    self.finished = _describe_finish(list(self._done.values()))
+                    self._record_finished(list(self._done.values()), self.finished)
+                return None
         else:
             event = self._unreturned_calls(now)
             if event is None:
                 return None
         if self.stacks:
-            self._snapshot(event)
+            self._snapshot(event, report)
         self.events.append(event)
         if self.on_stall is not None:
             try:
@@ -290,11 +322,51 @@ class Watchdog:
             f"for {rank.stalled_for(now):.0f}s (verl call)" for rank in stalled)
         return StallEvent(time=now, stalled=stalled, peers=[], all_stopped=False, summary=summary)
 
-    def _snapshot(self, event: StallEvent) -> None:
+    def _finished(self, event: StallEvent) -> tuple[bool, Any]:
+        """Did these ranks finish their loop? (None of them runs a Ray call or its own code any more.)
+
+        Returns (finished, the stacks report taken to tell, if any). A hung
+        collective keeps its actor call RUNNING (or, in Ray Train, its
+        training thread in user code), so it is never taken for a finish.
+        """
+        pids = {rank.pid for rank in event.stalled if rank.pid is not None}
+        if not pids or len(pids) < len(event.stalled):
+            return False, None
+        try:
+            from raysleuth import cluster
+
+            running = {task.get("worker_pid") for task in cluster.tasks(state="RUNNING").items}
+        except Exception:
+            return False, None  # cannot tell: keep reporting the stall
+        if pids & running:
+            return False, None
+        report = None
+        if self.stacks:
+            try:
+                from raysleuth.stacks import dump_stacks
+
+                report = dump_stacks(self.address, timeout=self.stacks_timeout, include_self=self.include_self)
+            except Exception:
+                return False, None
+            if any(proc.pid in pids and _runs_own_code(proc) for proc in report.processes):
+                return False, report
+        return True, report
+
+    def _record_finished(self, ranks: list[RankProgress], why: str) -> None:
+        try:
+            from raysleuth.recorder import record
+
+            record("event", {"summary": why, "ranks": [dataclasses.asdict(r) for r in ranks]},
+                   name="finished", level="INFO")
+        except Exception:
+            pass
+
+    def _snapshot(self, event: StallEvent, report: Any = None) -> None:
         try:
             from raysleuth.stacks import Culprit, dump_stacks, headline, record_report
 
-            report = dump_stacks(self.address, timeout=self.stacks_timeout, include_self=self.include_self)
+            if report is None:
+                report = dump_stacks(self.address, timeout=self.stacks_timeout, include_self=self.include_self)
             named = {(c.node_ip, c.pid) for c in report.verdict.culprits}
             for rank in event.stalled:
                 proc = next((p for p in report.processes if p.pid == rank.pid

@@ -306,6 +306,12 @@ _identity: Identity | None = None
 _identity_pid: int | None = None
 
 
+def forget_identity() -> None:
+    """Drop the cached identity (after ``ray.shutdown()``: the next ``ray.init`` is another job)."""
+    global _identity
+    _identity = None
+
+
 def _actor_class_name(context) -> str | None:
     try:
         handle = context.current_actor

@@ -40,3 +40,10 @@ class PlainTrainer:
 
     def pid(self):
         return os.getpid()
+
+
+def weights_or_fail(worker):
+    """A compare() function that raises on rank 1, as a user's buggy check would."""
+    if worker.rank == 1:
+        raise KeyError("layer.3.weight")
+    return [1.0, 2.0, 3.0]

@@ -18,6 +18,7 @@ raise: a server that cannot start is reported once and the step goes on.
 from __future__ import annotations
 
 import logging
+import os
 import pdb
 import socket
 import sys
@@ -35,6 +36,16 @@ POLL_SECONDS = 0.05
 _debugpy_lock = threading.Lock()
 _debugpy_endpoint: tuple[str, int] | None = None
 _debugpy_error: str | None = None
+
+
+def _quiet_pydevd() -> None:
+    """Skip pydevd's 4-line "frozen modules" warning, printed by every worker that starts debugpy.
+
+    It only says breakpoints inside frozen stdlib modules may be missed; the
+    user's own ``PYDEVD_DISABLE_FILE_VALIDATION`` wins. Set before the import
+    so debugpy's adapter process inherits it too.
+    """
+    os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
 
 
 def debugpy_available() -> bool:
@@ -59,6 +70,7 @@ def debugpy_endpoint(host: str) -> tuple[str, int]:
             return _debugpy_endpoint
         if _debugpy_error is not None:
             raise RuntimeError(_debugpy_error)
+        _quiet_pydevd()
         import debugpy
 
         hook = sys.breakpointhook  # debugpy takes over breakpoint(); keep the user's hook

@@ -57,6 +57,7 @@ AddressOption = Annotated[
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 RunOption = Annotated[str | None, typer.Option("--run", help="Run id or path to an evidence.sqlite (default: latest).")]
+JobOption = Annotated[list[str] | None, typer.Option("--job", help="Only records of this Ray job id, e.g. 02000000 (repeat for several).")]
 HomeOption = Annotated[Path | None, typer.Option("--home", help="raysleuth home (default: RAYSLEUTH_HOME or ~/.raysleuth).")]
 
 def _number_check(low: float, *, strict: bool):
@@ -113,6 +114,19 @@ def finish(code: int) -> None:
 def home_path(home: Path | None) -> Path:
     """The raysleuth home to use: ``--home``, else the settings."""
     return Path(home).expanduser() if home else runtime.settings().home
+
+
+def name_run(run: str | None, home: Path | None) -> str:
+    """Resolve the run a command shows and name it in one line on stderr; returns its database path.
+
+    Never falls back silently: a connected cluster without evidence is an
+    error naming its run (see ``recorder.choose_run``).
+    """
+    from raysleuth.recorder import choose_run
+
+    choice = choose_run(run, home=home_path(home))
+    err_console.print(f"[dim]{choice.describe()}[/dim]", soft_wrap=True)
+    return str(choice.path)
 
 
 def connect(address: str | None):

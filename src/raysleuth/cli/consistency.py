@@ -8,8 +8,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from raysleuth.cli._app import HomeOption, JsonOption, RunOption, app, console, emit_json, finish, home_path
-from raysleuth.cli._app import at_least_one  # option checks
+from raysleuth.cli._app import (
+    HomeOption, JsonOption, RunOption, app, at_least_one, console, emit_json, finish, home_path, name_run,
+)
 
 
 @app.command()
@@ -23,7 +24,7 @@ def consistency(
     """List stored consistency checks (which tensor, which rank, which element); exit 1 if the latest mismatched."""
     from raysleuth.consistency import latest_checks
 
-    checks = latest_checks(run, home=home_path(home), key=key, limit=limit)
+    checks = latest_checks(name_run(run, home), home=home_path(home), key=key, limit=limit)
     latest_bad = bool(checks) and not checks[0][1].consistent
     if json_:
         emit_json({"checks": [dict(report.to_dict(), time=rec.time, recorded_by_rank=rec.rank)

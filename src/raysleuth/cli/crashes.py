@@ -9,8 +9,10 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from raysleuth.cli._app import HomeOption, JsonOption, RunOption, app, console, emit_json, finish, home_path
-from raysleuth.cli._app import at_least_one, non_negative  # option checks
+from raysleuth.cli._app import (
+    HomeOption, JobOption, JsonOption, RunOption, app, at_least_one, console, emit_json, finish, home_path,
+    name_run, non_negative,
+)
 
 crashes_app = typer.Typer(
     help="Crash capsules left by workers (@rs.capture_crashes): list them, or show one fully.",
@@ -31,6 +33,7 @@ def crashes(
     rank: Annotated[int | None, typer.Option("--rank", help="Only this rank's capsules.", callback=non_negative)] = None,
     limit: Annotated[int | None, typer.Option("--limit", help="Only the newest N capsules.", callback=at_least_one)] = None,
     run: RunOption = None,
+    job: JobOption = None,
     home: HomeOption = None,
     json_: JsonOption = False,
 ) -> None:
@@ -39,7 +42,7 @@ def crashes(
         return
     from raysleuth.postmortem import list_crashes
 
-    found = list_crashes(run, home=home_path(home), rank=rank, limit=limit)
+    found = list_crashes(name_run(run, home), home=home_path(home), rank=rank, limit=limit, job=job or None)
     if json_:
         emit_json([item.to_dict() for item in found])
         finish(1 if found else 0)
@@ -73,7 +76,7 @@ def show(
     """Print one crash capsule fully: chain, traceback, locals per frame, memory, environment, cause and fix."""
     from raysleuth.postmortem import get_crash
 
-    record = get_crash(capsule_id, run, home=home_path(home))
+    record = get_crash(capsule_id, name_run(run, home), home=home_path(home))
     if json_:
         emit_json(record)
         finish(0)

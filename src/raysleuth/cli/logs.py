@@ -8,9 +8,10 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from raysleuth.cli._app import AddressOption, HomeOption, JsonOption, RunOption, app, connect, console, emit_json, \
-    finish, home_path
-from raysleuth.cli._app import at_least_one, positive  # option checks
+from raysleuth.cli._app import (
+    AddressOption, HomeOption, JobOption, JsonOption, RunOption, app, at_least_one, connect, console,
+    emit_json, finish, home_path, name_run, positive,
+)
 
 _LEVEL_STYLE = {"DEBUG": "dim", "INFO": "", "WARNING": "yellow", "ERROR": "red", "CRITICAL": "bold red"}
 
@@ -50,6 +51,7 @@ def logs(
     address: AddressOption = None,
     json_: JsonOption = False,
     run: RunOption = None,
+    job: JobOption = None,
     home: HomeOption = None,
 ) -> None:
     """Logs of every rank from the evidence store: filter by rank, level, regex, time, step; follow; aggregate."""
@@ -80,8 +82,10 @@ def logs(
         finish(0 if any(item.error is None for item in pulled) else 1)
 
     query = rs_logs.LogQuery(ranks=rank or None, level=level, grep=grep, since=since, step=step, name=name,
-                             limit=limit)
+                             limit=limit, jobs=job or None)
     query.compiled()  # bad --since / --step / --level / --grep: one red line before anything else
+    if not follow or run is not None:
+        run = name_run(run, home_dir)
     if follow:
         for line in rs_logs.follow_logs(query, run=run, home=home_dir, max_records=max_records,
                                         timeout=follow_timeout):

@@ -19,6 +19,7 @@ from raysleuth.cli._app import (
     emit_json,
     finish,
     home_path,
+    name_run,
 )
 from raysleuth.cli._app import non_negative, writer_timeout  # option checks
 from raysleuth.errors import CaptureTimeout, UsageError
@@ -84,14 +85,16 @@ def memory(
         if not json_:
             console.print(f"sampled {done.workers} worker(s) {done.rounds} time(s) in {done.seconds:.1f}s "
                           f"({done.samples} samples)")
-    store = open_store(run, home=home_path(home))
+    store = open_store(name_run(run, home), home=home_path(home))
     try:
         report = memory_report(store, rank=rank, since=since)
     finally:
         store.close()
     if json_:
-        emit_json({"workers": report.to_dict()["workers"], "store": report.store, "problems": problems})
-        finish(1 if report.leaks else 0)
+        verdict = "leak" if report.leaks else "not enough data" if report.undecided else "ok"
+        emit_json({"workers": report.to_dict()["workers"], "store": report.store, "problems": problems,
+                   "verdict": verdict})
+        finish(1 if report.leaks or report.undecided else 0)  # "could not tell" is never exit 0
     if not report.workers:
         console.print("no memory samples in this run: call rs.memory.watch() in the workers, "
                       "or sample them from outside with `raysleuth memory --sample 30s`")
@@ -104,7 +107,12 @@ def memory(
         table.add_column(column, overflow="fold")
     for worker in report.workers:
         slope = worker.slope_bytes_per_s
-        verdict = f"[red]LEAK[/red] {worker.reason}" if worker.leak else f"[green]ok[/green] [dim]{worker.reason}[/dim]"
+        if worker.leak:
+            verdict = f"[red]LEAK[/red] {worker.reason}"
+        elif worker.status == "ok":
+            verdict = f"[green]ok[/green] [dim]{worker.reason}[/dim]"
+        else:
+            verdict = f"[yellow]{worker.reason}[/yellow]"  # "not enough data: ...", never "ok"
         table.add_row(
             "" if worker.rank is None else str(worker.rank), str(worker.pid), worker.node_ip or "",
             worker.source or "", str(worker.samples), _mib(worker.rss_bytes), _mib(worker.uss_bytes),
@@ -118,6 +126,9 @@ def memory(
     if leaks:
         names = ", ".join(f"rank {w.rank}" if w.rank is not None else f"pid {w.pid}" for w in leaks)
         console.print(f"\n[red]leak found[/red]: {names}")
+    elif report.undecided:
+        console.print(f"\n[yellow]not enough data[/yellow] for {len(report.undecided)} of {len(report.workers)} "
+                      f"worker(s): sample longer (e.g. --sample 30s) to judge them")
     else:
         console.print(f"\n[green]no leak[/green] in {len(report.workers)} worker(s)")
-    finish(1 if leaks else 0)
+    finish(1 if leaks or report.undecided else 0)  # "could not tell" is never exit 0

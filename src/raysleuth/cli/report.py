@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from raysleuth.cli._app import HomeOption, JsonOption, RunOption, app, console, emit_json, finish, home_path
+from raysleuth.cli._app import HomeOption, JsonOption, RunOption, app, console, emit_json, finish, home_path, name_run
 
 
 @app.command()
@@ -21,7 +21,7 @@ def report(
     """Write one self-contained HTML report of a run (opens offline; no cluster needed)."""
     from raysleuth.report import generate_report
 
-    result = generate_report(output, run=run, home=home_path(home), trace_path=trace)
+    result = generate_report(output, run=name_run(run, home), home=home_path(home), trace_path=trace)
     if json_:
         emit_json(result.to_dict())
     else:

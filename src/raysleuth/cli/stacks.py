@@ -197,6 +197,8 @@ def watch(
         while duration is None or time.monotonic() - started < duration:
             event = dog.poll()
             if event is None:
+                if dog.finished and not forever:
+                    break  # the loop finished: nothing more will happen
                 time.sleep(dog.interval)
                 continue
             stalls += 1
@@ -214,7 +216,10 @@ def watch(
     except KeyboardInterrupt:
         pass
     if stalls == 0 and json_:
-        emit_json({"stalls": 0, "ranks": sorted(dog.tracker.ranks), "summary": "no stall"})
+        emit_json({"stalls": 0, "ranks": sorted(dog.tracker.ranks), "summary": dog.finished or "no stall",
+                   "finished": dog.finished is not None})
+    elif stalls == 0 and dog.finished:
+        console.print(f"[green]no stall[/green]: {escape(dog.finished)}")
     elif stalls == 0:
         console.print(f"[green]no stall[/green] ({len(dog.tracker.ranks)} rank(s) heart-beating)")
     finish(1 if stalls else 0)

@@ -8,8 +8,10 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from raysleuth.cli._app import AddressOption, HomeOption, JsonOption, RunOption, app, console, emit_json, finish, home_path
-from raysleuth.cli._app import non_negative  # option checks
+from raysleuth.cli._app import (
+    AddressOption, HomeOption, JsonOption, RunOption, app, console, emit_json, finish, home_path, name_run,
+    non_negative,
+)
 from raysleuth.errors import UsageError
 
 
@@ -36,6 +38,7 @@ def timeline(
                          fix="e.g. raysleuth timeline -o trace.json --steps 10-20")
     code = 0
     result: dict = {}
+    run = name_run(run, home)
     if output is not None:
         exported = export_timeline(output, address, run=run, home=home_path(home), steps=step_range,
                                    ranks=rank_list, ray_tasks=ray_tasks)

@@ -81,6 +81,23 @@ def _forget(actor: Any, token: str) -> None:
     _stash.pop(token, None)
 
 
+def _remote_error(error: BaseException) -> str:
+    """``ValueError: boom (at train.py:12 in check)`` for an exception raised in a worker."""
+    cause = getattr(error, "cause", None) or error
+    text = str(cause).strip().splitlines()
+    what = f"{type(cause).__name__}: {text[-1][:300] if text else ''}".rstrip(": ")
+    where = None
+    for line in f"{getattr(error, 'traceback_str', '') or ''}\n{error}".splitlines():
+        line = line.strip()
+        if line.startswith('File "') and "/ray/" not in line and "raysleuth/consistency" not in line:
+            where = line
+    if where:
+        path, _, rest = where[len('File "'):].partition('", line ')
+        number, _, function = rest.partition(", in ")
+        where = f"{path.rsplit('/', 1)[-1]}:{number} in {function}"
+    return f"{what} (at {where})" if where else what
+
+
 def compare(actor_handles: list[Any], fn: Callable[[Any], Any], atol: float = 0, rtol: float = 0, *,
             timeout: float = 60, key: str = "compare", record: bool = True) -> ConsistencyReport:
     """Run ``fn(actor_instance)`` on every actor (via ``__ray_call__``) and compare the results.
@@ -101,6 +118,7 @@ def compare(actor_handles: list[Any], fn: Callable[[Any], Any], atol: float = 0,
     run = functools.partial(_run_and_fingerprint, fn=fn, token=token, stats=tolerance)
     refs = {rank: handle.__ray_call__.remote(run) for rank, handle in enumerate(handles)}
     posted: dict[int, dict[str, Any]] = {}
+    raised: dict[str, list[int]] = {}
     deadline = time.monotonic() + timeout
     for rank, ref in refs.items():
         try:
@@ -108,7 +126,11 @@ def compare(actor_handles: list[Any], fn: Callable[[Any], Any], atol: float = 0,
         except ray.exceptions.GetTimeoutError:
             report.notes.append(f"rank {rank}: no answer within {timeout}s")
         except Exception as error:
-            report.notes.append(f"rank {rank}: {type(error).__name__}: {str(error).splitlines()[0][:300]}")
+            what = _remote_error(error)
+            raised.setdefault(what, []).append(rank)
+            report.notes.append(f"rank {rank}: {what}")
+    if raised:  # fn raised in the workers: say what and where, not "did not arrive"
+        report.error = "; ".join(f"fn raised {what} on rank(s) {ranks}" for what, ranks in raised.items())
     report.arrived_ranks = sorted(posted)
     report.missing_ranks = [rank for rank in refs if rank not in posted]
     try:

@@ -103,6 +103,7 @@ class LogLine:
     actor_name: str | None
     actor_class: str | None
     module: str | None = None
+    job_id: str | None = None
     lineno: int | None = None
     funcName: str | None = None  # noqa: N815 (the LogRecord field's name)
     exc_text: str | None = None
@@ -119,6 +120,7 @@ class LogLine:
             hostname=record.hostname, pid=record.pid, actor_id=record.actor_id, actor_name=record.actor_name,
             actor_class=record.actor_class, module=data.get("module"), lineno=data.get("lineno"),
             funcName=data.get("funcName"), exc_text=data.get("exc_text"), fields=data.get("fields") or {},
+            job_id=getattr(record, "job_id", None),
         )
 
     @property
@@ -142,6 +144,8 @@ class LogQuery:
     step: str | None = None
     name: str | None = None
     limit: int | None = None
+    jobs: list[str] | None = None
+    """Only these Ray job ids (``--job``)."""
 
     def compiled(self) -> dict[str, Any]:
         """Validated store filters (raises :class:`UsageError` on bad input)."""
@@ -154,7 +158,7 @@ class LogQuery:
                 raise UsageError(f"--grep {self.grep!r} is not a regular expression ({error})",
                                  fix="escape special characters, e.g. 'loss\\\\[0\\\\]'") from None
         return {"rank": self.ranks, "levels": levels_at_or_above(self.level), "since": parse_since(self.since),
-                "step_min": step_min, "step_max": step_max, "pattern": pattern}
+                "step_min": step_min, "step_max": step_max, "pattern": pattern, "job": self.jobs or None}
 
 
 def _matches(line: LogLine, pattern: re.Pattern | None, name: str | None) -> bool:
@@ -176,7 +180,8 @@ def query_logs(query: LogQuery, *, run: str | None = None, home: Path | str | No
     try:
         # --grep and --name filter after SQL; with a limit, read newest-first in pages until it is met.
         if query.limit is None or (filters["pattern"] is None and query.name is None):
-            records = store.query("log", rank=filters["rank"], since=filters["since"], after_id=after_id,
+            records = store.query("log", rank=filters["rank"], job=filters["job"], since=filters["since"],
+                                  after_id=after_id,
                                   step_min=filters["step_min"], step_max=filters["step_max"],
                                   levels=filters["levels"], limit=query.limit,
                                   newest_first=query.limit is not None)
@@ -184,7 +189,7 @@ def query_logs(query: LogQuery, *, run: str | None = None, home: Path | str | No
             lines = [line for line in lines if _matches(line, filters["pattern"], query.name)]
         else:
             lines = [LogLine.from_record(r) for r in store.query(
-                "log", rank=filters["rank"], since=filters["since"], after_id=after_id,
+                "log", rank=filters["rank"], job=filters["job"], since=filters["since"], after_id=after_id,
                 step_min=filters["step_min"], step_max=filters["step_max"], levels=filters["levels"],
                 newest_first=True)]
             lines = [line for line in lines if _matches(line, filters["pattern"], query.name)][:query.limit]

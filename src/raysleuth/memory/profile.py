@@ -325,8 +325,9 @@ def render_html(snapshots: list[dict[str, Any]], verdict: LeakVerdict | None) ->
     if verdict is None:
         verdict_html = "<p>Leak detection off.</p>"
     else:
-        colour = "#b00" if verdict.leak else "#070"
-        verdict_html = (f'<p style="color:{colour}"><b>{"LEAK" if verdict.leak else "no leak"}</b>: '
+        colour = "#b00" if verdict.leak else "#070" if verdict.status == "ok" else "#a60"
+        title = "LEAK" if verdict.leak else "no leak" if verdict.status == "ok" else "not enough data"
+        verdict_html = (f'<p style="color:{colour}"><b>{title}</b>: '
                         f"{html.escape(verdict.reason)}</p><pre>{html.escape(json.dumps(verdict.to_dict(), indent=1))}</pre>")
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>raysleuth memory report</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ddd;padding:2px 8px;text-align:right}}</style>

@@ -1,17 +1,27 @@
-"""Leak detection: a robust trend over memory samples, and a verdict with its evidence.
+"""Leak detection: a robust judgement of memory growth, and a verdict with its evidence.
 
-Pure functions on plain numbers (no Ray, no psutil), unit-tested alone.
+Pure functions on plain numbers (no Ray, no psutil), unit-tested alone on
+recorded shapes (linear, step, sawtooth GC, plateau after a climb, noisy
+flat, short window).
 
 The method: drop the warm-up (the first ``warmup_fraction`` of the window,
-and anything before ``warmup_seconds``: allocators, caches and lazy imports
-grow there without leaking), fit a Theil–Sen line (the median of pairwise
-slopes: one GC pause or a spike cannot tilt it) and measure how well the
-line explains the samples (R² of that line). A leak is a positive slope that
-explains the data (R² ≥ ``min_r2``) and adds up to real growth over the
-window (≥ ``min_growth_bytes`` and ≥ ``min_growth_fraction`` of the level at
-the start). A flat but noisy process has a slope near zero and a low R²; a
-process that grew once and then stayed flat (a cache filling) has a poor
-line fit, because the growth is not steady.
+and anything before ``warmup_seconds``), then look at the series three ways,
+none of which asks it to be a straight line in time:
+
+- **steady**: growth that keeps going (Mann–Kendall: most later samples sit
+  above earlier ones, ``tau``), adding up to real growth between the
+  start and the end level (medians of the first and last fifth);
+- **floor**: the lowest level of the second half is above the lowest
+  level of the first half (a climb, a staircase, a sawtooth whose troughs
+  rise); a garbage collector that brings memory back down keeps the floor
+  flat, noise around a level keeps it flat;
+- **recent**: the last third grows steadily and ends above everything
+  before it (a leak that started late in a long window).
+
+Each kind of growth must be large (``min_growth_bytes`` and
+``min_growth_fraction`` of the starting level). Too few samples after the
+warm-up is **not enough data** (``status``), never "ok". The Theil–Sen
+line (slope, R²) is still reported as evidence.
 """
 
 from __future__ import annotations
@@ -21,7 +31,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["LeakPolicy", "LeakVerdict", "TrendFit", "detect_leak", "fit_trend", "theil_sen"]
+__all__ = ["LeakPolicy", "LeakVerdict", "TrendFit", "detect_leak", "fit_trend", "kendall_tau", "theil_sen"]
 
 MiB = 1024 * 1024
 
@@ -79,34 +89,41 @@ def fit_trend(x: Sequence[float], y: Sequence[float]) -> TrendFit:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LeakPolicy:
-    """When a trend counts as a leak."""
+    """When growth counts as a leak."""
 
     warmup_fraction: float = 0.2
     """Leading share of the samples ignored (warm-up growth is not a leak)."""
     warmup_seconds: float = 0.0
     """Also ignore samples in the first this-many seconds."""
     min_samples: int = 10
-    """Fewer samples after warm-up: no verdict (``leak`` False, reason says so)."""
+    """Fewer samples after warm-up: "not enough data" (``status``), never "ok"."""
+    min_tau: float = 0.5
+    """Steady growth: Mann–Kendall tau at least this (1 = every later sample is higher)."""
     min_r2: float = 0.8
-    """The line must explain this much of the variance."""
+    """Kept for callers that set it; the line fit is reported, no longer decisive."""
     min_growth_bytes: float = 8 * MiB
-    """Total growth over the window must reach this many bytes..."""
+    """Growth must reach this many bytes..."""
     min_growth_fraction: float = 0.05
     """...and this fraction of the level at the window's start."""
 
 
 @dataclasses.dataclass
 class LeakVerdict:
-    """Is this series leaking, and the evidence: slope, fit, window, growth."""
+    """Is this series leaking, and the evidence: kind of growth, levels, slope, fit, window."""
 
     leak: bool
     reason: str
     metric: str = "uss_bytes"
     samples: int = 0
     """Samples in the window (after warm-up)."""
+    status: str = "ok"
+    """``leak``, ``ok`` or ``not enough data``."""
+    pattern: str | None = None
+    """What the growth looks like: ``steady``, ``climb`` (the floor rose), ``recent``; None when flat."""
     slope_bytes_per_s: float | None = None
     slope_bytes_per_step: float | None = None
     r2: float | None = None
+    tau: float | None = None
     window_start: float | None = None
     window_end: float | None = None
     window_s: float | None = None
@@ -114,10 +131,65 @@ class LeakVerdict:
     end_bytes: float | None = None
     growth_bytes: float | None = None
     growth_fraction: float | None = None
+    floor_growth_bytes: float | None = None
+    recent_growth_bytes: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The verdict as a JSON-ready dict."""
         return dataclasses.asdict(self)
+
+
+def kendall_tau(values: Sequence[float]) -> tuple[float, float]:
+    """Mann–Kendall trend of a series in order: (tau in [-1, 1], z score; > 2.5 is a clear trend)."""
+    import numpy as np
+
+    ys = np.asarray(values, dtype=float)
+    n = len(ys)
+    if n < 3:
+        return 0.0, 0.0
+    i, j = np.triu_indices(n, k=1)
+    s = float(np.sign(ys[j] - ys[i]).sum())
+    pairs = n * (n - 1) / 2
+    variance = n * (n - 1) * (2 * n + 5) / 18
+    z = (s - np.sign(s)) / math.sqrt(variance) if s else 0.0
+    return s / pairs, float(z)
+
+
+def _growth_is_large(growth: float, start: float, policy: LeakPolicy) -> bool:
+    fraction = growth / start if start > 0 else (1.0 if growth > 0 else 0.0)
+    return growth >= policy.min_growth_bytes and fraction >= policy.min_growth_fraction
+
+
+def _judge(ys: list[float], policy: LeakPolicy) -> dict[str, Any]:
+    """The growth measures of one window (values in order) and the pattern that makes it a leak, if any."""
+    import numpy as np
+
+    n = len(ys)
+    k = max(2, n // 5)
+    start, end = float(np.median(ys[:k])), float(np.median(ys[-k:]))
+    tau, z = kendall_tau(ys)
+    half = n // 2
+    floor_growth = float(min(ys[half:]) - min(ys[:half]))
+    third = max(3, n // 3)
+    recent, earlier = ys[-third:], ys[:-third]
+    recent_tau, _ = kendall_tau(recent)
+    recent_growth = float(np.median(recent[-max(2, third // 3):]) - max(earlier)) if earlier else 0.0
+    base = min(ys[:half]) if half else start
+    growth = end - start
+    # every sample above the one before (tau near 1): steadiness is the evidence, size only needs the byte floor
+    steady_enough = _growth_is_large(growth, start, policy) or (tau >= 0.9 and growth >= policy.min_growth_bytes)
+    settled = max(recent) - min(recent) < max(policy.min_growth_bytes, policy.min_growth_fraction * end)
+    pattern = None
+    if settled and _growth_is_large(floor_growth, base, policy):
+        pattern = "climb"  # grew, then held: the end of the window is flat
+    elif tau >= policy.min_tau and z >= 2.5 and steady_enough and floor_growth > 0:
+        pattern = "steady"
+    elif _growth_is_large(floor_growth, base, policy):
+        pattern = "climb"
+    elif recent_tau >= policy.min_tau and _growth_is_large(recent_growth, max(earlier or [start]), policy):
+        pattern = "recent"
+    return {"start": start, "end": end, "tau": tau, "floor": floor_growth, "recent": recent_growth,
+            "pattern": pattern}
 
 
 def detect_leak(
@@ -136,22 +208,22 @@ def detect_leak(
     policy = policy or LeakPolicy()
     points = [(float(t), float(v), s) for t, v, s in zip(times, values, steps or [None] * len(times)) if v is not None]
     points.sort(key=lambda point: point[0])
-    if len(points) < 2:
-        return LeakVerdict(False, f"only {len(points)} sample(s): no trend", metric=metric, samples=len(points))
-    first_time = points[0][0]
-    skip = int(math.ceil(len(points) * policy.warmup_fraction))
+    first_time = points[0][0] if points else 0.0
+    skip = int(math.ceil(len(points) * policy.warmup_fraction)) if len(points) >= 2 else 0
     window = [p for p in points[skip:] if p[0] - first_time >= policy.warmup_seconds]
-    if len(window) < policy.min_samples:
-        return LeakVerdict(False, f"{len(window)} samples after warm-up, fewer than the {policy.min_samples} needed",
-                           metric=metric, samples=len(window))
+    if len(window) < max(3, policy.min_samples):
+        return LeakVerdict(
+            False, f"not enough data: {len(window)} sample(s) after warm-up, {max(3, policy.min_samples)} needed "
+                   f"({len(points)} recorded; sample longer)",
+            metric=metric, samples=len(window), status="not enough data")
     origin = window[0][0]
     xs = [p[0] - origin for p in window]
     ys = [p[1] for p in window]
     fit = fit_trend(xs, ys)
     span = xs[-1] - xs[0]
-    start = fit.intercept
-    end = fit.intercept + fit.slope * span
-    growth = fit.slope * span
+    judged = _judge(ys, policy)
+    start, end = judged["start"], judged["end"]
+    growth = end - start
     fraction = growth / start if start > 0 else (1.0 if growth > 0 else 0.0)
     per_step = None
     stepped = [(s, p[1]) for p in window if (s := p[2]) is not None]
@@ -159,19 +231,25 @@ def detect_leak(
         per_step = theil_sen([s for s, _ in stepped], [v for _, v in stepped])[0]
     verdict = LeakVerdict(
         False, "", metric=metric, samples=len(window), slope_bytes_per_s=fit.slope, slope_bytes_per_step=per_step,
-        r2=fit.r2, window_start=window[0][0], window_end=window[-1][0], window_s=span,
+        r2=fit.r2, tau=judged["tau"], window_start=window[0][0], window_end=window[-1][0], window_s=span,
         start_bytes=start, end_bytes=end, growth_bytes=growth, growth_fraction=fraction,
+        floor_growth_bytes=judged["floor"], recent_growth_bytes=judged["recent"], pattern=judged["pattern"],
     )
-    if fit.slope <= 0:
-        verdict.reason = "flat or shrinking"
-    elif fit.r2 < policy.min_r2:
-        verdict.reason = f"no steady growth (line fit R²={fit.r2:.2f} < {policy.min_r2})"
-    elif growth < policy.min_growth_bytes:
-        verdict.reason = f"grew {growth / MiB:.1f} MiB over {span:.0f}s, under {policy.min_growth_bytes / MiB:.0f} MiB"
-    elif fraction < policy.min_growth_fraction:
-        verdict.reason = f"grew {fraction:.1%} over {span:.0f}s, under {policy.min_growth_fraction:.0%}"
+    mib = lambda value: f"{value / MiB:.0f} MiB"  # noqa: E731
+    if judged["pattern"] == "steady":
+        verdict.reason = (f"steady growth {mib(start)} -> {mib(end)} (+{fraction:.0%}) over {span:.0f}s "
+                          f"(tau={judged['tau']:.2f}, {fit.slope / MiB:+.2f} MiB/s)")
+    elif judged["pattern"] == "climb":
+        verdict.reason = (f"grew {mib(start)} -> {mib(end)} (+{fraction:.0%}) over {span:.0f}s and never came back "
+                          f"down (floor +{mib(judged['floor'])}): a leak, or a cache that filled")
+    elif judged["pattern"] == "recent":
+        verdict.reason = (f"recent growth: the last third climbs to +{mib(judged['recent'])} above every "
+                          f"earlier sample ({mib(end)} now)")
+    elif growth <= 0 and judged["floor"] <= 0:
+        verdict.reason = f"flat or shrinking over {span:.0f}s ({len(window)} samples)"
     else:
-        verdict.leak = True
-        verdict.reason = (f"steady growth of {fit.slope / MiB:.2f} MiB/s (R²={fit.r2:.2f}), "
-                          f"+{growth / MiB:.1f} MiB ({fraction:.0%}) over {span:.0f}s")
+        verdict.reason = (f"no lasting growth: {mib(start)} -> {mib(end)}, floor {judged['floor'] / MiB:+.1f} MiB "
+                          f"over {span:.0f}s ({len(window)} samples)")
+    if judged["pattern"] is not None:
+        verdict.leak, verdict.status = True, "leak"
     return verdict

@@ -73,6 +73,8 @@ class WorkerMemory:
     slope_bytes_per_step: float | None = None
     leak: bool = False
     reason: str = ""
+    status: str = "not enough data"
+    """``leak``, ``ok`` or ``not enough data`` (never "ok" when too little was sampled)."""
     evidence: dict[str, Any] = dataclasses.field(default_factory=dict)
     """The verdict of the metric that decided (:class:`LeakVerdict` as a dict)."""
     series: list[float] = dataclasses.field(default_factory=list)
@@ -91,9 +93,15 @@ class MemoryReport:
         """Workers whose verdict is a leak."""
         return [worker for worker in self.workers if worker.leak]
 
+    @property
+    def undecided(self) -> list[WorkerMemory]:
+        """Workers with too few samples to judge ("not enough data")."""
+        return [worker for worker in self.workers if worker.status == "not enough data"]
+
     def to_dict(self) -> dict[str, Any]:
         """``{"store", "workers": [...], "leaks": n}`` (JSON-ready)."""
-        return {"store": self.store, "workers": [dataclasses.asdict(w) for w in self.workers], "leaks": len(self.leaks)}
+        return {"store": self.store, "workers": [dataclasses.asdict(w) for w in self.workers], "leaks": len(self.leaks),
+                "not_enough_data": len(self.undecided)}
 
 
 def _thin(values: list[float], width: int = 60) -> list[float]:
@@ -131,6 +139,7 @@ def summarise(records: list, policy: LeakPolicy | None = None) -> WorkerMemory:
                                        policy=policy, metric="cuda_allocated_bytes"))
     chosen = next((v for v in verdicts if v.leak), verdicts[-1])
     worker.leak, worker.reason, worker.evidence = chosen.leak, chosen.reason, chosen.to_dict()
+    worker.status = chosen.status
     worker.slope_bytes_per_s, worker.slope_bytes_per_step = chosen.slope_bytes_per_s, chosen.slope_bytes_per_step
     worker.series = _thin([d.get(chosen.metric) for d in data if d.get(chosen.metric) is not None])
     return worker

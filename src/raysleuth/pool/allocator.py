@@ -15,7 +15,7 @@ from typing import Any
 
 from raysleuth.errors import UsageError
 
-__all__ = ["AllocationPlan", "Placement", "SmartResourceAllocator", "plan_placements"]
+__all__ = ["AllocationPlan", "Placement", "SmartResourceAllocator", "check_starts_together", "plan_placements"]
 
 log = logging.getLogger("raysleuth.pool")
 
@@ -80,6 +80,12 @@ def plan_placements(
     if num_workers < 1:
         raise UsageError(f"num_workers must be at least 1, got {num_workers}")
     free = {node["node_id"]: dict(node.get("resources_total") or {}) for node in nodes}
+    largest = max(((node.get("resources_total") or {}).get("CPU", 0.0) for node in nodes), default=None)
+    if largest is not None and cpu_per_worker > largest + 1e-9:
+        # waiting is pointless: no node will ever have this much, whatever frees up
+        raise UsageError(
+            f"no node can ever hold a worker of {cpu_per_worker:g} CPU: the largest node has {largest:g} CPU",
+            fix=f"ask for at most {largest:g} CPU per worker (fractions such as 0.5 work), or add a bigger node")
 
     def preferred(node: dict[str, Any]) -> bool:
         if not preferred_node_type:
@@ -150,6 +156,26 @@ def plan_placements(
     return AllocationPlan(placements=placements, warnings=warnings, strategy=fallback_strategy)
 
 
+def check_starts_together(plan: AllocationPlan, nodes: list[dict[str, Any]]) -> None:
+    """Raise when the plan's workers can never all run at once on these nodes (a pool needs every rank).
+
+    The plan queues ranks for which the cluster's *total* CPU is planned
+    already: nothing will free up while the pool's own workers hold it.
+    """
+    queued = [p.rank for p in plan.placements if p.node_id is None and p.reason.startswith("queued")]
+    if not queued:
+        return
+    total = sum((node.get("resources_total") or {}).get("CPU", 0.0) for node in nodes)
+    count = len(plan.placements)
+    each = plan.placements[0].num_cpus
+    fits = max(1, int(total // each)) if each else count
+    raise UsageError(
+        f"{count} workers x {each:g} CPU need {count * each:g} CPU, but the cluster has {total:g} CPU in all: "
+        f"rank(s) {', '.join(map(str, queued))} could never start while the others run",
+        fix=f"use cpu_cores_per_worker={math.floor(total / count * 100) / 100:g} or num_workers={fits}, "
+            "or add nodes")
+
+
 class SmartResourceAllocator:
     """Plans worker placement on the live cluster, with a fallback when GPUs don't fit."""
 
@@ -177,9 +203,9 @@ class SmartResourceAllocator:
         return nodes
 
     def plan(self, num_workers: int, *, use_gpu: bool, cpu_per_worker: float = 1.0,
-             gpu_memory_per_worker: float | None = None) -> AllocationPlan:
-        """Plan ``num_workers`` placements on the cluster this process is connected to."""
-        return plan_placements(self.cluster_nodes(), num_workers, use_gpu=use_gpu, cpu_per_worker=cpu_per_worker,
+             gpu_memory_per_worker: float | None = None, nodes: list[dict[str, Any]] | None = None) -> AllocationPlan:
+        """Plan ``num_workers`` placements on the cluster this process is connected to (or on ``nodes``)."""
+        return plan_placements(self.cluster_nodes() if nodes is None else nodes, num_workers, use_gpu=use_gpu, cpu_per_worker=cpu_per_worker,
                                gpu_memory_per_worker=gpu_memory_per_worker, min_gpu_memory=self.min_gpu_memory,
                                preferred_node_type=self.preferred_node_type,
                                fallback_strategy=self.fallback_strategy)

@@ -12,7 +12,7 @@ from typing import Any
 
 from raysleuth import cluster, runtime
 from raysleuth.errors import CaptureTimeout, UsageError, WorkerNotFound
-from raysleuth.pool.allocator import AllocationPlan, SmartResourceAllocator
+from raysleuth.pool.allocator import AllocationPlan, SmartResourceAllocator, check_starts_together
 from raysleuth.pool.instrument import InstrumentOptions, InstrumentedWorker, install_here, instrument
 from raysleuth.redact import redact_text
 
@@ -111,9 +111,11 @@ class RayResourcePool:
         self.name = name or f"raysleuth-pool-{uuid.uuid4().hex[:6]}"
         self.debug_mode = debug_mode
         self.allocator = allocator or SmartResourceAllocator()
+        nodes = self.allocator.cluster_nodes()
         self.plan: AllocationPlan = self.allocator.plan(num_workers, use_gpu=use_gpu,
                                                         cpu_per_worker=cpu_cores_per_worker,
-                                                        gpu_memory_per_worker=gpu_memory_per_worker)
+                                                        gpu_memory_per_worker=gpu_memory_per_worker, nodes=nodes)
+        check_starts_together(self.plan, nodes)  # fail now, not after start_timeout
         self.warnings = list(self.plan.warnings)
         watch = debug_mode if memory_watch is None else memory_watch
         options = InstrumentOptions(memory_watch=watch, memory_interval=memory_interval)

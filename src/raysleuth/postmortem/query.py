@@ -34,13 +34,13 @@ def _first_line(text: str, limit: int = 160) -> str:
 
 
 def list_crashes(run: str | None = None, *, home: Any = None, rank: int | None = None,
-                 limit: int | None = None) -> list[CrashSummary]:
+                 limit: int | None = None, job: list[str] | str | None = None) -> list[CrashSummary]:
     """The crash capsules of a run (default: the latest), oldest first. Reads the store only."""
     from raysleuth.recorder import open_store
 
     store = open_store(run, home=home)
     try:
-        records = store.query("crash", rank=rank, limit=limit, newest_first=limit is not None)
+        records = store.query("crash", rank=rank, job=job, limit=limit, newest_first=limit is not None)
     finally:
         store.close()
     if limit is not None:

@@ -10,13 +10,16 @@ it back (the CLI reads the file directly, with or without a cluster).
 
 from __future__ import annotations
 
+import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from raysleuth import runtime
-from raysleuth.errors import ClusterUnreachable
+from raysleuth.errors import ClusterUnreachable, StoreNotFound
+from raysleuth.recorder import spool
 from raysleuth.recorder.client import RecordClient, StoreSink, WriterSink, get_client, record, reset_client
-from raysleuth.recorder.store import EvidenceStore, Record, latest_run, list_runs, resolve_store_path
+from raysleuth.recorder.store import DB_NAME, EvidenceStore, Record, latest_run, list_runs, resolve_store_path, run_dir
 from raysleuth.recorder.writer import NAMESPACE, WRITER_NAME, EvidenceWriter
 
 __all__ = [
@@ -24,9 +27,12 @@ __all__ = [
     "NAMESPACE",
     "Record",
     "RecordClient",
+    "RunChoice",
     "StoreSink",
     "WRITER_NAME",
     "WriterSink",
+    "choose_run",
+    "deliver_spooled",
     "get_client",
     "get_writer",
     "latest_run",
@@ -73,21 +79,113 @@ def get_writer(*, create: bool = True, home: Path | str | None = None):
         ).remote(str(home or runtime.settings().home), cluster.session_name())
 
 
+@dataclass
+class RunChoice:
+    """Which run a reader shows, and why (every command names it)."""
+
+    run_id: str
+    path: Path
+    reason: str
+    """``given`` (--run), ``connected`` (the run of the cluster this process is connected to), ``newest``."""
+
+    def to_dict(self) -> dict[str, str]:
+        """JSON-ready."""
+        return {"run_id": self.run_id, "path": str(self.path), "reason": self.reason}
+
+    def describe(self) -> str:
+        """One line for stderr."""
+        why = {"given": "--run", "connected": "the connected cluster's run", "newest": "the newest run; --run picks another"}
+        return f"run {self.run_id} ({why.get(self.reason, self.reason)}): {self.path}"
+
+
+def choose_run(run: str | None = None, *, home: Path | str | None = None) -> RunChoice:
+    """Resolve the run a reader should show; never falls back silently.
+
+    Abandoned spool files are stored into their runs first, so a job that
+    ended before its records reached the writer is read from its own run.
+    A process connected to Ray reads its cluster's run; if that run has no
+    evidence, it is an error that names the run, not the previous job's run.
+    """
+    home_path = Path(home) if home else runtime.settings().home
+    deliver_spooled(home_path)
+    if run is not None:
+        path = resolve_store_path(home_path, run)
+        return RunChoice(run_id=path.parent.name, path=path, reason="given")
+    session = _connected_session()
+    if session is not None:
+        path = run_dir(home_path, session) / DB_NAME
+        if path.is_file():
+            return RunChoice(run_id=session, path=path, reason="connected")
+        newest = latest_run(home_path)
+        raise StoreNotFound(
+            f"the connected cluster's run {session} has no evidence under {home_path} yet",
+            fix=(f"record something first, or pass --run {newest} to read the newest run" if newest
+                 else "record something first (instruments write as soon as a worker uses them)"),
+        )
+    path = resolve_store_path(home_path, None)
+    return RunChoice(run_id=path.parent.name, path=path, reason="newest")
+
+
 def open_store(run: str | None = None, *, home: Path | str | None = None) -> EvidenceStore:
     """Open a run's evidence read-only.
 
     ``run``: a run id or a path to an ``evidence.sqlite``. Without one, a
     process connected to Ray reads the run of *its* cluster (the Ray session
     name), so several clusters sharing one home never mix; otherwise the
-    latest run.
+    latest run. See :func:`choose_run`.
+    """
+    return EvidenceStore(choose_run(run, home=home).path, readonly=True)
+
+
+def deliver_spooled(home: Path | str | None = None, run: str | None = None) -> int:
+    """Store abandoned spool files into their runs (creating a run that has none); returns rows stored.
+
+    A run created this way becomes the latest when its evidence is newer
+    than the latest run's. Never raises (a read-only home is read as it is).
     """
     home_path = Path(home) if home else runtime.settings().home
-    if run is None:
-        run = _connected_run(home_path)
-    return EvidenceStore(resolve_store_path(home_path, run), readonly=True)
+    stored = 0
+    for run_id in ([run] if run else spool.pending_runs(home_path)):
+        try:
+            stored += _deliver_run_spool(home_path, run_id)
+        except Exception:
+            continue
+    return stored
 
 
-def _connected_run(home: Path) -> str | None:
+def _deliver_run_spool(home: Path, run_id: str) -> int:
+    path = run_dir(home, run_id) / DB_NAME
+    existed = path.is_file()
+    files = list(spool.spool_dir(home, run_id).glob("*.jsonl"))
+    newest_spool = max((f.stat().st_mtime for f in files), default=0.0)
+    store = EvidenceStore(path)
+    try:
+        stored = spool.ingest_spools(home, store, run_id)
+    finally:
+        store.close()
+    if not existed and stored:
+        latest = latest_run(home)
+        latest_path = run_dir(home, latest) / DB_NAME if latest else None
+        if latest is None or latest == run_id or newest_spool > latest_path.stat().st_mtime:
+            marker = home / "runs" / "latest"
+            tmp = marker.with_name(f".latest.{os.getpid()}")
+            tmp.write_text(run_id)
+            os.replace(tmp, marker)
+    elif not existed and not stored:
+        _remove_empty(path)
+    return stored
+
+
+def _remove_empty(path: Path) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        Path(str(path) + suffix).unlink(missing_ok=True)
+    try:
+        path.parent.rmdir()
+    except OSError:
+        pass
+
+
+def _connected_session() -> str | None:
     import sys
 
     ray = sys.modules.get("ray")
@@ -96,10 +194,9 @@ def _connected_run(home: Path) -> str | None:
     try:
         from raysleuth import cluster
 
-        session = cluster.session_name()
+        return cluster.session_name()
     except Exception:
         return None
-    return session if (home / "runs" / session / "evidence.sqlite").is_file() else None
 
 
 def flush(timeout: float = 10.0) -> bool:

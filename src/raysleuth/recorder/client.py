@@ -9,9 +9,17 @@ batches and hands them to a *sink*:
 - :class:`StoreSink` — a local :class:`EvidenceStore` (no Ray, or tests).
 
 A batch the sink cannot take is appended to a JSON-lines spool file under
-``$RAYSLEUTH_HOME/spool/`` and re-sent, oldest first, once the sink answers
-again. Rows carry ``(client_id, seq)``, so a batch delivered twice is stored
-once. ``stats.delivered`` counts only rows the sink acknowledged.
+``$RAYSLEUTH_HOME/spool/<run-id>/`` (see :mod:`raysleuth.recorder.spool`) and
+re-sent, oldest first, once the sink answers again. Rows carry
+``(client_id, seq)``, so a batch delivered twice is stored once.
+``stats.delivered`` counts only rows the sink acknowledged.
+
+When the process ends (interpreter exit, a Ray worker told to exit when its
+job ends, ``ray.shutdown()`` in a driver that imported raysleuth), what is
+still queued or in flight is first written to the spool — a few
+milliseconds, so a kill right after loses nothing — then delivered for at
+most :data:`EXIT_DELIVERY_S` seconds. What did not arrive stays in the spool
+for the writer (which ingests abandoned spool files of its run) or the CLI.
 """
 
 from __future__ import annotations
@@ -30,10 +38,18 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from raysleuth import runtime
+from raysleuth.recorder import spool
 
 __all__ = ["ClientStats", "RecordClient", "StoreSink", "WriterSink", "get_client", "record", "reset_client"]
 
 log = logging.getLogger("raysleuth.recorder")
+
+#: Records at these levels are on disk (the write-ahead file) before ``record`` returns: a worker that
+#: Ray ends without a chance to run Python (its actor killed with force when the job ends) keeps them.
+URGENT_LEVELS = frozenset({"WARNING", "ERROR", "CRITICAL"})
+
+#: At exit, how long a client tries to deliver what it spooled before leaving it to the writer/CLI.
+EXIT_DELIVERY_S = float(os.environ.get("RAYSLEUTH_EXIT_DELIVERY_S", "2.0"))
 
 
 class Sink(Protocol):
@@ -53,24 +69,65 @@ class StoreSink:
 
 
 class WriterSink:
-    """Deliver to the run's writer actor (looked up, or created, on demand)."""
+    """Deliver to the run's writer actor (looked up, or created, on demand).
+
+    A delivery waits in short ``ray.get`` slices, so :meth:`cancel` (called
+    before ``ray.shutdown()``) stops it within a slice: no thread of ours is
+    left inside a Ray call when Ray's core worker goes away (that ends the
+    whole process).
+    """
 
     def __init__(self, timeout: float = 10.0) -> None:
         self.timeout = timeout
         self._handle = None
+        self._cancelled = threading.Event()
+        self._active = 0
+        self._active_lock = threading.Condition()
 
     def deliver(self, header: dict[str, Any], rows: list) -> None:
         import ray
 
         from raysleuth.recorder import get_writer
 
-        if self._handle is None:
-            self._handle = get_writer()
+        with self._active_lock:
+            if self._cancelled.is_set():
+                raise ConnectionError("Ray is shutting down in this process: kept in the spool")
+            self._active += 1
         try:
-            ray.get(self._handle.write.remote(header, rows), timeout=self.timeout)
+            if self._handle is None:
+                self._handle = get_writer()
+            ref = self._handle.write.remote(header, rows)
+            deadline = time.monotonic() + self.timeout
+            while True:
+                if self._cancelled.is_set():
+                    raise ConnectionError("Ray is shutting down in this process: kept in the spool")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"the evidence writer did not answer within {self.timeout:.0f}s")
+                try:
+                    ray.get(ref, timeout=min(0.1, remaining))
+                    return
+                except ray.exceptions.GetTimeoutError:
+                    continue
         except Exception:
             self._handle = None  # look it up again next time: it may have been replaced
             raise
+        finally:
+            with self._active_lock:
+                self._active -= 1
+                self._active_lock.notify_all()
+
+    def cancel(self, wait: float = 1.0) -> bool:
+        """Refuse new deliveries and wait (bounded) until none is inside a Ray call; True when none is."""
+        self._cancelled.set()
+        deadline = time.monotonic() + wait
+        with self._active_lock:
+            while self._active:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._active_lock.wait(remaining)
+        return True
 
 
 @dataclass
@@ -96,6 +153,7 @@ class RecordClient:
         batch_size: int = 5_000,
         interval: float = 0.2,
         spool_dir: Path | None = None,
+        run_id: str | None = None,
     ) -> None:
         self.sink = sink
         self.capacity = capacity
@@ -111,9 +169,17 @@ class RecordClient:
         self._deliver_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = False
-        home = spool_dir or runtime.settings().home / "spool"
-        self.spool_path = Path(home) / f"{os.uname().nodename}-{os.getpid()}-{self.client_id}.jsonl"
-        self._header: dict[str, Any] | None = None
+        self.run_id = run_id or "local"
+        if spool_dir is not None:
+            self.spool_path = Path(spool_dir) / f"{os.uname().nodename}-{os.getpid()}-{self.client_id}.jsonl"
+        else:
+            self.spool_path = spool.spool_path(runtime.settings().home, self.run_id, self.client_id)
+        self.write_ahead = True
+        self._wal_path = self.spool_path.with_name(self.spool_path.name[: -len(".jsonl")] + ".wal.jsonl")
+        self._wal_fd: int | None = None
+        self._wal_lock = threading.Lock()
+        self._inflight: list | None = None
+        self._last_header: dict[str, Any] | None = None
 
     # ------------------------------------------------------------- hot path
 
@@ -126,7 +192,7 @@ class RecordClient:
             queued = len(buffer)
             if queued >= self.capacity:
                 self.stats.dropped += 1
-            buffer.append((
+            row = (
                 kind,
                 time.time() if time_ is None else time_,
                 runtime.get_rank() if rank is None else rank,
@@ -136,7 +202,11 @@ class RecordClient:
                 level,
                 {} if data is None else data,
                 next(self._seq),
-            ))
+            )
+            if level in URGENT_LEVELS and self.write_ahead:
+                self._write_ahead(row)  # queues it too, under the same lock as the file is emptied
+            else:
+                buffer.append(row)
             self.stats.recorded += 1
             if self._thread is None:
                 self._start()
@@ -166,6 +236,38 @@ class RecordClient:
                 self._start()
             elif queued >= self.batch_size:
                 self._wake.set()
+        except Exception:  # an instrument must not take the step down
+            pass
+
+    def _write_ahead(self, row: tuple) -> None:
+        """Append one urgent row to this client's write-ahead file (one ``write``; survives a hard kill), and queue it."""
+        with self._wal_lock:
+            self._buffer.append(row)
+            try:
+                if self._wal_fd is None:
+                    self._wal_path.parent.mkdir(parents=True, exist_ok=True)
+                    self._wal_fd = os.open(self._wal_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                text = json.dumps(list(row), default=repr, separators=(",", ":")) + "\n"
+                if os.fstat(self._wal_fd).st_size == 0:
+                    text = json.dumps({"header": self.header()}, default=repr, separators=(",", ":")) + "\n" + text
+                os.write(self._wal_fd, text.encode("utf-8"))
+            except Exception:
+                self.write_ahead = False  # read-only home, disk full: the normal path still delivers
+
+    def _clear_write_ahead(self, remove: bool = False) -> None:
+        """Everything written ahead has been delivered (or spooled): empty the file."""
+        if self._wal_fd is None:
+            return
+        try:
+            with self._wal_lock:
+                if self._buffer and not remove:
+                    return  # rows written ahead may still be queued
+                if remove:
+                    os.close(self._wal_fd)
+                    self._wal_fd = None
+                    self._wal_path.unlink(missing_ok=True)
+                else:
+                    os.ftruncate(self._wal_fd, 0)
         except Exception:
             pass
 
@@ -202,7 +304,9 @@ class RecordClient:
             "actor_name": me.actor_name,
             "actor_class": me.actor_class,
             "role": me.role,
+            "job_id": me.job_id,
         }
+        self._last_header = header
         return header
 
     def _take_batch(self) -> list:
@@ -228,6 +332,7 @@ class RecordClient:
                     return False
                 while self._buffer:
                     batch = self._take_batch()
+                    self._inflight = batch  # what an exit must save if it comes now
                     try:
                         self.sink.deliver(header, batch)
                         self.stats.delivered += len(batch)
@@ -237,6 +342,9 @@ class RecordClient:
                         while self._buffer:
                             self._spool(header, self._take_batch())
                         return False
+                    finally:
+                        self._inflight = None
+                self._clear_write_ahead()
                 return True
             finally:
                 self._idle.set()
@@ -249,40 +357,27 @@ class RecordClient:
 
     def _spool(self, header: dict[str, Any], batch: list) -> None:
         try:
-            self.spool_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.spool_path, "a", encoding="utf-8") as handle:
-                for row in batch:
-                    handle.write(json.dumps(list(row), default=repr, separators=(",", ":")) + "\n")
-            self.stats.spooled += len(batch)
+            self.stats.spooled += spool.append(self.spool_path, header, batch)
         except Exception as error:  # disk full, read-only home: count as dropped
             self.stats.dropped += len(batch)
             self.stats.last_error = repr(error)
 
     def _deliver_spool(self, header: dict[str, Any]) -> bool:
         try:
-            lines = self.spool_path.read_text(encoding="utf-8").splitlines()
+            size = self.spool_path.stat().st_size
+            groups = spool.read_spool(self.spool_path, size)
         except OSError:
             return True
-        rows = []
-        for line in lines:
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                continue  # a torn last line from a crash: skip it
-        for start in range(0, len(rows), self.batch_size):
-            batch = rows[start:start + self.batch_size]
-            try:
-                self.sink.deliver(header, batch)
-            except Exception as error:
-                self._failed(error)
-                # rewrite the spool with what is left
-                rest = rows[start:]
-                tmp = self.spool_path.with_suffix(".tmp")
-                tmp.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rest), encoding="utf-8")
-                os.replace(tmp, self.spool_path)
-                return False
-            self.stats.delivered += len(batch)
-        self.spool_path.unlink(missing_ok=True)
+        for file_header, rows in groups:
+            for start in range(0, len(rows), self.batch_size):
+                batch = rows[start:start + self.batch_size]
+                try:
+                    self.sink.deliver(file_header or header, batch)
+                except Exception as error:
+                    self._failed(error)
+                    return False  # the file stays; rows already delivered are ignored when sent again
+                self.stats.delivered += len(batch)
+        spool.take_delivered(self.spool_path, size)
         self.stats.last_error = None
         return True
 
@@ -303,13 +398,64 @@ class RecordClient:
         worker.join(max(0.0, deadline - time.monotonic()))
         return bool(result and result[0])
 
-    def close(self) -> None:
-        """Flush what is left (bounded) and stop the thread."""
+    def close(self, timeout: float | None = None) -> bool:
+        """Save what is left to the spool, deliver it for at most ``timeout`` s, stop the thread.
+
+        Runs at interpreter exit (atexit; a Ray worker's SIGTERM ends in it too).
+        True when everything reached the sink; else the spool file is handed
+        over (renamed ``<host>-closed-<client>.jsonl``) to the writer or CLI.
+        """
         if self._closed:
-            return
-        self.flush(timeout=5.0)
+            return True
         self._closed = True
         self._wake.set()
+        deadline = time.monotonic() + (EXIT_DELIVERY_S if timeout is None else timeout)
+        try:
+            try:
+                header = self.header()
+            except Exception:  # Ray half torn down: the last header this client knew is as good
+                header = self._last_header or {"client_id": self.client_id, "pid": os.getpid()}
+            pending = list(self._inflight or ()) + self._take_all()
+            if pending:
+                self._spool(header, pending)  # on disk first: a kill from here on loses nothing
+            self._clear_write_ahead(remove=True)  # its rows are delivered or in the spool now
+            if not self.spool_path.exists():
+                return True
+            result: list[bool] = []
+
+            def attempt() -> None:
+                if self._deliver_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                    try:
+                        result.append(self._deliver_spool(header))
+                    finally:
+                        self._deliver_lock.release()
+
+            worker = threading.Thread(target=attempt, name="raysleuth-recorder-exit", daemon=True)
+            worker.start()
+            worker.join(max(0.0, deadline - time.monotonic()))
+            if result and result[0] and not self.spool_path.exists():
+                return True
+            self._hand_over()
+            return False
+        except Exception as error:  # never break the user's exit
+            self.stats.last_error = repr(error)
+            return False
+
+    def _take_all(self) -> list:
+        rows = []
+        while self._buffer:
+            rows.extend(self._take_batch())
+        return rows
+
+    def _hand_over(self) -> None:
+        """Name the spool file so the writer and the CLI know no live client will send it."""
+        try:
+            host = os.uname().nodename
+            target = self.spool_path.with_name(f"{host}-closed-{self.client_id}.jsonl")
+            if self.spool_path.exists():
+                os.replace(self.spool_path, target)
+        except OSError:
+            pass
 
 
 _lazy_data: dict[str, Callable[[tuple], dict[str, Any]]] = {}
@@ -325,15 +471,55 @@ _client_pid: int | None = None
 _client_lock = threading.Lock()
 
 
-def _default_sink() -> Sink:
+def _default_sink() -> tuple[Sink, str]:
+    """The sink for this process and the run it delivers to."""
     import sys
 
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
-        return WriterSink()
+        from raysleuth import cluster
+
+        try:
+            run_id = cluster.session_name()
+        except Exception:
+            run_id = "local"
+        _flush_before_ray_shutdown(ray)
+        return WriterSink(), run_id
     from raysleuth.recorder.store import open_run
 
-    return StoreSink(open_run(runtime.settings().home, "local"))
+    return StoreSink(open_run(runtime.settings().home, "local")), "local"
+
+
+def _flush_before_ray_shutdown(ray) -> None:
+    """Make ``ray.shutdown()`` in this process hand over its evidence first (bounded).
+
+    Without this a driver that records and then shuts Ray down at once loses
+    what was queued: the writer is out of reach a moment later. The client is
+    closed (spooled, delivered for at most EXIT_DELIVERY_S) and forgotten, so
+    a later ``ray.init`` starts a client for the new run.
+    """
+    original = ray.shutdown
+    if getattr(original, "_raysleuth_flushes", False):
+        return
+
+    def shutdown(*args: Any, **kwargs: Any):
+        client = _client
+        if client is not None and _client_pid == os.getpid() and isinstance(client.sink, WriterSink):
+            try:
+                client.close()
+                client.sink.cancel(wait=1.0)
+            except Exception:
+                pass
+            reset_client(None)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            runtime.forget_identity()  # a later ray.init is another job: its records carry its own job id
+
+    shutdown.__doc__ = original.__doc__
+    shutdown.__wrapped__ = original  # type: ignore[attr-defined]
+    shutdown._raysleuth_flushes = True  # type: ignore[attr-defined]
+    ray.shutdown = shutdown
 
 
 def _forget_client_after_fork() -> None:
@@ -352,9 +538,60 @@ def get_client() -> RecordClient:
         return client
     with _client_lock:
         if _client is None or _client_pid != os.getpid():
-            _client = RecordClient(_default_sink())
+            sink, run_id = _default_sink()
+            _client = RecordClient(sink, run_id=run_id)
             _client_pid = os.getpid()
+            if isinstance(sink, WriterSink):
+                _save_on_sigterm()
         return _client
+
+
+#: At SIGTERM, how long a worker tries to deliver before Ray's own handler ends it.
+SIGTERM_DELIVERY_S = 0.5
+_sigterm_hooked = False
+
+
+def _save_on_sigterm() -> None:
+    """Chain a SIGTERM handler that spools (then briefly delivers) before Ray's handler runs.
+
+    When a job ends, Ray sends its workers SIGTERM and they leave at once,
+    without atexit: measured on Ray 2.60, a worker is gone a few ms after
+    the signal. Python only lets the main thread set handlers; elsewhere (a
+    Ray Train training thread) this is skipped and atexit is the only net.
+    """
+    global _sigterm_hooked
+    import signal
+
+    if _sigterm_hooked or threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        previous = signal.getsignal(signal.SIGTERM)
+
+        saving = threading.Event()
+
+        def on_sigterm(signum, frame):
+            # Ray sends SIGTERM twice in a row: a second one must not interrupt the first's save
+            # (Ray's handler raises SystemExit wherever the main thread is), so it is ignored here
+            # and the first one chains to Ray's handler when the evidence is on disk.
+            if saving.is_set():
+                return
+            saving.set()
+            client = _client
+            if client is not None and _client_pid == os.getpid():
+                try:
+                    client.close(timeout=SIGTERM_DELIVERY_S)
+                except Exception:
+                    pass
+            if callable(previous):
+                previous(signum, frame)
+            elif previous == signal.SIG_DFL:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+        _sigterm_hooked = True
+    except Exception:  # not the main interpreter, or signals unavailable: atexit still runs
+        pass
 
 
 def reset_client(client: RecordClient | None = None) -> RecordClient | None:

@@ -41,7 +41,7 @@ DB_NAME = "evidence.sqlite"
 #: The identity columns a batch header carries for all its rows.
 IDENTITY_COLUMNS = (
     "world_size", "node_id", "node_ip", "hostname", "pid",
-    "actor_id", "actor_name", "actor_class", "client_id",
+    "actor_id", "actor_name", "actor_class", "client_id", "job_id",
 )
 #: The per-row columns, in the order a client packs them.
 ROW_COLUMNS = ("kind", "time", "rank", "step", "phase", "name", "level", "data", "seq")
@@ -76,6 +76,11 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX records_kind_rank ON records (kind, rank, time);
     CREATE UNIQUE INDEX records_delivery ON records (client_id, seq) WHERE client_id IS NOT NULL;
     """,
+    # 2: the Ray job that wrote each record, so two jobs on one cluster stay apart (`--job`).
+    """
+    ALTER TABLE records ADD COLUMN job_id TEXT;
+    CREATE INDEX records_job ON records (job_id, kind, time);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -103,6 +108,7 @@ class Record:
     actor_name: str | None = None
     actor_class: str | None = None
     client_id: str | None = None
+    job_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The record as a JSON-ready dict."""
@@ -269,6 +275,7 @@ class EvidenceStore:
         kind: str | Iterable[str] | None = None,
         *,
         rank: int | Iterable[int] | None = None,
+        job: str | Iterable[str] | None = None,
         name: str | None = None,
         since: float | None = None,
         after_id: int | None = None,
@@ -278,7 +285,7 @@ class EvidenceStore:
         limit: int | None = None,
         newest_first: bool = False,
     ) -> list[Record]:
-        """Records matching every given filter, in time order."""
+        """Records matching every given filter, in time order (``job``: Ray job ids, e.g. ``"02000000"``)."""
         where, args = [], []
         if kind is not None:
             kinds = [kind] if isinstance(kind, str) else list(kind)
@@ -288,6 +295,10 @@ class EvidenceStore:
             ranks = [rank] if isinstance(rank, int) else list(rank)
             where.append(f"rank IN ({','.join('?' * len(ranks))})")
             args += ranks
+        if job is not None:
+            jobs = [job] if isinstance(job, str) else list(job)
+            where.append(f"job_id IN ({','.join('?' * len(jobs))})")
+            args += jobs
         if name is not None:
             where.append("name = ?")
             args.append(name)
@@ -307,7 +318,10 @@ class EvidenceStore:
             level_list = list(levels)
             where.append(f"level IN ({','.join('?' * len(level_list))})")
             args += level_list
-        sql = "SELECT id, " + ", ".join(COLUMNS) + " FROM records"
+        if self._version < 2 and job is not None:
+            return []  # a run recorded before job ids: no record names a job
+        selected = COLUMNS if self._version >= 2 else COLUMNS[:-1] + ("NULL",)  # read old runs as they are
+        sql = "SELECT id, " + ", ".join(selected) + " FROM records"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY time DESC, id DESC" if newest_first else " ORDER BY time, id"
@@ -336,6 +350,13 @@ class EvidenceStore:
         if kind is None:
             return self._db.execute("SELECT COUNT(*) FROM records").fetchone()[0]
         return self._db.execute("SELECT COUNT(*) FROM records WHERE kind = ?", (kind,)).fetchone()[0]
+
+    def jobs(self) -> dict[str, int]:
+        """Record counts by Ray job id (records without one are left out)."""
+        if self._version < 2:
+            return {}
+        return dict(self._db.execute(
+            "SELECT job_id, COUNT(*) FROM records WHERE job_id IS NOT NULL GROUP BY job_id ORDER BY MIN(id)"))
 
     def kinds(self) -> dict[str, int]:
         """Record counts by kind."""

@@ -12,6 +12,11 @@ shared state that instruments need to meet without NCCL:
 - **mailboxes**: ranks post a value under a topic and read everyone's
   (consistency checks meet here when ``torch.distributed`` is broken).
 
+Spooled evidence: when it starts (or restarts) and then every
+:data:`SPOOL_SCAN_S` seconds, the writer stores the run's spool files whose
+process is gone (a worker that exited before the writer could take its last
+records), so they land in the same run while the cluster still runs.
+
 Scaling note: one writer serialises all inserts. Measured at tens of
 thousands of records per second (bench/bench_store.py); beyond a few
 hundred ranks at high log rates, shard by node (one writer per node, merged
@@ -26,10 +31,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from raysleuth.recorder import spool
 from raysleuth.recorder.store import EvidenceStore, open_run
 
 WRITER_NAME = "raysleuth-writer"
 NAMESPACE = "raysleuth"
+#: How often the writer looks for abandoned spool files of its run (seconds).
+SPOOL_SCAN_S = 1.0
 
 
 class EvidenceWriter:
@@ -46,6 +54,23 @@ class EvidenceWriter:
         self.mailboxes: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
         self.received = 0
+        self.ingested = 0
+        self.ingest_spool()
+        threading.Thread(target=self._scan_spool, name="raysleuth-spool", daemon=True).start()
+
+    def ingest_spool(self) -> int:
+        """Store the run's abandoned spool files now; returns rows newly stored."""
+        try:
+            stored = spool.ingest_spools(self.home, self.store, self.run_id)
+        except Exception:
+            return 0
+        self.ingested += stored
+        return stored
+
+    def _scan_spool(self) -> None:
+        while True:
+            time.sleep(SPOOL_SCAN_S)
+            self.ingest_spool()
 
     def write(self, header: dict[str, Any], rows: list) -> int:
         """Insert one batch; returns rows newly inserted (duplicates ignored)."""
@@ -68,6 +93,7 @@ class EvidenceWriter:
             "pid": os.getpid(),
             "started": self.started,
             "received": self.received,
+            "ingested": self.ingested,
             "clients": len(self.registry),
         }
 

@@ -253,6 +253,10 @@ def find_tasks(
     if job_id:
         tasks = [task for task in tasks if task.get("job_id") == job_id]
     actors = listing("actors", cluster.actors)
+    # raysleuth's own actors (writer, agents: namespace "raysleuth") are never the user's problem
+    ours = {actor.get("actor_id") for actor in actors if _is_raysleuth(actor)}
+    actors = [actor for actor in actors if actor.get("actor_id") not in ours]
+    tasks = [task for task in tasks if task.get("actor_id") not in ours and not _is_raysleuth(task)]
     actors_by_id = {actor.get("actor_id"): actor for actor in actors}
     nodes = cluster.nodes(alive_only=True)
     node_ips = {node["node_id"]: node["node_ip"] for node in cluster.nodes()}
@@ -513,6 +517,17 @@ def _explain(text: str) -> tuple[str | None, str | None]:
         return None, None
     first = matches[0]
     return getattr(first, "cause", None), getattr(first, "fix", None)
+
+
+_OWN_CLASSES = ("EvidenceWriter", "NodeAgent")
+
+
+def _is_raysleuth(item: dict[str, Any]) -> bool:
+    """An actor (or a task of one) that raysleuth itself runs."""
+    if item.get("ray_namespace") == "raysleuth":
+        return True
+    name = str(item.get("class_name") or item.get("func_or_class_name") or item.get("name") or "")
+    return name.split(".")[0] in _OWN_CLASSES or name.rsplit(".", 1)[-1] in _OWN_CLASSES
 
 
 def _failed(tasks, actors_by_id, rank_of, explain: bool) -> list[FailedTask]:

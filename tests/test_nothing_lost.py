@@ -1,0 +1,184 @@
+"""Evidence survives a prompt exit; two jobs on one cluster stay apart; every reader names its run (issue 17)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from raysleuth.recorder import RecordClient, StoreSink, choose_run, deliver_spooled, spool
+from raysleuth.recorder.store import MIGRATIONS, SCHEMA_VERSION, EvidenceStore, open_run
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent
+
+
+class HangingSink:
+    """A writer that never answers (gone, or stuck)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def deliver(self, header, rows):
+        self.release.wait()
+        raise ConnectionError("writer gone")
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_close_spools_first_and_never_hangs_the_exit(tmp_path):
+    sink = HangingSink()
+    client = RecordClient(sink, interval=0.01, run_id="run-a", spool_dir=tmp_path / "spool" / "run-a")
+    for n in range(40):
+        client.record("log", {"n": n}, level="WARNING")
+    time.sleep(0.1)  # the background thread now holds a batch in flight, stuck in the sink
+    start = time.monotonic()
+    assert client.close(timeout=0.5) is False
+    assert time.monotonic() - start < 2.0  # bounded: the user's exit is not held
+    handed = list((tmp_path / "spool" / "run-a").glob("*-closed-*.jsonl"))
+    assert len(handed) == 1  # named so the writer and the CLI know no live client will send it
+    store = open_run(tmp_path, "run-a")
+    assert spool.ingest_spools(tmp_path, store, "run-a") == 40
+    assert sorted(r.data["n"] for r in store.query("log")) == list(range(40))
+    assert not handed[0].exists()
+    sink.release.set()
+
+
+def test_a_spool_of_a_process_that_is_gone_becomes_its_own_run_for_readers(tmp_path):
+    open_run(tmp_path, "old-run").add("log", {"message": "the previous job"})
+    folder = spool.spool_dir(tmp_path, "new-run")
+    path = folder / f"{os.uname().nodename}-{_dead_pid()}-abc.jsonl"
+    spool.append(path, {"client_id": "abc", "job_id": "05000000", "pid": 1}, [
+        ["log", time.time(), 2, None, None, "train", "ERROR", {"message": "rank 2 error"}, 0],
+    ])
+    live = folder / f"{os.uname().nodename}-{os.getpid()}-live.jsonl"  # a live client sends its own
+    spool.append(live, {"client_id": "live"}, [["log", time.time(), 0, None, None, "t", "INFO", {}, 0]])
+    choice = choose_run(home=tmp_path)
+    assert (choice.run_id, choice.reason) == ("new-run", "newest")  # not the previous job's run
+    assert "new-run" in choice.describe() and "newest" in choice.describe()
+    store = EvidenceStore(choice.path, readonly=True)
+    records = store.query("log")
+    assert [(r.rank, r.job_id, r.data["message"]) for r in records] == [(2, "05000000", "rank 2 error")]
+    assert live.exists() and not path.exists()
+    assert deliver_spooled(tmp_path) == 0  # nothing twice
+
+
+def test_a_run_recorded_before_job_ids_is_migrated_or_read_as_it_is(tmp_path):
+    path = tmp_path / "runs" / "v1" / "evidence.sqlite"
+    path.parent.mkdir(parents=True)
+    db = sqlite3.connect(path)
+    db.executescript("BEGIN;" + MIGRATIONS[0] + "; PRAGMA user_version=1; COMMIT;")
+    db.execute("INSERT INTO records (kind, time, data) VALUES ('log', 1.0, '{}')")
+    db.commit()
+    db.close()
+    reader = EvidenceStore(path, readonly=True)
+    assert reader.schema_version == 1
+    assert len(reader.query("log")) == 1 and reader.query("log")[0].job_id is None
+    assert reader.query("log", job="02000000") == [] and reader.jobs() == {}
+    reader.close()
+    writer = EvidenceStore(path)
+    assert writer.schema_version == SCHEMA_VERSION == 2
+    writer.write_batch({"client_id": "c", "job_id": "03000000"}, [["log", 2.0, 1, None, None, "n", "INFO", {}, 0]])
+    assert [r.job_id for r in writer.query("log")] == [None, "03000000"]
+    assert writer.jobs() == {"03000000": 1}
+
+
+def test_every_reading_command_names_its_run_on_stderr(tmp_path):
+    open_run(tmp_path, "only-run").add("log", {"message": "hello"}, level="INFO")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    for command in (["logs"], ["logs", "--json"], ["crashes"], ["timeline", "--summary"]):
+        done = subprocess.run([sys.executable, "-m", "raysleuth", *command, "--home", str(tmp_path)],
+                              capture_output=True, text=True, env=env, timeout=120)
+        assert "run only-run (the newest run" in done.stderr, (command, done.stderr)
+    done = subprocess.run([sys.executable, "-m", "raysleuth", "logs", "--json", "--home", str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert json.loads(done.stdout)[0]["message"] == "hello"  # stdout stays clean JSON
+
+
+# ------------------------------------------------------------------ live Ray
+
+REPEATS = int(os.environ.get("RAYSLEUTH_PROMPT_EXIT_REPEATS", "2"))
+
+
+def _run_drivers(address: str, home: Path, drivers: int, repeats: int) -> list[str]:
+    env = dict(os.environ, RAYSLEUTH_HOME=str(home),
+               PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    procs = [subprocess.Popen([sys.executable, "-m", "victims.prompt_exit", address, "--repeats", str(repeats)],
+                              cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(drivers)]
+    jobs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-2000:]
+        jobs += [line.split()[1] for line in out.splitlines() if line.startswith("JOB ")]
+    return jobs
+
+
+def test_prompt_exit_keeps_every_record_and_concurrent_jobs_stay_apart(ray_cluster):
+    """4 ranks log 3 warnings + 1 error, the driver calls ray.shutdown() at once: 16 of 16 kept, per job."""
+    from raysleuth import cluster
+    from raysleuth.recorder import open_store
+
+    jobs = _run_drivers(ray_cluster.address, ray_cluster.home, drivers=2, repeats=REPEATS)
+    assert len(set(jobs)) == 2 * REPEATS
+    deadline = time.monotonic() + 60
+    while True:
+        store = open_store()  # this process is connected: its cluster's run
+        per_job = {job: store.query("log", job=job, name="victims.prompt_exit") for job in jobs}
+        store.close()
+        if all(len(records) == 16 for records in per_job.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert {job: len(records) for job, records in per_job.items()} == {job: 16 for job in jobs}
+    for records in per_job.values():
+        for rank in range(4):
+            mine = [r for r in records if r.rank == rank]
+            assert sorted(r.level for r in mine) == ["ERROR", "WARNING", "WARNING", "WARNING"]
+            assert all(f"rank {rank} " in r.data["message"] for r in mine)
+    # --job keeps two jobs on one cluster apart on the command line too
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    run = cluster.session_name()
+    done = subprocess.run([sys.executable, "-m", "raysleuth", "logs", "--job", jobs[0], "--rank", "1", "--json",
+                           "--run", run, "--home", str(ray_cluster.home)], capture_output=True, text=True, env=env,
+                          timeout=120)
+    lines = json.loads(done.stdout)
+    assert len(lines) == 4 and {line["job_id"] for line in lines} == {jobs[0]}
+    assert {line["rank"] for line in lines} == {1}
+    assert f"run {run} (--run)" in done.stderr
+
+
+def test_a_warning_survives_a_hard_kill_right_after_it_is_logged(tmp_path):
+    """Ray may end a finished job's actor with a force kill (no Python runs): urgent records are on disk first."""
+    script = f"""
+import os, signal, sys
+sys.path.insert(0, {str(ROOT / 'src')!r})
+from raysleuth.recorder import RecordClient
+
+class Nowhere:
+    def deliver(self, header, rows):
+        raise ConnectionError("no writer yet")
+
+client = RecordClient(Nowhere(), interval=60, run_id="run-k", spool_dir={str(tmp_path / 'spool' / 'run-k')!r})
+client.record("log", {{"message": "debug detail"}}, level="INFO")
+for n in range(3):
+    client.record("log", {{"message": f"warning {{n}}"}}, level="WARNING")
+client.record("log", {{"message": "the error"}}, level="ERROR")
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    done = subprocess.run([sys.executable, "-c", script], timeout=120)
+    assert done.returncode == -9
+    store = open_run(tmp_path, "run-k")
+    spool.ingest_spools(tmp_path, store, "run-k")
+    kept = sorted(r.data["message"] for r in store.query("log"))
+    assert kept == ["the error", "warning 0", "warning 1", "warning 2"]
