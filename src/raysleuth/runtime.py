@@ -314,6 +314,16 @@ def _actor_class_name(context) -> str | None:
         return None
 
 
+def _became_actor(ray) -> bool:
+    """A worker that was not an actor when last asked may have become one since (a 2 us check)."""
+    if _identity is None or _identity.role != "task":
+        return False
+    try:
+        return bool(ray.get_runtime_context().get_actor_id())
+    except Exception:
+        return False
+
+
 def whoami(refresh: bool = False) -> Identity:
     """This process's identity (cached; rank looked up again until known)."""
     global _identity, _identity_pid
@@ -321,7 +331,7 @@ def whoami(refresh: bool = False) -> Identity:
     if not refresh and _identity is not None and _identity_pid == pid:
         ray = sys.modules.get("ray")
         ray_known = _identity.node_id is not None or ray is None or not ray.is_initialized()
-        if ray_known and (_identity.rank is not None or get_rank() is None):
+        if ray_known and (_identity.rank is not None or get_rank() is None) and not _became_actor(ray):
             return _identity
     rank, world, source = _rank_info()
     fields: dict = {}

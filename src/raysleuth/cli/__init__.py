@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "logs",
     "memory",
     "report",
+    "run",
     "stacks",
     "tasks",
     "timeline",
