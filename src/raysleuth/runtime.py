@@ -231,6 +231,11 @@ def _rank_info() -> tuple[int | None, int | None, str]:
     return cached
 
 
+def _forget_unknown_rank() -> None:
+    global _rank_checked_at
+    _rank_checked_at = 0.0
+
+
 def get_rank() -> int | None:
     """This process's training rank, or ``None`` when it has none (hot path: a cached read)."""
     cached = _rank_cache
@@ -333,6 +338,8 @@ def whoami(refresh: bool = False) -> Identity:
         ray_known = _identity.node_id is not None or ray is None or not ray.is_initialized()
         if ray_known and (_identity.rank is not None or get_rank() is None) and not _became_actor(ray):
             return _identity
+    if refresh and _rank_cache is not None and _rank_cache[0] is None:
+        _forget_unknown_rank()  # asked to refresh: look again now (torch.distributed may be up)
     rank, world, source = _rank_info()
     fields: dict = {}
     ray = sys.modules.get("ray")
