@@ -192,20 +192,34 @@ def _env_int(name: str) -> int | None:
         return None
 
 
+def _imported(name: str):
+    """``sys.modules[name]`` once fully imported, else None.
+
+    Another thread may be importing it right now (a Ray worker unpickling a
+    Ray Train class while a background thread asks for the rank): calling
+    into a half-initialised package from here can start a second, circular
+    import in this thread and break the other thread's import.
+    """
+    module = sys.modules.get(name)
+    if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
+        return None
+    return module
+
+
 def _discover_rank() -> tuple[int | None, int | None, str]:
     if _explicit_rank is not None:
         return _explicit_rank[0], _explicit_rank[1], "set_rank"
     rank = _env_int("RANK")
     if rank is not None:
         return rank, _env_int("WORLD_SIZE"), "env"
-    train = sys.modules.get("ray.train")
+    train = _imported("ray.train")
     if train is not None:
         try:
             context = train.get_context()
             return context.get_world_rank(), context.get_world_size(), "ray.train"
         except Exception:
             pass
-    distributed = sys.modules.get("torch.distributed")
+    distributed = _imported("torch.distributed")
     if distributed is not None:
         try:
             if distributed.is_available() and distributed.is_initialized():
