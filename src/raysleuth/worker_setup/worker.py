@@ -162,8 +162,6 @@ def _ray_train_error(error: BaseException) -> None:
 
 def _leave_internal_actor() -> None:
     """This worker is one of raysleuth's own actors: nothing of it is the job's evidence."""
-    if _state["internal"]:
-        return
     _state["internal"] = True
     try:
         from raysleuth.logs import uninstall_log_shipping
