@@ -111,6 +111,7 @@ _EXPORTS: dict[str, str] = {
     "set_random_seed": "raysleuth.consistency",
     "set_rank": "raysleuth.runtime",
     "settings": "raysleuth.runtime",
+    "setup_worker": "raysleuth.worker_setup",
     "span": "raysleuth.tracing",
     "stacks": "raysleuth.stacks",
     "step": "raysleuth.heartbeat",

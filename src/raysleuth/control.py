@@ -7,8 +7,17 @@ whenever that key's value changes. Handlers run on the control thread, so
 they work while the training thread is blocked inside a collective. A
 handler that raises is logged once and never stops the thread.
 
-Issue 14 (zero-code setup) starts it in every worker; features call
-``register`` from their own ``install``.
+The same thread runs *tick* callbacks (:func:`on_tick`) before each poll:
+slow, background work of the zero-code setup (log shipping, the memory
+sampler, noticing the rank once ``torch.distributed`` is up) runs there, off
+the worker's start-up path. Without handlers the writer is not polled.
+
+The zero-code setup (:func:`raysleuth.setup_worker`) starts it in every
+worker; features call :func:`register` from their own ``install``.
+
+Scaling note: every worker polls the writer once per ``POLL_INTERVAL``; at
+thousands of workers, publish controls through Ray's pubsub or a per-node
+agent instead of one actor.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ POLL_INTERVAL = 1.0
 
 _log = logging.getLogger("raysleuth.control")
 _handlers: dict[str, Callable[[Any], None]] = {}
+_ticks: list[Callable[[], Any]] = []
 _lock = threading.Lock()
 _thread: threading.Thread | None = None
 _thread_pid: int | None = None
@@ -37,6 +47,22 @@ def register(key: str, handler: Callable[[Any], None]) -> None:
     start()
 
 
+def on_tick(callback: Callable[[], Any]) -> None:
+    """Call ``callback()`` on the control thread before each poll until it returns True.
+
+    For short background work; a callback that raises is dropped (logged once).
+    """
+    with _lock:
+        _ticks.append(callback)
+    start()
+
+
+def thread() -> threading.Thread | None:
+    """This process's control thread when it is alive, else None."""
+    current = _thread
+    return current if current is not None and _thread_pid == os.getpid() and current.is_alive() else None
+
+
 def start() -> None:
     """Start this process's control thread (idempotent, fork-safe)."""
     global _thread, _thread_pid
@@ -48,20 +74,36 @@ def start() -> None:
         _thread.start()
 
 
+def _run_ticks() -> None:
+    with _lock:
+        ticks = list(_ticks)
+    for callback in ticks:
+        try:
+            done = callback()
+        except Exception:
+            done = True
+            _log.debug("raysleuth control tick %r failed", callback, exc_info=True)
+        if done:
+            with _lock:
+                if callback in _ticks:
+                    _ticks.remove(callback)
+
+
 def _poll_loop() -> None:
     handle = None
     seen: dict[str, Any] = {}
     while True:
+        _run_ticks()
         try:
+            with _lock:
+                handlers = dict(_handlers)
             ray = sys.modules.get("ray")
-            if ray is not None and ray.is_initialized():
+            if handlers and ray is not None and ray.is_initialized():
                 if handle is None:
                     from raysleuth.recorder import get_writer
 
                     handle = get_writer(create=False)
                 controls = ray.get(handle.get_controls.remote(), timeout=10)
-                with _lock:
-                    handlers = dict(_handlers)
                 for key, handler in handlers.items():
                     value = controls.get(key)
                     if key in seen and seen[key] == value:

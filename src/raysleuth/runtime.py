@@ -192,20 +192,34 @@ def _env_int(name: str) -> int | None:
         return None
 
 
+def _imported(name: str):
+    """``sys.modules[name]`` once fully imported, else None.
+
+    Another thread may be importing it right now (a Ray worker unpickling a
+    Ray Train class while a background thread asks for the rank): calling
+    into a half-initialised package from here can start a second, circular
+    import in this thread and break the other thread's import.
+    """
+    module = sys.modules.get(name)
+    if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
+        return None
+    return module
+
+
 def _discover_rank() -> tuple[int | None, int | None, str]:
     if _explicit_rank is not None:
         return _explicit_rank[0], _explicit_rank[1], "set_rank"
     rank = _env_int("RANK")
     if rank is not None:
         return rank, _env_int("WORLD_SIZE"), "env"
-    train = sys.modules.get("ray.train")
+    train = _imported("ray.train")
     if train is not None:
         try:
             context = train.get_context()
             return context.get_world_rank(), context.get_world_size(), "ray.train"
         except Exception:
             pass
-    distributed = sys.modules.get("torch.distributed")
+    distributed = _imported("torch.distributed")
     if distributed is not None:
         try:
             if distributed.is_available() and distributed.is_initialized():
@@ -229,6 +243,11 @@ def _rank_info() -> tuple[int | None, int | None, str]:
         _rank_cache = cached
         _rank_checked_at = time.monotonic()
     return cached
+
+
+def _forget_unknown_rank() -> None:
+    global _rank_checked_at
+    _rank_checked_at = 0.0
 
 
 def get_rank() -> int | None:
@@ -320,6 +339,16 @@ def _actor_class_name(context) -> str | None:
         return None
 
 
+def _became_actor(ray) -> bool:
+    """A worker that was not an actor when last asked may have become one since (a 2 us check)."""
+    if _identity is None or _identity.role != "task":
+        return False
+    try:
+        return bool(ray.get_runtime_context().get_actor_id())
+    except Exception:
+        return False
+
+
 def whoami(refresh: bool = False) -> Identity:
     """This process's identity (cached; rank looked up again until known)."""
     global _identity, _identity_pid
@@ -327,8 +356,10 @@ def whoami(refresh: bool = False) -> Identity:
     if not refresh and _identity is not None and _identity_pid == pid:
         ray = sys.modules.get("ray")
         ray_known = _identity.node_id is not None or ray is None or not ray.is_initialized()
-        if ray_known and (_identity.rank is not None or get_rank() is None):
+        if ray_known and (_identity.rank is not None or get_rank() is None) and not _became_actor(ray):
             return _identity
+    if refresh and _rank_cache is not None and _rank_cache[0] is None:
+        _forget_unknown_rank()  # asked to refresh: look again now (torch.distributed may be up)
     rank, world, source = _rank_info()
     fields: dict = {}
     ray = sys.modules.get("ray")

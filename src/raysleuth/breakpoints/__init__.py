@@ -137,36 +137,21 @@ def _set(armed: bool, names: Iterable[str] | None, ranks: Iterable[int] | None, 
 
 
 def _initialise() -> None:
-    """First call in this process: read the settings and start the arming poll."""
+    """First call in this process: read the settings and follow the writer's ``debug`` control.
+
+    Arming is polled by the worker's one control thread (:mod:`raysleuth.control`).
+    """
     global _initialised_pid, _poller, _quiet
     with _state_lock:
         if _initialised_pid == os.getpid():
             return
         _initialised_pid = os.getpid()
         _set(runtime.settings().debug, None, None, "env")
-        _poller = threading.Thread(target=_poll_loop, name="raysleuth-debug-arming", daemon=True)
-        _poller.start()
+        from raysleuth import control
+
+        control.register(CONTROL_KEY, apply_control)
+        _poller = control.thread()
         _quiet = not _armed
-
-
-def _poll_loop() -> None:
-    handle = None
-    last: Any = object()
-    while True:
-        try:
-            ray = sys.modules.get("ray")
-            if ray is not None and ray.is_initialized():
-                if handle is None:
-                    from raysleuth.recorder import get_writer
-
-                    handle = get_writer(create=False)
-                value = ray.get(handle.get_controls.remote(), timeout=10).get(CONTROL_KEY)
-                if value != last:
-                    last = value
-                    apply_control(value)
-        except Exception:
-            handle = None  # no writer yet, or it moved: look it up again next time
-        time.sleep(POLL_INTERVAL)
 
 
 def apply_control(value: Any) -> None:

@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "logs",
     "memory",
     "report",
+    "run",
     "stacks",
     "tasks",
     "timeline",

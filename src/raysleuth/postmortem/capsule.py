@@ -209,7 +209,7 @@ def build_capsule(exc: BaseException, *, method: str | None = None) -> CrashCaps
     """Describe ``exc`` (with its traceback) as a :class:`CrashCapsule`. Never raises for a normal exception."""
     errors: list[str] = []
     try:
-        me = runtime.whoami()
+        me = runtime.whoami(refresh=True)  # a crash right after init_process_group has its rank
     except Exception as error:  # pragma: no cover - whoami catches its own failures
         errors.append(f"whoami: {error!r}")
         me = runtime.Identity(rank=None, world_size=None, local_rank=None, rank_source="none",
