@@ -319,6 +319,16 @@ def _rank_and_size() -> tuple[int | None, int | None]:
         return None, None
 
 
+def _job_id() -> str | None:
+    try:
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():
+            return ray.get_runtime_context().get_job_id()
+    except Exception:
+        pass
+    return None
+
+
 def snapshot(reason: str = "request", *, limit: int = DUMP_LIMIT, request: Any = None) -> dict[str, Any]:
     """This process's collective positions as one JSON-ready dict (the ``collectives`` record's data)."""
     rank, world_size = _rank_and_size()
@@ -331,7 +341,7 @@ def snapshot(reason: str = "request", *, limit: int = DUMP_LIMIT, request: Any =
         fr_part = {"version": fr.get("version"), "entries": entries, "pg_status": fr.get("pg_status") or {}}
     return {
         "reason": reason, "request": request, "time": time.time(), "pid": os.getpid(),
-        "rank": rank, "world_size": world_size, "progress": _progress[0],
+        "rank": rank, "world_size": world_size, "job_id": _job_id(), "progress": _progress[0],
         "groups": _group_table(), "calls": [dict(c) for c in calls], "flight_recorder": fr_part,
     }
 
