@@ -147,7 +147,7 @@ def test_lone_rank_waiting_in_a_collective_nobody_else_entered_is_ahead():
 
 
 def test_named_group_is_labelled_and_filtered():
-    ranks = [_rank(r, [_ar(1), _ar(2, state="pending", created=10.0)] if r else [_ar(1)],
+    ranks = [_rank(r, [_ar(1)] if r else [_ar(1), _ar(2, state="pending", created=10.0)],
                    group="3", desc="actor_rollout_weight_sync") for r in (0, 1)]
     result = match(ranks, group="actor_rollout_weight_sync")
     assert result.groups[0].label == "actor_rollout_weight_sync"
