@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     ray.init(address=args.address, log_to_driver=False)
     workers, pids, refs = start(args.fault, args.world_size, args.fault_rank, steps=args.steps, pause=args.pause)
-    print("training", " ".join(map(str, pids)), flush=True)
+    print("training", ray.get_runtime_context().get_job_id(), " ".join(map(str, pids)), flush=True)
     code = 0
     try:
         print("finished", ray.get(refs), flush=True)

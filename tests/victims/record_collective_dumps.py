@@ -34,17 +34,22 @@ def job_environment(mode: str = "full") -> dict[str, str]:
 
 
 def start_job(fault: str, address: str, *, mode: str = "full", pause: float = 0.3, linger: float = 120.0,
-              world_size: int = 3) -> tuple[subprocess.Popen, list[int]]:
-    """Start the victim job's driver; returns it and its workers' pids (once training started)."""
-    driver = subprocess.Popen(
+              world_size: int = 3, steps: int = 8) -> subprocess.Popen:
+    """Start the victim job's driver (returns at once; :func:`job_started` reads its first line)."""
+    return subprocess.Popen(
         [sys.executable, "-m", "victims.collective_faults", fault, "--address", address, "--pause", str(pause),
-         "--linger", str(linger), "--world-size", str(world_size)],
+         "--linger", str(linger), "--world-size", str(world_size), "--steps", str(steps)],
         env=job_environment(mode), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=str(ROOT))
-    line = driver.stdout.readline().split()
-    if not line or line[0] != "training":
-        driver.kill()
-        raise RuntimeError(f"victim job did not start: {line}")
-    return driver, [int(p) for p in line[1:]]
+
+
+def job_started(driver: subprocess.Popen) -> tuple[str, list[int]]:
+    """Wait for the driver's ``training JOB PIDS`` line: (job id, worker pids)."""
+    for text in driver.stdout:  # Ray may print its own warnings first
+        line = text.split()
+        if len(line) >= 2 and line[0] == "training":
+            return line[1], [int(p) for p in line[2:]]
+    driver.kill()
+    raise RuntimeError(f"victim job ended before training (exit {driver.wait()})")
 
 
 def main(faults: list[str]) -> None:
@@ -59,7 +64,8 @@ def main(faults: list[str]) -> None:
 
     get_writer()
     for fault in faults:
-        driver, pids = start_job(fault, context.address_info["address"])
+        driver = start_job(fault, context.address_info["address"])
+        _, pids = job_started(driver)
         time.sleep(12)
         request_dump()
         time.sleep(4)

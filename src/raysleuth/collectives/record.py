@@ -77,6 +77,11 @@ _installed = False
 _wrapped = False
 _last_dump_key: Any = None
 _SKIP_DIRS: tuple[str, ...] = (os.path.dirname(os.path.abspath(__file__)),)
+_c10d: Any = None
+"""torch.distributed.distributed_c10d, once wrapped."""
+_current_step = runtime.current_step
+_wake = threading.Event()
+"""Set when a process group is created: the background thread then records this rank at once."""
 
 
 # ------------------------------------------------------------------ install
@@ -135,7 +140,7 @@ class _WrapOnImport(importlib.abc.MetaPathFinder):
 
 def wrap_collectives() -> bool:
     """Wrap ``torch.distributed``'s collectives (idempotent); False where torch.distributed is missing."""
-    global _wrapped
+    global _wrapped, _c10d
     try:
         import torch.distributed as dist
 
@@ -143,7 +148,15 @@ def wrap_collectives() -> bool:
             return _wrapped
         from torch.distributed import distributed_c10d as c10d
 
+        _c10d = c10d
         _tune_skip_dirs()
+        for name in ("init_process_group", "new_group"):
+            original = getattr(c10d, name, None)
+            if original is not None and not getattr(original, "__raysleuth_collective__", False):
+                wrapped = _wake_after(original)
+                setattr(c10d, name, wrapped)
+                if getattr(dist, name, None) is original:
+                    setattr(dist, name, wrapped)
         for op in OPS:
             original = getattr(c10d, op, None)
             if original is None or getattr(original, "__raysleuth_collective__", False):
@@ -156,6 +169,17 @@ def wrap_collectives() -> bool:
     except Exception:
         return False
     return True
+
+
+def _wake_after(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def create(*args, **kwargs):
+        result = original(*args, **kwargs)
+        _wake.set()
+        return result
+
+    create.__raysleuth_collective__ = True
+    return create
 
 
 def _group_index(function: Callable) -> int:
@@ -209,7 +233,7 @@ def _begin(op, args, kwargs, group_at, input_at, output_at) -> dict | None:
             "input": _tensors(args, input_at), "output": _tensors(args, output_at),
             "state": "started", "start_ns": time.time_ns(), "end_ns": None,
             "file": site[0] if site else None, "line": site[1] if site else None,
-            "function": code.co_name if code is not None else None, "step": runtime.current_step(), "call": count,
+            "function": code.co_name if code is not None else None, "step": _current_step(), "call": count,
         }
         _ring.append(entry)
         return entry
@@ -218,23 +242,26 @@ def _begin(op, args, kwargs, group_at, input_at, output_at) -> dict | None:
 
 
 def _tensors(args, index) -> list:
+    """(shape, dtype) of the tensor(s) at ``args[index]``: torch's own objects, made plain at dump time."""
     if index is None or index >= len(args):
         return []
     value = args[index]
-    items = value if isinstance(value, (list, tuple)) else [value]
-    out = []
-    for item in items[:8]:
-        shape = getattr(item, "shape", None)
-        if shape is not None:
-            out.append([list(shape), str(item.dtype).replace("torch.", "")])
-    return out
+    if isinstance(value, (list, tuple)):
+        return [(item.shape, item.dtype) for item in value[:8] if hasattr(item, "shape")]
+    return [(value.shape, value.dtype)] if hasattr(value, "shape") else []
+
+
+def _plain(entry: dict) -> dict:
+    """A ring entry as JSON-ready data."""
+    data = dict(entry)
+    for key in ("input", "output"):
+        data[key] = [[list(shape), str(dtype).replace("torch.", "")] for shape, dtype in entry.get(key) or []]
+    return data
 
 
 def _group_name(group) -> str:
     if group is None:
-        from torch.distributed import distributed_c10d as c10d
-
-        group = c10d.GroupMember.WORLD
+        group = _c10d.GroupMember.WORLD
     known = _groups.get(id(group))
     if known is None:
         name = str(getattr(group, "group_name", None) or "0")
@@ -342,7 +369,7 @@ def snapshot(reason: str = "request", *, limit: int = DUMP_LIMIT, request: Any =
     return {
         "reason": reason, "request": request, "time": time.time(), "pid": os.getpid(),
         "rank": rank, "world_size": world_size, "job_id": _job_id(), "progress": _progress[0],
-        "groups": _group_table(), "calls": [dict(c) for c in calls], "flight_recorder": fr_part,
+        "groups": _group_table(), "calls": [_plain(c) for c in calls], "flight_recorder": fr_part,
     }
 
 
@@ -350,13 +377,12 @@ def dump(reason: str = "request", *, request: Any = None) -> dict[str, Any] | No
     """Write this process's collective records to the evidence store; returns what was written."""
     try:
         data = snapshot(reason, request=request)
-        if not data["calls"] and not (data["flight_recorder"] or {}).get("entries"):
+        if reason != "joined" and not data["calls"] and not (data["flight_recorder"] or {}).get("entries"):
             return None
         from raysleuth.recorder import get_client, record
 
         record("collectives", data, name=reason, level="INFO")
-        if reason in ("exit", "request"):
-            get_client().flush(timeout=5.0)
+        get_client().flush(timeout=5.0)  # a process that gloo aborts or the OOM killer takes keeps nothing unsent
         return data
     except Exception:
         return None
@@ -416,10 +442,15 @@ def progress_count(fr_position: Any = None) -> int:
 
 def _background(mode: str) -> None:
     """Heartbeats from collective progress; in full mode, dumps whenever positions change."""
-    last_beat, last_count = 0.0, -1
+    last_beat, last_count, joined = 0.0, -1, False
     while True:
-        time.sleep(FULL_MODE_INTERVAL if mode == "full" else HEARTBEAT_INTERVAL)
+        if _wake.wait(FULL_MODE_INTERVAL if mode == "full" else HEARTBEAT_INTERVAL):
+            _wake.clear()
+            joined = False  # a new process group: say again which groups this rank is in
         try:
+            if not joined and _rank_and_size()[0] is not None and "torch.distributed" in sys.modules \
+                    and sys.modules["torch.distributed"].is_initialized():
+                joined = dump("joined") is not None  # rank, pid and groups: a rank killed early is still known
             position = _fr_position()
             count = progress_count(position)
             now = time.time()
