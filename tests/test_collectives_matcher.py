@@ -158,3 +158,19 @@ def test_named_group_is_labelled_and_filtered():
 
 def test_no_records_says_so():
     assert "no collective records" in match([]).summary
+
+
+def test_report_has_a_collectives_section_from_a_stored_run(tmp_path):
+    from raysleuth.recorder.store import EvidenceStore
+    from raysleuth.report import generate_report
+
+    store = EvidenceStore(tmp_path / "runs" / "session_x" / "evidence.sqlite")
+    for record in load("op")["records"]:
+        store.add("collectives", record["data"], time=record["time"], rank=record["rank"], name=record["name"],
+                  pid=record["pid"], node_ip=record["node_ip"])
+    store.close()
+    result = generate_report(tmp_path / "report.html", run="session_x", home=tmp_path)
+    text = (tmp_path / "report.html").read_text()
+    assert result.sections["collectives"] == 1
+    assert "<h2>Collectives</h2>" in text and "rank 1 called another op as #10" in text
+    assert "broadcast(float32[1])" in text
