@@ -189,9 +189,14 @@ def _group_index(function: Callable) -> int:
         return -1
 
 
+_FIELDS = ("pg", "seq", "op", "input", "output", "state", "start_ns", "end_ns", "code", "line", "step", "call")
+_STATE, _END = _FIELDS.index("state"), _FIELDS.index("end_ns")
+
+
 def _wrap(op: str, original: Callable) -> Callable:
     group_at = _group_index(original)
     input_at, output_at = OPS[op]
+    asynchronous = op in ("isend", "irecv")
 
     @functools.wraps(original)
     def collective(*args, **kwargs):
@@ -200,41 +205,39 @@ def _wrap(op: str, original: Callable) -> Callable:
             result = original(*args, **kwargs)
         except BaseException:
             if entry is not None:
-                entry["state"] = "error"
-                entry["end_ns"] = time.time_ns()
+                entry[_STATE] = "error"
+                entry[_END] = time.time_ns()
             raise
         _progress[0] += 1
         if entry is not None:
-            entry["state"] = "enqueued" if kwargs.get("async_op") or op in ("isend", "irecv") else "completed"
-            entry["end_ns"] = time.time_ns()
+            entry[_STATE] = "enqueued" if asynchronous or kwargs.get("async_op") else "completed"
+            entry[_END] = time.time_ns()
         return result
 
     collective.__raysleuth_collective__ = True
     return collective
 
 
-def _begin(op, args, kwargs, group_at, input_at, output_at) -> dict | None:
+def _begin(op, args, kwargs, group_at, input_at, output_at) -> list | None:
+    """Append one ring entry (a list in :data:`_FIELDS` order; made plain only at dump time)."""
     try:
         group = kwargs.get("group")
         if group is None and 0 <= group_at < len(args):
             group = args[group_at]
         name = _group_name(group)
-        seq = _seqs.get(name, 0) + 1
-        _seqs[name] = seq
+        seq = _seqs[name] = _seqs.get(name, 0) + 1
         frame = sys._getframe(2)
         while frame is not None and frame.f_code.co_filename.startswith(_SKIP_DIRS):
             frame = frame.f_back
-        code = frame.f_code if frame is not None else None
-        site = (code.co_filename, frame.f_lineno) if code is not None else None
-        count = _sites.get(site, 0) + 1
-        _sites[site] = count
-        entry = {
-            "pg": name, "seq": seq, "op": op,
-            "input": _tensors(args, input_at), "output": _tensors(args, output_at),
-            "state": "started", "start_ns": time.time_ns(), "end_ns": None,
-            "file": site[0] if site else None, "line": site[1] if site else None,
-            "function": code.co_name if code is not None else None, "step": _current_step(), "call": count,
-        }
+        if frame is not None:
+            code, line = frame.f_code, frame.f_lineno
+            site = (code.co_filename, line)  # not the code object: its hash is not cached
+            count = _sites[site] = _sites.get(site, 0) + 1
+        else:
+            code = line = count = None
+        inputs = _tensors(args, input_at)
+        entry = [name, seq, op, inputs, inputs if output_at == input_at else _tensors(args, output_at), "started",
+                 time.time_ns(), None, code, line, _current_step(), count]
         _ring.append(entry)
         return entry
     except Exception:
@@ -246,16 +249,21 @@ def _tensors(args, index) -> list:
     if index is None or index >= len(args):
         return []
     value = args[index]
-    if isinstance(value, (list, tuple)):
+    if type(value) is list or type(value) is tuple:
         return [(item.shape, item.dtype) for item in value[:8] if hasattr(item, "shape")]
-    return [(value.shape, value.dtype)] if hasattr(value, "shape") else []
+    try:
+        return [(value.shape, value.dtype)]
+    except AttributeError:
+        return []
 
 
-def _plain(entry: dict) -> dict:
+def _plain(entry: list) -> dict:
     """A ring entry as JSON-ready data."""
-    data = dict(entry)
+    data = dict(zip(_FIELDS, entry))
+    code = data.pop("code")
+    data["file"], data["function"] = (code.co_filename, code.co_name) if code is not None else (None, None)
     for key in ("input", "output"):
-        data[key] = [[list(shape), str(dtype).replace("torch.", "")] for shape, dtype in entry.get(key) or []]
+        data[key] = [[list(shape), str(dtype).replace("torch.", "")] for shape, dtype in data[key] or []]
     return data
 
 
@@ -359,7 +367,7 @@ def _job_id() -> str | None:
 def snapshot(reason: str = "request", *, limit: int = DUMP_LIMIT, request: Any = None) -> dict[str, Any]:
     """This process's collective positions as one JSON-ready dict (the ``collectives`` record's data)."""
     rank, world_size = _rank_and_size()
-    calls = _newest_per_group(list(_ring), lambda e: e["pg"], limit)
+    calls = _newest_per_group(list(_ring), lambda e: e[0], limit)
     fr = read_flight_recorder()
     fr_part = None
     if fr is not None:
@@ -404,7 +412,7 @@ def _on_request(value: Any) -> None:
 def _changed() -> bool:
     """Did anything happen since the last periodic dump? (ring or Flight Recorder positions)"""
     global _last_dump_key
-    key = (_progress[0], len(_ring), _ring[-1]["state"] if _ring else None, _fr_position())
+    key = (_progress[0], len(_ring), _ring[-1][_STATE] if _ring else None, _fr_position())
     if key == _last_dump_key:
         return False
     _last_dump_key = key
