@@ -18,6 +18,7 @@ __all__ = ["app", "main"]
 
 # One module per command group; importing it registers its commands.
 COMMAND_MODULES = (
+    "collectives",
     "consistency",
     "crashes",
     "debug",

@@ -1,21 +1,54 @@
-"""Collective forensics: which rank broke the collective sequence (issue 15 fills this in).
+"""Collective forensics: which rank broke the collective sequence.
 
-Interface kept stable for the other features:
-
-- ``install()``: called in a worker by the zero-code setup (issue 14) before
-  user code runs. Switches torch's Flight Recorder on (``TORCH_FR_BUFFER_SIZE``
-  unless already set) and, where it can, counts completed collectives as
-  progress. Never raises; cheap; a no-op without torch.
+- ``install()`` (worker side, :mod:`.record`): called in a worker by the
+  zero-code setup, or given to Ray directly as
+  ``runtime_env={"worker_process_setup_hook": "raysleuth.collectives.install"}``.
+  Switches torch's Flight Recorder on (``TORCH_FR_BUFFER_SIZE`` unless set),
+  wraps the ``torch.distributed`` collectives when the job imports them
+  (user frame, step, progress heartbeats), answers dump requests from the
+  control thread. Never raises; a no-op without torch.
+- ``dump(reason)``: writes this process's collective records to the store.
+- :func:`collective_culprits` (:mod:`.matcher`, pure): the ranks that broke
+  the sequence, from ``collectives`` records; the stacks verdict's
+  "collective positions" rule.
+- :func:`collect_collectives` (:mod:`.report`): ask live workers for a dump,
+  read the store, match; works on a stored run after the cluster is gone.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+__all__ = ["CollectivesReport", "collect_collectives", "collective_culprits", "dump", "install", "match"]
+
 
 def install() -> None:
-    """Prepare collective recording in this worker (stub until issue 15 lands)."""
-    return None
+    """Prepare collective recording in this worker (usable as Ray's worker_process_setup_hook); never raises."""
+    try:
+        from raysleuth.collectives.record import install as _install
+
+        _install()
+    except Exception:
+        pass
 
 
-def dump(reason: str = "request") -> None:
-    """Write this process's collective records to the evidence store (stub until issue 15 lands)."""
-    return None
+def dump(reason: str = "request") -> dict[str, Any] | None:
+    """Write this process's collective records to the evidence store; returns what was written."""
+    try:
+        from raysleuth.collectives.record import dump as _dump
+
+        return _dump(reason)
+    except Exception:
+        return None
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("collective_culprits", "match"):
+        from raysleuth.collectives import matcher
+
+        return getattr(matcher, name)
+    if name in ("CollectivesReport", "collect_collectives"):
+        from raysleuth.collectives import report
+
+        return getattr(report, name)
+    raise AttributeError(name)

@@ -21,6 +21,7 @@ from typing import Any
 from raysleuth.recorder.store import Record
 
 __all__ = [
+    "collective_section",
     "consistency_section",
     "crash_section",
     "doctor_section",
@@ -167,6 +168,18 @@ def task_section(records: Sequence[Record]) -> list[dict[str, Any]]:
                 "resources": item.get("required_resources") or item.get("resources") or {},
             })
     return rows[:200]
+
+
+def collective_section(records: Sequence[Record]) -> dict[str, Any] | None:
+    """Collective positions of the newest job: every rank's last collectives aligned, and the culprits."""
+    if not records:
+        return None
+    from raysleuth.collectives import match
+    from raysleuth.collectives.model import positions_from_records
+
+    verdict = match(positions_from_records([record.to_dict() for record in records]))
+    return {"summary": verdict.summary, "culprits": [c.to_dict() for c in verdict.culprits],
+            "groups": [{"label": g.label, "name": g.name, "ranks": g.ranks, "rows": g.rows} for g in verdict.groups]}
 
 
 def consistency_section(records: Sequence[Record]) -> list[dict[str, Any]]:

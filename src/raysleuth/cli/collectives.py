@@ -1,0 +1,79 @@
+"""``raysleuth collectives``: every rank's last collectives aligned, and who broke the sequence."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from raysleuth.cli._app import AddressOption, HomeOption, JsonOption, RunOption, app, console, emit_json, finish, home_path
+from raysleuth.errors import UsageError
+
+_STATE_STYLE = {"completed": "", "pending": "yellow", "error": "red"}
+
+
+@app.command("collectives")
+def collectives(
+    pg: Annotated[str | None, typer.Option("--pg", help="Only this process group (its name or description).")] = None,
+    last: Annotated[int, typer.Option("--last", help="Collectives per rank to show.")] = 8,
+    wait: Annotated[float, typer.Option("--wait", help="Seconds to wait for live workers to dump.")] = 4.0,
+    pending_after: Annotated[float, typer.Option("--pending-after",
+                                                 help="Seconds in one collective that count as waiting.")] = 5.0,
+    job: Annotated[str | None, typer.Option("--job", help="Ray job id (default: the newest job that recorded).")] = None,
+    address: AddressOption = None,
+    run: RunOption = None,
+    home: HomeOption = None,
+    json_: JsonOption = False,
+) -> None:
+    """Which rank broke the collective sequence (exit 1 when one did).
+
+    Live: asks every instrumented worker for a dump, then aligns ranks by
+    sequence number per process group. With --run: reads a stored run (works
+    after the cluster is gone).
+    """
+    if last < 1 or wait < 0 or pending_after <= 0:
+        raise UsageError("--last must be >= 1, --wait >= 0 and --pending-after > 0",
+                         fix="e.g. raysleuth collectives --last 8 --wait 4")
+    from raysleuth.collectives import collect_collectives
+
+    report = collect_collectives(address, run=run, home=home_path(home) if (home or run) else None, wait=wait,
+                                 job=job, group=pg, last=last, pending_after=pending_after)
+    code = 1 if report.culprits else 0
+    if json_:
+        emit_json(report.to_dict())
+        finish(code)
+    for note in report.notes:
+        console.print(f"[yellow]{escape(note)}[/yellow]")
+    for group in report.verdict.groups:
+        _draw_group(group)
+    if report.culprits:
+        console.print("[bold red]culprit[/bold red]")
+        for culprit in report.culprits:
+            console.print(f"  [red]rank {culprit.rank}[/red] ({culprit.kind}): {escape(culprit.reason)}")
+    else:
+        console.print(f"[green]{escape(report.verdict.summary)}[/green]")
+    finish(code)
+
+
+def _draw_group(group) -> None:
+    table = Table(title=f"{group.label} (group {group.name}, ranks {','.join(map(str, group.ranks))})",
+                  show_header=True, header_style="bold", box=None, pad_edge=False, title_justify="left")
+    table.add_column("#", justify="right")
+    for rank in group.ranks:
+        table.add_column(f"rank {rank}", overflow="fold")
+    for row in group.rows:
+        cells = []
+        for rank in group.ranks:
+            cell = row["ranks"].get(rank) if isinstance(row["ranks"], dict) else None
+            if cell is None:
+                cells.append("[dim]—[/dim]")
+                continue
+            style = _STATE_STYLE.get(cell["state"], "")
+            text = escape(cell["call"]) + (f" [dim]{escape(cell['where'])}[/dim]" if cell.get("where") else "")
+            if cell["state"] != "completed":
+                text += f" ({cell['state']})"
+            cells.append(f"[{style}]{text}[/{style}]" if style else text)
+        table.add_row(str(row["seq"]), *cells)
+    console.print(table)

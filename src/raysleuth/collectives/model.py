@@ -1,0 +1,253 @@
+"""Collective positions as plain data: entries per rank and process group, findings, verdicts.
+
+Reads ``collectives`` records (store rows as dicts) into :class:`RankPositions`;
+:mod:`raysleuth.collectives.matcher` aligns them. Pure: no Ray, no torch.
+
+Input: ``collectives`` records (the store's rows as dicts, each with the
+worker's ``data`` from :func:`raysleuth.collectives.record.snapshot`). Per
+process group, ranks are aligned by sequence number (torch's Flight Recorder
+``collective_seq_id`` where it was on, else the wrapper's own count), and:
+
+- the first sequence number where ranks called different things is a
+  *mismatch*; the rank(s) off the majority (or off the job's own repeating
+  pattern, when the majority is a tie) are named: ``skipped`` when what they
+  called is what the others call next, else ``op``/``shape``/``dtype``;
+- without a mismatch, when some rank has stopped (waits in a collective for
+  ``pending_after`` seconds, or its collective failed), ranks that never
+  entered the newest collective are named: ``dead`` when their process is
+  gone, ``stuck`` when their last collective completed (they are blocked
+  before the next one), ``behind`` otherwise; a lone rank waiting in a
+  collective the majority never entered is ``ahead``.
+
+A busy, healthy job (ranks dumped at slightly different moments, nothing
+waiting long) gives no culprit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections import defaultdict
+from typing import Any, Iterable
+
+RULE = "collective positions"
+_DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16", "Long": "int64",
+           "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8", "Bool": "bool",
+           "ComplexFloat": "complex64", "ComplexDouble": "complex128"}
+# Ops whose inputs must agree across ranks (others, e.g. all_to_all_single with splits, may differ).
+_SAME_INPUTS = {"all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "_allgather_base",
+                "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "barrier", "allreduce"}
+
+
+@dataclasses.dataclass
+class Entry:
+    """One collective of one rank, as aligned."""
+
+    seq: int
+    op: str
+    inputs: list = dataclasses.field(default_factory=list)
+    """[[shape, dtype], ...]"""
+    state: str = "completed"
+    """completed | pending | error"""
+    created: float | None = None
+    file: str | None = None
+    line: int | None = None
+    function: str | None = None
+    step: int | None = None
+    call: int | None = None
+    """How many times this rank had issued a collective from this file:line (1 = first)."""
+
+    def signature(self) -> tuple:
+        if self.op in _SAME_INPUTS:
+            return (self.op, tuple((tuple(shape), dtype) for shape, dtype in self.inputs))
+        return (self.op,)
+
+    def describe(self) -> str:
+        """``all_reduce(float32[64,64])``"""
+        args = ", ".join(f"{dtype}[{','.join(map(str, shape))}]" for shape, dtype in self.inputs[:3])
+        return f"{self.op}({args}{', ...' if len(self.inputs) > 3 else ''})"
+
+    def where(self) -> str:
+        return f"{os.path.basename(self.file)}:{self.line}" if self.file else ""
+
+    def when(self) -> str:
+        """``at step 4`` or ``(call 5 at train.py:61)``"""
+        if self.step is not None:
+            return f"at step {self.step}"
+        return f"(call {self.call} at {self.where()})" if self.call and self.file else ""
+
+
+@dataclasses.dataclass
+class RankPositions:
+    """One rank's collectives per process group, merged from its dumps."""
+
+    rank: int
+    pid: int | None = None
+    node_ip: str | None = None
+    alive: bool | None = None
+    dumped_at: float = 0.0
+    groups: dict[str, dict[int, Entry]] = dataclasses.field(default_factory=dict)
+    group_info: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+    def last(self, group: str) -> Entry | None:
+        entries = self.groups.get(group) or {}
+        return entries[max(entries)] if entries else None
+
+
+@dataclasses.dataclass
+class Finding:
+    """A rank that broke the sequence of one process group, and why."""
+
+    rank: int
+    kind: str
+    """skipped | op | shape | dtype | mismatch | dead | stuck | behind | ahead"""
+    group: str
+    seq: int | None
+    reason: str
+    file: str | None = None
+    line: int | None = None
+    step: int | None = None
+    pid: int | None = None
+    node_ip: str | None = None
+    rule: str = RULE
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class GroupAlignment:
+    """One process group: its ranks, the last collectives aligned by sequence number, its findings."""
+
+    name: str
+    desc: str
+    ranks: list[int]
+    rows: list[dict[str, Any]]
+    findings: list[Finding]
+    last: dict[int, int]
+    """rank -> newest sequence number it entered (0: none)."""
+
+    @property
+    def label(self) -> str:
+        return self.desc if self.desc and self.desc not in ("undefined", "") else f"group {self.name}"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["label"] = self.label
+        return data
+
+
+@dataclasses.dataclass
+class CollectiveVerdict:
+    """Every process group aligned; culprits first."""
+
+    groups: list[GroupAlignment]
+    culprits: list[Finding]
+    summary: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"groups": [g.to_dict() for g in self.groups], "culprits": [c.to_dict() for c in self.culprits],
+                "summary": self.summary}
+
+
+# ---------------------------------------------------------------- reading
+
+
+def entries_from_dump(data: dict[str, Any]) -> dict[str, dict[int, Entry]]:
+    """One dump's entries per process group (Flight Recorder where present, joined with the wrapper's frames)."""
+    calls = [c for c in data.get("calls") or [] if isinstance(c, dict)]
+    fr = (data.get("flight_recorder") or {}).get("entries") or []
+    groups: dict[str, dict[int, Entry]] = defaultdict(dict)
+    if fr:
+        status = (data.get("flight_recorder") or {}).get("pg_status") or {}
+        by_group: dict[str, list[dict]] = defaultdict(list)
+        for call in calls:
+            by_group[str(call.get("pg"))].append(call)
+        for raw in fr:
+            if raw.get("is_p2p") or not raw.get("collective_seq_id"):
+                continue
+            group = str((raw.get("process_group") or ["?"])[0])
+            seq = int(raw["collective_seq_id"])
+            call = _call_at(by_group.get(group, []), raw.get("time_created_ns"))
+            done = _int((status.get(group) or {}).get("last_completed_collective"), -1)
+            state = "completed" if seq <= done else "pending"
+            if call is not None and call.get("state") == "error":
+                state = "error"
+            inputs = [[list(shape), _DTYPES.get(dtype, str(dtype).lower())]
+                      for shape, dtype in zip(raw.get("input_sizes") or [], raw.get("input_dtypes") or [])]
+            groups[group][seq] = _entry(seq, str(raw.get("profiling_name") or "?").split(":")[-1], inputs, state,
+                                        (raw.get("time_created_ns") or 0) / 1e9 or None, call)
+        return dict(groups)
+    for call in calls:
+        state = {"started": "pending", "error": "error"}.get(call.get("state"), "completed")
+        groups[str(call.get("pg"))][int(call["seq"])] = _entry(int(call["seq"]), str(call.get("op")),
+                                                                list(call.get("input") or []), state,
+                                                                (call.get("start_ns") or 0) / 1e9 or None, call)
+    return dict(groups)
+
+
+def _int(value: Any, default: int) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _call_at(calls: list[dict], created_ns: int | None) -> dict | None:
+    """The wrapper call during which torch created this Flight Recorder entry (the last one started before it)."""
+    if not created_ns:
+        return None
+    slack = 2_000_000
+    before = [c for c in calls if (c.get("start_ns") or 0) <= created_ns]
+    if before:
+        call = max(before, key=lambda c: c.get("start_ns") or 0)
+        end = call.get("end_ns")
+        if end is None or created_ns <= end + slack:
+            return call
+    near = [c for c in calls if abs((c.get("start_ns") or 0) - created_ns) <= slack]
+    return min(near, key=lambda c: abs((c.get("start_ns") or 0) - created_ns)) if near else None
+
+
+def _entry(seq, op, inputs, state, created, call) -> Entry:
+    call = call or {}
+    return Entry(seq=seq, op=op, inputs=inputs, state=state, created=created, file=call.get("file"),
+                 line=call.get("line"), function=call.get("function"), step=call.get("step"), call=call.get("call"))
+
+
+def latest_job(records: Iterable[dict[str, Any]]) -> str | None:
+    """The job of the newest record (a run may hold several jobs' collectives)."""
+    newest = max(records, key=lambda r: (r.get("data") or {}).get("time") or r.get("time") or 0, default=None)
+    return (newest.get("data") or {}).get("job_id") if newest else None
+
+
+def positions_from_records(records: Iterable[dict[str, Any]], *, alive: set | None = None,
+                           job: str | None = None) -> list[RankPositions]:
+    """Merge each rank's dumps (newest wins per entry), for one job (default: the newest record's).
+
+    ``alive``: the (node_ip, pid) pairs still running (None: unknown).
+    """
+    records = list(records)
+    job = job if job is not None else latest_job(records)
+    ranks: dict[int, RankPositions] = {}
+    for record in sorted(records, key=lambda r: (r.get("data") or {}).get("time") or r.get("time") or 0):
+        data = record.get("data") or {}
+        if job is not None and data.get("job_id") not in (None, job):
+            continue
+        rank = data.get("rank", record.get("rank"))
+        if rank is None:
+            continue
+        pid, node_ip = data.get("pid") or record.get("pid"), record.get("node_ip")
+        known = ranks.get(rank)
+        if known is None or (pid is not None and known.pid is not None and pid != known.pid):
+            known = ranks[rank] = RankPositions(rank=rank, pid=pid, node_ip=node_ip)  # a new process took the rank
+        known.dumped_at = max(known.dumped_at, float(data.get("time") or record.get("time") or 0))
+        for group, entries in entries_from_dump(data).items():
+            known.groups.setdefault(group, {}).update(entries)
+        for group, info in (data.get("groups") or {}).items():
+            known.group_info[str(group)] = info
+    if alive is not None:
+        for item in ranks.values():
+            item.alive = (item.node_ip, item.pid) in alive or (None, item.pid) in alive
+    return [ranks[r] for r in sorted(ranks)]
+
+

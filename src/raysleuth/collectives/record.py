@@ -1,0 +1,480 @@
+"""Worker side: this process's collectives in a bounded ring, torch's Flight Recorder, dumps.
+
+Two sources, read together at dump time:
+
+- **torch's Flight Recorder** (``TORCH_FR_BUFFER_SIZE``, set by :func:`install`
+  before any process group exists): every collective the process group
+  issues, DDP's gradient buckets included, with ``collective_seq_id`` per
+  process group, op, sizes and dtypes. Read with torch's JSON dump, never the
+  pickle one.
+- **a light wrapper** on the ``torch.distributed`` collectives: the user's
+  frame (file:line) and step of each call, its own sequence per process group
+  (the fallback where the Flight Recorder is off), and a counter of completed
+  collectives that the progress thread turns into heartbeats.
+
+Dumps go to the evidence store as ``collectives`` records: on request (the
+control key ``collectives.dump``, handled on the control thread while the
+training thread sits in the collective), at exit, and every second in full
+mode (only when something changed), so a process that gloo aborts leaves its
+last positions behind.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import functools
+import importlib.abc
+import importlib.util
+import inspect
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+from raysleuth import runtime
+
+RING_SIZE = 512
+"""Wrapper records kept per process (oldest dropped)."""
+FR_BUFFER_SIZE = "2000"
+"""Flight Recorder entries torch keeps per process (``TORCH_FR_BUFFER_SIZE`` unless set)."""
+DUMP_LIMIT = 256
+"""At most this many entries per process group in one dump (the newest)."""
+FULL_MODE_INTERVAL = 1.0
+HEARTBEAT_INTERVAL = 2.0
+
+# op -> (index of the input tensor(s), index of the output tensor(s)); None: no tensor there.
+OPS: dict[str, tuple[int | None, int | None]] = {
+    "all_reduce": (0, 0),
+    "broadcast": (0, 0),
+    "reduce": (0, 0),
+    "all_gather": (1, 0),
+    "all_gather_into_tensor": (1, 0),
+    "reduce_scatter": (1, 0),
+    "reduce_scatter_tensor": (1, 0),
+    "all_to_all": (1, 0),
+    "all_to_all_single": (1, 0),
+    "gather": (0, 1),
+    "scatter": (1, 0),
+    "barrier": (None, None),
+    "send": (0, None),
+    "recv": (None, 0),
+    "isend": (0, None),
+    "irecv": (None, 0),
+}
+
+_ring: collections.deque = collections.deque(maxlen=RING_SIZE)
+_progress = [0]
+"""Completed wrapped collectives (the progress hook's counter)."""
+_seqs: dict[str, int] = {}
+_sites: dict[tuple, int] = {}
+"""(file, line) -> collectives issued from there (a step count for jobs that name no steps)."""
+_groups: dict[int, tuple[str, str]] = {}
+_lock = threading.Lock()
+_installed = False
+_wrapped = False
+_last_dump_key: Any = None
+_SKIP_DIRS: tuple[str, ...] = (os.path.dirname(os.path.abspath(__file__)),)
+_c10d: Any = None
+"""torch.distributed.distributed_c10d, once wrapped."""
+_current_step = runtime.current_step
+_wake = threading.Event()
+"""Set when a process group is created: the background thread then records this rank at once."""
+
+
+# ------------------------------------------------------------------ install
+
+
+def install() -> None:
+    """Switch collective recording on in this worker; usable as Ray's ``worker_process_setup_hook``.
+
+    Never raises; a no-op when ``RAYSLEUTH_MODE=off``. Does not import torch:
+    the wrapper goes on when the job imports ``torch.distributed``.
+    """
+    global _installed
+    try:
+        if _installed:
+            return
+        if runtime.settings().mode == "off":
+            return
+        _installed = True
+        os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FR_BUFFER_SIZE)
+        if "torch.distributed" in sys.modules:
+            wrap_collectives()
+        else:
+            sys.meta_path.insert(0, _WrapOnImport())
+        from raysleuth import control
+
+        control.register("collectives.dump", _on_request)
+        atexit.register(_dump_quietly, "exit")
+        threading.Thread(target=_background, args=(runtime.settings().mode,),
+                         name="raysleuth-collectives", daemon=True).start()
+    except Exception:
+        pass
+
+
+class _WrapOnImport(importlib.abc.MetaPathFinder):
+    """Wraps the collectives right after the job imports ``torch.distributed``."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch.distributed":
+            return None
+        try:
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+        except Exception:
+            return None
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        original = spec.loader.exec_module
+
+        def exec_module(module):
+            original(module)
+            wrap_collectives()
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def wrap_collectives() -> bool:
+    """Wrap ``torch.distributed``'s collectives (idempotent); False where torch.distributed is missing."""
+    global _wrapped, _c10d
+    try:
+        import torch.distributed as dist
+
+        if _wrapped or not dist.is_available():
+            return _wrapped
+        from torch.distributed import distributed_c10d as c10d
+
+        _c10d = c10d
+        _tune_skip_dirs()
+        for name in ("init_process_group", "new_group"):
+            original = getattr(c10d, name, None)
+            if original is not None and not getattr(original, "__raysleuth_collective__", False):
+                wrapped = _wake_after(original)
+                setattr(c10d, name, wrapped)
+                if getattr(dist, name, None) is original:
+                    setattr(dist, name, wrapped)
+        for op in OPS:
+            original = getattr(c10d, op, None)
+            if original is None or getattr(original, "__raysleuth_collective__", False):
+                continue
+            wrapped = _wrap(op, original)
+            setattr(c10d, op, wrapped)
+            if getattr(dist, op, None) is original:
+                setattr(dist, op, wrapped)
+        _wrapped = True
+    except Exception:
+        return False
+    return True
+
+
+def _wake_after(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def create(*args, **kwargs):
+        result = original(*args, **kwargs)
+        _wake.set()
+        return result
+
+    create.__raysleuth_collective__ = True
+    return create
+
+
+def _group_index(function: Callable) -> int:
+    try:
+        return list(inspect.signature(function).parameters).index("group")
+    except Exception:
+        return -1
+
+
+_FIELDS = ("pg", "seq", "op", "input", "output", "state", "start_ns", "end_ns", "code", "line", "step", "call")
+_STATE, _END = _FIELDS.index("state"), _FIELDS.index("end_ns")
+
+
+def _wrap(op: str, original: Callable) -> Callable:
+    group_at = _group_index(original)
+    input_at, output_at = OPS[op]
+    asynchronous = op in ("isend", "irecv")
+
+    @functools.wraps(original)
+    def collective(*args, **kwargs):
+        entry = _begin(op, args, kwargs, group_at, input_at, output_at)
+        try:
+            result = original(*args, **kwargs)
+        except BaseException:
+            if entry is not None:
+                entry[_STATE] = "error"
+                entry[_END] = time.time_ns()
+            raise
+        _progress[0] += 1
+        if entry is not None:
+            entry[_STATE] = "enqueued" if asynchronous or kwargs.get("async_op") else "completed"
+            entry[_END] = time.time_ns()
+        return result
+
+    collective.__raysleuth_collective__ = True
+    return collective
+
+
+def _begin(op, args, kwargs, group_at, input_at, output_at) -> list | None:
+    """Append one ring entry (a list in :data:`_FIELDS` order; made plain only at dump time)."""
+    try:
+        group = kwargs.get("group")
+        if group is None and 0 <= group_at < len(args):
+            group = args[group_at]
+        name = _group_name(group)
+        seq = _seqs[name] = _seqs.get(name, 0) + 1
+        frame = sys._getframe(2)
+        while frame is not None and frame.f_code.co_filename.startswith(_SKIP_DIRS):
+            frame = frame.f_back
+        if frame is not None:
+            code, line = frame.f_code, frame.f_lineno
+            site = (code.co_filename, line)  # not the code object: its hash is not cached
+            count = _sites[site] = _sites.get(site, 0) + 1
+        else:
+            code = line = count = None
+        inputs = _tensors(args, input_at)
+        entry = [name, seq, op, inputs, inputs if output_at == input_at else _tensors(args, output_at), "started",
+                 time.time_ns(), None, code, line, _current_step(), count]
+        _ring.append(entry)
+        return entry
+    except Exception:
+        return None
+
+
+def _tensors(args, index) -> list:
+    """(shape, dtype) of the tensor(s) at ``args[index]``: torch's own objects, made plain at dump time."""
+    if index is None or index >= len(args):
+        return []
+    value = args[index]
+    if type(value) is list or type(value) is tuple:
+        return [(item.shape, item.dtype) for item in value[:8] if hasattr(item, "shape")]
+    try:
+        return [(value.shape, value.dtype)]
+    except AttributeError:
+        return []
+
+
+def _plain(entry: list) -> dict:
+    """A ring entry as JSON-ready data."""
+    data = dict(zip(_FIELDS, entry))
+    code = data.pop("code")
+    data["file"], data["function"] = (code.co_filename, code.co_name) if code is not None else (None, None)
+    for key in ("input", "output"):
+        data[key] = [[list(shape), str(dtype).replace("torch.", "")] for shape, dtype in data[key] or []]
+    return data
+
+
+def _group_name(group) -> str:
+    if group is None:
+        group = _c10d.GroupMember.WORLD
+    known = _groups.get(id(group))
+    if known is None:
+        name = str(getattr(group, "group_name", None) or "0")
+        desc = str(getattr(group, "group_desc", "") or "")
+        _groups[id(group)] = known = (name, desc)
+    return known[0]
+
+
+def _tune_skip_dirs() -> None:
+    global _SKIP_DIRS
+    try:
+        import torch
+
+        _SKIP_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__)))
+    except Exception:
+        pass
+
+
+# --------------------------------------------------------------------- dump
+
+
+def read_flight_recorder() -> dict | None:
+    """torch's Flight Recorder for this process, as JSON (None where it is off or missing)."""
+    try:
+        c10d = sys.modules.get("torch.distributed")
+        if c10d is None or not c10d.is_available() or not c10d.is_initialized():
+            return None
+        import torch
+
+        raw = torch._C._distributed_c10d._dump_fr_trace_json(includeCollectives=True)
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        data = json.loads(text)
+        return data if isinstance(data, dict) else None
+    except Exception:
+        return None
+
+
+_FR_FIELDS = ("collective_seq_id", "p2p_seq_id", "is_p2p", "profiling_name", "input_sizes", "input_dtypes",
+              "output_sizes", "output_dtypes", "process_group", "state", "retired", "time_created_ns",
+              "time_discovered_started_ns", "time_discovered_completed_ns", "record_id", "timeout_ms")
+
+
+def _newest_per_group(entries: list[dict], key: Callable[[dict], str], limit: int) -> list[dict]:
+    counts: dict[str, int] = collections.Counter()
+    kept = []
+    for entry in reversed(entries):
+        group = key(entry)
+        if counts[group] < limit:
+            counts[group] += 1
+            kept.append(entry)
+    kept.reverse()
+    return kept
+
+
+def _group_table() -> dict[str, dict[str, Any]]:
+    """Every process group this process belongs to: name -> desc and global ranks."""
+    table: dict[str, dict[str, Any]] = {}
+    try:
+        from torch.distributed import distributed_c10d as c10d
+
+        world = c10d._world
+        for group, name in list(world.pg_names.items()):
+            ranks = sorted(world.pg_group_ranks.get(group, {}))
+            table[str(name)] = {"desc": str(getattr(group, "group_desc", "") or ""), "ranks": ranks}
+    except Exception:
+        pass
+    for name, desc in list(_groups.values()):
+        table.setdefault(name, {"desc": desc, "ranks": []})
+    return table
+
+
+def _rank_and_size() -> tuple[int | None, int | None]:
+    try:
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:
+        pass
+    try:
+        return runtime.get_rank(), runtime.get_world_size()
+    except Exception:
+        return None, None
+
+
+def _job_id() -> str | None:
+    try:
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():
+            return ray.get_runtime_context().get_job_id()
+    except Exception:
+        pass
+    return None
+
+
+def snapshot(reason: str = "request", *, limit: int = DUMP_LIMIT, request: Any = None) -> dict[str, Any]:
+    """This process's collective positions as one JSON-ready dict (the ``collectives`` record's data)."""
+    rank, world_size = _rank_and_size()
+    calls = _newest_per_group(list(_ring), lambda e: e[0], limit)
+    fr = read_flight_recorder()
+    fr_part = None
+    if fr is not None:
+        entries = [{k: e.get(k) for k in _FR_FIELDS} for e in fr.get("entries") or []]
+        entries = _newest_per_group(entries, lambda e: str((e.get("process_group") or ["?"])[0]), limit)
+        fr_part = {"version": fr.get("version"), "entries": entries, "pg_status": fr.get("pg_status") or {}}
+    return {
+        "reason": reason, "request": request, "time": time.time(), "pid": os.getpid(),
+        "rank": rank, "world_size": world_size, "job_id": _job_id(), "progress": _progress[0],
+        "groups": _group_table(), "calls": [_plain(c) for c in calls], "flight_recorder": fr_part,
+    }
+
+
+def dump(reason: str = "request", *, request: Any = None) -> dict[str, Any] | None:
+    """Write this process's collective records to the evidence store; returns what was written."""
+    try:
+        data = snapshot(reason, request=request)
+        if reason != "joined" and not data["calls"] and not (data["flight_recorder"] or {}).get("entries"):
+            return None
+        from raysleuth.recorder import get_client, record
+
+        record("collectives", data, name=reason, level="INFO")
+        get_client().flush(timeout=5.0)  # a process that gloo aborts or the OOM killer takes keeps nothing unsent
+        return data
+    except Exception:
+        return None
+
+
+def _dump_quietly(reason: str) -> None:
+    try:
+        if _installed and _changed():
+            dump(reason)
+    except Exception:
+        pass
+
+
+def _on_request(value: Any) -> None:
+    if value is not None:
+        dump("request", request=value)
+
+
+def _changed() -> bool:
+    """Did anything happen since the last periodic dump? (ring or Flight Recorder positions)"""
+    global _last_dump_key
+    key = (_progress[0], len(_ring), _ring[-1][_STATE] if _ring else None, _fr_position())
+    if key == _last_dump_key:
+        return False
+    _last_dump_key = key
+    return True
+
+
+def _fr_position() -> Any:
+    try:
+        c10d = sys.modules.get("torch.distributed")
+        if c10d is None or not c10d.is_initialized():
+            return None
+        import torch
+
+        raw = torch._C._distributed_c10d._dump_fr_trace_json(includeCollectives=False)
+        status = json.loads(raw.decode() if isinstance(raw, bytes) else raw).get("pg_status") or {}
+        return tuple(sorted((k, v.get("last_enqueued_collective"), v.get("last_completed_collective"))
+                            for k, v in status.items()))
+    except Exception:
+        return None
+
+
+def progress_count(fr_position: Any = None) -> int:
+    """Collectives completed so far: the wrapper's count, or the Flight Recorder's where larger (DDP)."""
+    count = _progress[0]
+    if fr_position:
+        total = 0
+        for _, _, completed in fr_position:
+            try:
+                total += max(0, int(completed))
+            except (TypeError, ValueError):
+                pass
+        count = max(count, total)
+    return count
+
+
+def _background(mode: str) -> None:
+    """Heartbeats from collective progress; in full mode, dumps whenever positions change."""
+    last_beat, last_count, joined = 0.0, -1, False
+    while True:
+        if _wake.wait(FULL_MODE_INTERVAL if mode == "full" else HEARTBEAT_INTERVAL):
+            _wake.clear()
+            joined = False  # a new process group: say again which groups this rank is in
+        try:
+            if not joined and _rank_and_size()[0] is not None and "torch.distributed" in sys.modules \
+                    and sys.modules["torch.distributed"].is_initialized():
+                joined = dump("joined") is not None  # rank, pid and groups: a rank killed early is still known
+            position = _fr_position()
+            count = progress_count(position)
+            now = time.time()
+            if count != last_count and count > 0 and now - last_beat >= HEARTBEAT_INTERVAL:
+                _heartbeat(count)
+                last_beat, last_count = now, count
+            if mode == "full" and _changed():
+                dump("periodic")
+        except Exception:
+            pass
+
+
+def _heartbeat(count: int) -> None:
+    """A heartbeat whose step is the count of completed collectives, unless the job names its steps."""
+    from raysleuth.recorder import record
+
+    if runtime.current_step() is not None:
+        return  # the job's own steps (rs.step / rs.heartbeat) are the progress measure
+    record("heartbeat", {"step": count, "collectives": count, "source": "collectives"})

@@ -1,0 +1,139 @@
+"""Gather collective positions: ask live workers for a dump, read the store, match.
+
+Works on a live cluster (dump on request through the control thread, which
+answers while the training thread sits inside the collective; liveness of
+each rank's process from Ray) and on a stored run after the cluster is gone
+(from what the workers dumped: on request, periodically in full mode, at exit).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from raysleuth.collectives.matcher import PENDING_AFTER, match
+from raysleuth.collectives.model import CollectiveVerdict, latest_job, positions_from_records
+
+CONTROL_KEY = "collectives.dump"
+RECORD_LIMIT = 20_000
+
+
+@dataclasses.dataclass
+class CollectivesReport:
+    """Per process group, the last collectives of every rank aligned, and the ranks that broke the sequence."""
+
+    run: str | None
+    job_id: str | None
+    live: bool
+    requested: bool
+    answered: list[int]
+    """Ranks whose dump answered this request (live only)."""
+    ranks: list[dict[str, Any]]
+    """Per rank: rank, pid, node_ip, alive, dumped_at."""
+    verdict: CollectiveVerdict
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def culprits(self):
+        return self.verdict.culprits
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {k: getattr(self, k) for k in ("run", "job_id", "live", "requested", "answered", "ranks", "notes")}
+        data.update(self.verdict.to_dict())
+        return data
+
+
+def request_dump(wait: float = 4.0, *, home: Path | str | None = None) -> tuple[str | None, float]:
+    """Ask every instrumented worker to dump its collectives (control key); returns (request id, time)."""
+    import ray
+
+    from raysleuth.recorder import get_writer
+
+    request = {"id": uuid.uuid4().hex[:12], "time": time.time()}
+    try:
+        writer = get_writer(create=False, home=home)
+        ray.get(writer.set_control.remote(CONTROL_KEY, request), timeout=10)
+    except Exception:
+        return None, request["time"]
+    return request["id"], request["time"]
+
+
+def _alive_processes() -> set | None:
+    try:
+        from raysleuth import cluster
+
+        return {(w.get("ip"), w.get("pid")) for w in cluster.workers(alive_only=True)} | \
+               {(None, w.get("pid")) for w in cluster.workers(alive_only=True)}
+    except Exception:
+        return None
+
+
+def _read(store, job: str | None) -> list[dict[str, Any]]:
+    rows = store.query("collectives", limit=RECORD_LIMIT, newest_first=True)
+    records = [row.to_dict() for row in reversed(rows)]
+    job = job if job is not None else latest_job(records)
+    return [r for r in records if job is None or (r.get("data") or {}).get("job_id") in (None, job)]
+
+
+def collect_collectives(address: str | None = None, *, run: str | None = None, home: Path | str | None = None,
+                        request: bool = True, wait: float = 4.0, job: str | None = None, group: str | None = None,
+                        last: int = 8, pending_after: float = PENDING_AFTER) -> CollectivesReport:
+    """Align the collectives of every rank and name the ranks that broke the sequence.
+
+    Without ``run``: connects to the cluster, asks live workers for a dump and
+    waits up to ``wait`` seconds for their answers. With ``run``: reads that
+    stored run only (works after the cluster is gone).
+    """
+    from raysleuth.recorder import open_store
+
+    live, notes, request_id = run is None, [], None
+    if live:
+        from raysleuth import cluster
+
+        cluster.connect(address)
+        run = cluster.session_name()
+    store = open_store(run, home=home)
+    try:
+        answered: set[int] = set()
+        if live and request:
+            request_id, asked_at = request_dump(wait, home=home)
+            if request_id is None:
+                notes.append("could not reach raysleuth's writer to ask for a dump; using stored dumps")
+            else:
+                answered = _wait_for_answers(store, request_id, asked_at, wait, job)
+        records = _read(store, job)
+    finally:
+        store.close()
+    alive = _alive_processes() if live else None
+    positions = positions_from_records(records, alive=alive, job=job)
+    verdict = match(positions, now=time.time() if live else None, pending_after=pending_after, last=last, group=group)
+    if not records:
+        notes.append("no collectives records: install raysleuth.collectives in the workers "
+                     "(runtime_env worker_process_setup_hook) or run the job under `raysleuth run`")
+    elif live and request_id and positions and not answered:
+        notes.append(f"no worker answered the dump request within {wait:.0f}s; positions are from earlier dumps")
+    job_id = job or latest_job(records)
+    ranks = [{"rank": p.rank, "pid": p.pid, "node_ip": p.node_ip, "alive": p.alive, "dumped_at": p.dumped_at}
+             for p in positions]
+    return CollectivesReport(run=run, job_id=job_id, live=live, requested=request_id is not None,
+                             answered=sorted(answered), ranks=ranks, verdict=verdict, notes=notes)
+
+
+def _wait_for_answers(store, request_id: str, asked_at: float, wait: float, job: str | None) -> set[int]:
+    """Poll the store until every process that dumped before answered (or ``wait`` passes)."""
+    deadline = time.monotonic() + wait
+    alive = _alive_processes() or set()
+    answered: set[int] = set()
+    while True:
+        records = _read(store, job)
+        expected = {(r.get("node_ip"), r.get("pid")) for r in records} & alive
+        got = {(r.get("node_ip"), r.get("pid")) for r in records
+               if ((r.get("data") or {}).get("request") or {}).get("id") == request_id}
+        answered = {(r.get("data") or {}).get("rank") for r in records
+                    if ((r.get("data") or {}).get("request") or {}).get("id") == request_id} - {None}
+        if (expected and expected <= got) or time.monotonic() >= deadline:
+            return answered
+        time.sleep(0.3)

@@ -1,0 +1,176 @@
+"""The collective matcher on saved dumps of real gloo jobs (tests/data/collectives/, no Ray here).
+
+The dumps were recorded by ``python -m victims.record_collective_dumps``: a
+3-rank gloo job (victims/collective_faults.py) where rank 1 breaks the
+sequence at step 4, raysleuth given only as Ray's worker setup hook.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from raysleuth.collectives import collective_culprits, match
+from raysleuth.collectives.model import Entry, RankPositions, entries_from_dump, positions_from_records
+
+DATA = Path(__file__).parent / "data" / "collectives"
+
+
+def load(fault: str) -> dict:
+    return json.loads((DATA / f"{fault}.json").read_text())
+
+
+def verdict(fault: str, **options):
+    saved = load(fault)
+    positions = positions_from_records(saved["records"], alive={tuple(a) for a in saved["alive"]})
+    return match(positions, now=saved["time"], **options)
+
+
+@pytest.mark.parametrize("fault, kind", [("skip", "skipped"), ("shape", "shape"), ("op", "op"),
+                                         ("stuck", "stuck"), ("die", "dead")])
+def test_saved_fault_names_rank_1_and_the_kind(fault, kind):
+    result = verdict(fault)
+    assert [(c.rank, c.kind) for c in result.culprits] == [(1, kind)]
+    culprit = result.culprits[0]
+    assert culprit.rule == "collective positions" and culprit.group == "0"
+    assert culprit.file and culprit.file.endswith("collective_faults.py") and culprit.line
+
+
+def test_skipped_reads_like_the_issue_says():
+    reason = verdict("skip").culprits[0].reason
+    assert reason.startswith("rank 1 is one collective behind: ranks 0,2 called all_reduce(float32[1]) as #10")
+    assert "rank 1 called all_reduce(float32[64,64]) — rank 1 skipped one (collective_faults.py:" in reason
+    assert "call 5 at collective_faults.py" in reason  # step 4 is the 5th call from that line
+
+
+def test_mismatch_reasons_name_both_calls():
+    assert "all_reduce(float32[2])" in verdict("shape").culprits[0].reason
+    assert "broadcast(float32[1])" in verdict("op").culprits[0].reason
+
+
+def test_stuck_and_dead_say_where_the_others_wait():
+    stuck = verdict("stuck").culprits[0]
+    assert "never entered #9" in stuck.reason and "ranks 0,2 wait in #9" in stuck.reason
+    dead = verdict("die").culprits[0]
+    assert "rank 1's process is dead" in dead.reason and "ranks 0,2 wait in #10" in dead.reason
+
+
+def test_healthy_job_has_no_culprit_and_all_ranks_aligned():
+    result = verdict("healthy")
+    assert result.culprits == []
+    (group,) = result.groups
+    assert group.label == "default_pg" and group.ranks == [0, 1, 2] and set(group.last.values()) == {16}
+    assert [row["seq"] for row in group.rows] == list(range(9, 17))
+    assert all(set(row["ranks"]) == {0, 1, 2} for row in group.rows)
+
+
+def test_without_liveness_a_dead_rank_reads_as_stuck_not_as_healthy():
+    saved = load("die")
+    result = match(positions_from_records(saved["records"]), now=saved["time"])
+    assert [(c.rank, c.kind) for c in result.culprits] == [(1, "stuck")]
+
+
+@pytest.mark.parametrize("fault", ["skip", "shape", "op", "stuck"])
+def test_wrapper_only_records_give_the_same_culprit(fault):
+    """Where torch's Flight Recorder is off, the wrapper's own sequence numbers are aligned instead."""
+    saved = load(fault)
+    records = copy.deepcopy(saved["records"])
+    for record in records:
+        record["data"]["flight_recorder"] = None
+    positions = positions_from_records(records, alive={tuple(a) for a in saved["alive"]})
+    result = match(positions, now=saved["time"])
+    assert [c.rank for c in result.culprits] == [1]
+
+
+def test_flight_recorder_entries_carry_the_wrapper_frame():
+    record = load("shape")["records"][-1]
+    entries = entries_from_dump(record["data"])["0"]
+    assert all(e.file and e.file.endswith("collective_faults.py") for e in entries.values())
+    assert {e.op for e in entries.values()} == {"all_reduce"}
+
+
+def test_collective_culprits_is_the_stacks_rule():
+    saved = load("skip")
+    culprits = collective_culprits(saved["records"], alive={tuple(a) for a in saved["alive"]}, now=saved["time"])
+    assert len(culprits) == 1
+    culprit = culprits[0]
+    assert culprit["rank"] == 1 and culprit["rule"] == "collective positions" and culprit["kind"] == "skipped"
+    assert {"reason", "file", "line", "step", "pid", "node_ip", "seq", "group"} <= set(culprit)
+    json.dumps(culprits)
+
+
+def test_records_of_an_older_job_are_left_out():
+    old, new = load("healthy")["records"], load("stuck")["records"]  # stuck was recorded later
+    positions = positions_from_records(old + new)
+    assert {p.pid for p in positions} == {r["pid"] for r in new}
+
+
+# ---------------------------------------------------------------- synthetic edge cases
+
+
+def _rank(rank: int, entries: list[Entry], *, dumped_at: float = 100.0, alive: bool | None = True,
+          group: str = "0", desc: str = "default_pg") -> RankPositions:
+    return RankPositions(rank=rank, pid=1000 + rank, alive=alive, dumped_at=dumped_at,
+                         groups={group: {e.seq: e for e in entries}}, group_info={group: {"desc": desc, "ranks": []}})
+
+
+def _ar(seq: int, shape=(4,), state="completed", created=50.0, dtype="float32", op="all_reduce") -> Entry:
+    return Entry(seq=seq, op=op, inputs=[[list(shape), dtype]], state=state, created=created)
+
+
+def test_busy_job_dumped_at_different_moments_is_healthy():
+    ranks = [_rank(0, [_ar(s) for s in range(1, 6)] + [_ar(6, state="pending", created=99.0)]),
+             _rank(1, [_ar(s) for s in range(1, 4)])]
+    assert match(ranks).culprits == []
+
+
+def test_two_ranks_tie_without_a_pattern_names_nobody():
+    ranks = [_rank(0, [_ar(1, shape=(3,), state="pending")]), _rank(1, [_ar(1, shape=(5,), state="pending")])]
+    assert match(ranks).culprits == []
+
+
+def test_dtype_mismatch():
+    ranks = [_rank(r, [_ar(1), _ar(2, state="pending")]) for r in (0, 1)]
+    ranks.append(_rank(2, [_ar(1), _ar(2, dtype="float64", state="pending")]))
+    (culprit,) = match(ranks).culprits
+    assert (culprit.rank, culprit.kind) == (2, "dtype")
+
+
+def test_lone_rank_waiting_in_a_collective_nobody_else_entered_is_ahead():
+    ranks = [_rank(r, [_ar(1), _ar(2)]) for r in (0, 1, 2)]
+    ranks.append(_rank(3, [_ar(1), _ar(2), _ar(3, state="pending", created=10.0)]))
+    (culprit,) = match(ranks).culprits
+    assert (culprit.rank, culprit.kind) == (3, "ahead")
+
+
+def test_named_group_is_labelled_and_filtered():
+    ranks = [_rank(r, [_ar(1)] if r else [_ar(1), _ar(2, state="pending", created=10.0)],
+                   group="3", desc="actor_rollout_weight_sync") for r in (0, 1)]
+    result = match(ranks, group="actor_rollout_weight_sync")
+    assert result.groups[0].label == "actor_rollout_weight_sync"
+    assert [(c.rank, c.kind) for c in result.culprits] == [(1, "stuck")]
+    assert "actor_rollout_weight_sync" in result.culprits[0].reason
+    assert match(ranks, group="other").groups == []
+
+
+def test_no_records_says_so():
+    assert "no collective records" in match([]).summary
+
+
+def test_report_has_a_collectives_section_from_a_stored_run(tmp_path):
+    from raysleuth.recorder.store import EvidenceStore
+    from raysleuth.report import generate_report
+
+    store = EvidenceStore(tmp_path / "runs" / "session_x" / "evidence.sqlite")
+    for record in load("op")["records"]:
+        store.add("collectives", record["data"], time=record["time"], rank=record["rank"], name=record["name"],
+                  pid=record["pid"], node_ip=record["node_ip"])
+    store.close()
+    result = generate_report(tmp_path / "report.html", run="session_x", home=tmp_path)
+    text = (tmp_path / "report.html").read_text()
+    assert result.sections["collectives"] == 1
+    assert "<h2>Collectives</h2>" in text and "rank 1 called another op as #10" in text
+    assert "broadcast(float32[1])" in text
