@@ -1,0 +1,402 @@
+"""Pure logic of death forensics: why a worker died, decided by the evidence it left.
+
+Everything here takes plain data (the State API's rows as dicts, log lines,
+the node agent's kernel-log / cgroup reading, the store's samples) and
+returns plain values, so it is unit tested on saved texts without Ray.
+
+A cause is only named with the evidence that decided it: a worker that
+vanished without output and without an OOM record is "killed by SIGKILL"
+together with what could *not* be read, never a guess.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "CAUSES",
+    "DeathEvidence",
+    "FatalSignal",
+    "Verdict",
+    "classify",
+    "exit_code",
+    "init_exception",
+    "memory_monitor_report",
+    "parse_fatal",
+]
+
+#: Every cause :func:`classify` can name, and what it means.
+CAUSES = {
+    "python_exception": "a Python exception (a crash capsule recorded it)",
+    "fatal_signal": "a fatal signal (segfault, abort...) with the Python stack it hit",
+    "oom_killer": "SIGKILL from the kernel OOM killer",
+    "sigkill": "SIGKILL from something else (kill -9, ray stop --force, a supervisor)",
+    "memory_monitor": "killed by Ray's memory monitor (node running low on memory)",
+    "ray_kill": "ray.kill on the actor",
+    "exit": "the process exited on its own (sys.exit(n), os._exit(n), exit_actor)",
+    "node_died": "its node died",
+    "init_failed": "its __init__ raised",
+    "owner_died": "the process that created it died",
+    "out_of_scope": "every handle to it went out of scope",
+    "unknown": "the evidence read does not decide it",
+}
+
+_SIGNALS = {
+    "Segmentation fault": "SIGSEGV",
+    "Aborted": "SIGABRT",
+    "Bus error": "SIGBUS",
+    "Floating point exception": "SIGFPE",
+    "Illegal instruction": "SIGILL",
+}
+_FATAL = re.compile(r"Fatal Python error: ([^\n]+)")
+_RECEIVED = re.compile(r"\*\*\* (SIG[A-Z]+) received")
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (\S+)')
+_STACK_HEAD = re.compile(r"^(?:Stack|Current thread 0x[0-9a-f]+|Thread 0x[0-9a-f]+)[^\n]*\(most recent call first\):")
+_EXIT_CODE = re.compile(r"exits? with an exit code (-?\d+)")
+_VANISHED = re.compile(r"connection error code 2|End of file|unexpectedly exits with a connection error")
+_KERNEL_KILL = re.compile(r"(?:Out of memory|Memory cgroup out of memory): Killed process (\d+) \(([^)]*)\)")
+_TOP_USER = re.compile(r"^\s*(\d+)\s+([\d.]+)\s+(.+?)\s*$")
+_NODE_MEMORY = re.compile(r"was ([\d.]+)GB used / ([\d.]+)GB limit")
+_LIBRARY = ("site-packages/", "dist-packages/", "/lib/python3", "python/ray/", "<frozen ")
+
+
+@dataclasses.dataclass(kw_only=True)
+class FatalSignal:
+    """What ``faulthandler`` (Ray's worker or raysleuth's fatal file) wrote when the process died."""
+
+    error: str
+    """``Fatal Python error: <error>`` (e.g. ``Segmentation fault``)."""
+    signal: str | None
+    """SIGSEGV, SIGABRT... when the text names it."""
+    frames: list[dict[str, Any]]
+    """The crashing thread's Python stack, most recent call first: file, line, function."""
+    function: str | None
+    """The innermost Python function."""
+    file: str | None
+    line: int | None
+    user_function: str | None = None
+    """The innermost frame outside libraries (site-packages, Ray, the standard library)."""
+    user_file: str | None = None
+    user_line: int | None = None
+    source: str = "worker log"
+
+
+@dataclasses.dataclass(kw_only=True)
+class DeathEvidence:
+    """Everything collected about one dead worker; each field may be empty."""
+
+    actor: dict[str, Any] | None = None
+    """The State API's actor row (with ``death_cause``), or None for a task worker."""
+    worker: dict[str, Any] | None = None
+    """The State API's worker row (``exit_type``, ``exit_detail``, ``end_time_ms``)."""
+    task: dict[str, Any] | None = None
+    """The task or actor call it was running when it died (``error_message``)."""
+    err_lines: list[str] = dataclasses.field(default_factory=list)
+    out_lines: list[str] = dataclasses.field(default_factory=list)
+    fatal_file: str | None = None
+    """raysleuth's ``raysleuth-fatal-<pid>.log`` (zero-code setup), when present."""
+    capsules: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """Crash capsules of this worker: ``{"time", "exception_type", "message", "method"}``."""
+    oom: dict[str, Any] | None = None
+    """The node agent's reading: ``kernel_log`` {permitted, reason, kills}, ``cgroup`` {oom_kill, limit_bytes}."""
+    memory_samples: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """The worker's last memory samples, oldest first: ``{"time", "rss_bytes", "uss_bytes"...}``."""
+    node_alive: bool | None = None
+    log_problems: list[str] = dataclasses.field(default_factory=list)
+    """Why a log could not be read."""
+
+
+@dataclasses.dataclass(kw_only=True)
+class Verdict:
+    """The classified cause and the evidence that decided it."""
+
+    cause: str
+    summary: str
+    evidence: list[str]
+    signal: str | None = None
+    exit_code: int | None = None
+    function: str | None = None
+    file: str | None = None
+    line: int | None = None
+    stack: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    exception_type: str | None = None
+    exception_message: str | None = None
+    top_memory_users: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    caller: str | None = None
+    ray_reason: str | None = None
+    """Ray's own death reason (``WORKER_DIED``, ``RAY_KILL``...), for comparison."""
+
+
+# ------------------------------------------------------------------ parsers
+
+
+def parse_fatal(text: str, *, source: str = "worker log") -> FatalSignal | None:
+    """The last ``Fatal Python error`` in ``text`` with the crashing thread's stack, or None."""
+    if not text:
+        return None
+    matches = list(_FATAL.finditer(text))
+    if not matches:
+        return None
+    last = matches[-1]
+    error = last.group(1).strip()
+    signal = _SIGNALS.get(error)
+    received = list(_RECEIVED.finditer(text, 0, last.start()))
+    if received:
+        signal = received[-1].group(1)
+    frames: list[dict[str, Any]] = []
+    in_stack = False
+    for line in text[last.end():].splitlines():
+        if not in_stack:
+            if _STACK_HEAD.match(line.strip()):
+                in_stack = True
+            continue
+        frame = _FRAME.match(line)
+        if frame:
+            frames.append({"file": frame.group(1), "line": int(frame.group(2)), "function": frame.group(3)})
+        elif frames or line.strip():
+            break  # the crashing thread's block ended (other threads follow)
+    first = frames[0] if frames else {}
+    user = next((frame for frame in frames if not any(part in frame["file"] for part in _LIBRARY)), None)
+    return FatalSignal(error=error, signal=signal, frames=frames, function=first.get("function"),
+                       file=first.get("file"), line=first.get("line"),
+                       user_function=user["function"] if user else None, user_file=user["file"] if user else None,
+                       user_line=user["line"] if user else None, source=source)
+
+
+def exit_code(text: str) -> int | None:
+    """The exit code in Ray's ``Worker exits with an exit code N``, else None."""
+    match = _EXIT_CODE.search(text or "")
+    return int(match.group(1)) if match else None
+
+
+def init_exception(formatted: str) -> tuple[str | None, str | None]:
+    """``(type, message)`` of the user's exception in a creation task's formatted traceback."""
+    lines = [line for line in (formatted or "").splitlines() if line.strip()]
+    for line in reversed(lines):
+        match = re.match(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning)|[A-Z]\w*Error):\s?(.*)$",
+                         line.strip())
+        if match and not match.group(1).startswith("ray.exceptions"):
+            return match.group(1).rsplit(".", 1)[-1], match.group(2)
+    return None, None
+
+
+def memory_monitor_report(text: str) -> dict[str, Any]:
+    """Ray's memory-monitor kill text: node used/limit and the top memory users it names."""
+    result: dict[str, Any] = {"top_users": []}
+    node = _NODE_MEMORY.search(text or "")
+    if node:
+        result["node_used_gb"], result["node_limit_gb"] = float(node.group(1)), float(node.group(2))
+    start = (text or "").find("Top 10 memory users:")
+    if start >= 0:
+        for line in text[start:].splitlines()[1:]:
+            match = _TOP_USER.match(line)
+            if not match:
+                if result["top_users"]:
+                    break
+                continue
+            result["top_users"].append({"pid": int(match.group(1)), "memory_gb": float(match.group(2)),
+                                        "command": match.group(3)[:120]})
+    return result
+
+
+def _death_context(actor: Mapping[str, Any] | None) -> dict[str, Any]:
+    cause = (actor or {}).get("death_cause") or {}
+    if isinstance(cause, str):
+        try:
+            cause = json.loads(cause)
+        except ValueError:
+            cause = {}
+    return cause
+
+
+def _kernel_kill(oom: Mapping[str, Any] | None, pid: int | None) -> str | None:
+    for kill in ((oom or {}).get("kernel_log") or {}).get("kills") or []:
+        if pid is not None and kill.get("pid") == pid:
+            return kill.get("text") or f"Killed process {pid}"
+    return None
+
+
+def _gb(value: float | None) -> str:
+    return "?" if value is None else f"{value / 2**30:.2f} GiB"
+
+
+# ------------------------------------------------------------------ verdict
+
+
+def classify(evidence: DeathEvidence) -> Verdict:
+    """The cause of one death, decided by the first rule whose evidence is present."""
+    cause = _death_context(evidence.actor)
+    context = cause.get("actor_died_error_context") or {}
+    reason = str(context.get("reason") or "") or None
+    worker = evidence.worker or {}
+    message = "\n".join(str(part) for part in (
+        context.get("error_message"), worker.get("exit_detail"), (evidence.task or {}).get("error_message"),
+    ) if part)
+    pid = (evidence.actor or {}).get("pid") or worker.get("pid")
+
+    for rule in (_init_failed, _node_died, _memory_monitor, _fatal_signal, _python_exception, _ray_kill,
+                 _exited, _vanished):
+        verdict = rule(evidence, cause, reason, message, pid)
+        if verdict is not None:
+            verdict.ray_reason = reason or worker.get("exit_type")
+            return verdict
+    if reason == "OWNER_DIED":
+        return Verdict(cause="owner_died", summary=CAUSES["owner_died"], evidence=[f"Ray: {message[:300]}"],
+                       ray_reason=reason)
+    if reason == "REF_DELETED":
+        return Verdict(cause="out_of_scope", summary=CAUSES["out_of_scope"], evidence=[f"Ray: {message[:300]}"],
+                       ray_reason=reason)
+    said = f"Ray: {message.splitlines()[0][:300]}" if message else "Ray recorded no death cause"
+    return Verdict(cause="unknown", summary="no evidence decides the cause", evidence=[said] + evidence.log_problems,
+                   ray_reason=reason)
+
+
+def _init_failed(evidence, cause, reason, message, pid) -> Verdict | None:
+    if "creation_task_failure_context" not in cause:
+        return None
+    context = cause.get("creation_task_failure_context") or {}
+    formatted = context.get("formatted_exception_string") or context.get("error_message") or ""
+    kind, text = init_exception(formatted)
+    frames = [{"file": m.group(1), "line": int(m.group(2)), "function": m.group(3)}
+              for m in re.finditer(r'File "([^"]+)", line (\d+), in (\S+)', formatted)
+              if not any(part in m.group(1) for part in _LIBRARY)]
+    where = frames[-1] if frames else {}
+    return Verdict(cause="init_failed",
+                   summary=f"its __init__ raised {kind or 'an exception'}" + (f": {text}" if text else ""),
+                   evidence=["Ray recorded a creation task failure (creation_task_failure_context)"]
+                   + ([f"{where['file']}:{where['line']} in {where['function']}"] if where else []),
+                   exception_type=kind, exception_message=text, function=where.get("function"),
+                   file=where.get("file"), line=where.get("line"), stack=frames, ray_reason="CREATION_TASK_ERROR")
+
+
+def _node_died(evidence, cause, reason, message, pid) -> Verdict | None:
+    if reason == "NODE_DIED" or reason == "NODE_PREEMPTION":
+        return Verdict(cause="node_died", summary="its node died" + (" (preempted)" if reason == "NODE_PREEMPTION" else ""),
+                       evidence=[f"Ray: {reason}: {message.splitlines()[0][:300] if message else ''}"])
+    if evidence.node_alive is False and (reason in (None, "WORKER_DIED") or not cause):
+        return Verdict(cause="node_died", summary="its node died",
+                       evidence=["the State API lists its node as DEAD"] + ([f"Ray: {message[:200]}"] if message else []))
+    return None
+
+
+def _memory_monitor(evidence, cause, reason, message, pid) -> Verdict | None:
+    if reason != "OUT_OF_MEMORY" and "running low on memory" not in message and "NODE_OUT_OF_MEMORY" not in message:
+        return None
+    report = memory_monitor_report(message)
+    found = ["Ray: " + next((line.strip() for line in message.splitlines() if "low on memory" in line),
+                            f"death reason {reason}")[:300]]
+    if "node_used_gb" in report:
+        found.append(f"node memory {report['node_used_gb']}GB used / {report['node_limit_gb']}GB limit")
+    users = report["top_users"]
+    if users:
+        found.append("top memory users: " + ", ".join(f"pid {u['pid']} {u['memory_gb']}GB ({u['command'][:40]})"
+                                                      for u in users[:3]))
+    return Verdict(cause="memory_monitor", summary="killed by Ray's memory monitor: the node ran low on memory",
+                   evidence=found, signal="SIGKILL", top_memory_users=users)
+
+
+def _fatal_signal(evidence, cause, reason, message, pid) -> Verdict | None:
+    fatal = parse_fatal("\n".join(evidence.err_lines))
+    if fatal is None and evidence.fatal_file:
+        fatal = parse_fatal(evidence.fatal_file, source="raysleuth fatal-signal file")
+    if fatal is None:
+        return None
+    where = fatal.user_function or fatal.function
+    summary = f"fatal signal {fatal.signal or ''} ({fatal.error})".replace("  ", " ")
+    if where:
+        summary += f" in {where}()"
+    found = [f"{fatal.source}: Fatal Python error: {fatal.error}"]
+    if fatal.frames:
+        top = fatal.frames[0]
+        found.append(f"innermost frame {top['file']}:{top['line']} in {top['function']}")
+    return Verdict(cause="fatal_signal", summary=summary, evidence=found, signal=fatal.signal,
+                   function=where, file=fatal.user_file or fatal.file, line=fatal.user_line or fatal.line,
+                   stack=fatal.frames)
+
+
+def _python_exception(evidence, cause, reason, message, pid) -> Verdict | None:
+    if not evidence.capsules:
+        return None
+    capsule = evidence.capsules[-1]
+    kind = capsule.get("exception_type") or "an exception"
+    return Verdict(cause="python_exception", summary=f"a Python exception: {kind}: {str(capsule.get('message', ''))[:200]}",
+                   evidence=[f"crash capsule {capsule.get('id', '')} ({capsule.get('method') or 'worker'})".replace("  ", " ")],
+                   exception_type=capsule.get("exception_type"), exception_message=capsule.get("message"),
+                   function=capsule.get("method"))
+
+
+def _ray_kill(evidence, cause, reason, message, pid) -> Verdict | None:
+    if reason != "RAY_KILL" and "killed by `ray.kill`" not in message:
+        return None
+    context = cause.get("actor_died_error_context") or {}
+    owner = context.get("owner_ip_address")
+    caller = (f"owner {context.get('owner_id', '')[:16]} on {owner}" if owner else None)
+    found = ["Ray: " + (message.splitlines()[0] if message else "RAY_KILL")[:300]]
+    found.append("Ray does not record which process called ray.kill" + (f"; the actor's owner is {caller}" if caller else ""))
+    return Verdict(cause="ray_kill", summary="killed with ray.kill", evidence=found, caller=caller)
+
+
+def _exited(evidence, cause, reason, message, pid) -> Verdict | None:
+    code = exit_code(message)
+    intended = "INTENDED_USER_EXIT" in message or "exit_actor" in message or "by an user request" in message
+    if code is None and not intended:
+        return None
+    found = ["Ray: " + next((line.strip() for line in message.splitlines() if "exit" in line.lower()), "")[:300]]
+    last = next((line for line in reversed(evidence.out_lines + evidence.err_lines) if line.strip()
+                 and not line.startswith(":")), None)
+    if last:
+        found.append(f"last log line: {last.strip()[:200]}")
+    if intended and code in (None, 0):
+        return Verdict(cause="exit", summary="it exited on purpose (exit_actor / an intended exit)", evidence=found,
+                       exit_code=code)
+    return Verdict(cause="exit", summary=f"the process exited with code {code} (sys.exit({code}) or os._exit({code}))",
+                   evidence=found, exit_code=code)
+
+
+def _vanished(evidence, cause, reason, message, pid) -> Verdict | None:
+    if not _VANISHED.search(message) and reason != "WORKER_DIED":
+        return None
+    found = ["Ray: the worker's connection closed with no exit code (connection error code 2, End of file)",
+             "no fatal-signal output in its log" if evidence.err_lines else "its error log could not be read"]
+    kernel = (evidence.oom or {}).get("kernel_log") or {}
+    cgroup = (evidence.oom or {}).get("cgroup") or {}
+    kill_line = _kernel_kill(evidence.oom, pid)
+    if kill_line:
+        return Verdict(cause="oom_killer", summary="killed by the kernel OOM killer (SIGKILL)", signal="SIGKILL",
+                       evidence=found + [f"kernel log: {kill_line[:300]}"])
+    oom_kills = cgroup.get("oom_kill")
+    limit = cgroup.get("limit_bytes")
+    last = evidence.memory_samples[-1] if evidence.memory_samples else None
+    rss = (last or {}).get("rss_bytes")
+    near = bool(limit and rss and rss >= 0.9 * limit)
+    if oom_kills and near and not kernel.get("permitted"):
+        return Verdict(cause="oom_killer", summary="killed by the kernel OOM killer (SIGKILL)", signal="SIGKILL",
+                       evidence=found + [f"cgroup {cgroup.get('path') or ''} counted {oom_kills} OOM kill(s)",
+                                         f"its last memory sample {_gb(rss)} was ≥90% of the {_gb(limit)} limit"])
+    if kernel.get("permitted"):
+        found.append("kernel log read: no OOM kill of this pid")
+    elif kernel:
+        found.append(f"no OOM record readable on this node (kernel log not permitted: {kernel.get('reason') or 'denied'})")
+    else:
+        found.append("no OOM record readable on this node (the node agent was not asked or did not answer)")
+    if oom_kills:
+        found.append(f"cgroup {cgroup.get('path') or ''} counted {oom_kills} OOM kill(s), not tied to this pid")
+    elif cgroup:
+        found.append(f"cgroup {cgroup.get('path') or ''}: oom_kill 0")
+    if last:
+        found.append(f"its last memory sample: rss {_gb(rss)}")
+    return Verdict(cause="sigkill", summary="killed by SIGKILL (not the kernel OOM killer as far as the node shows)"
+                   if kernel.get("permitted") else "killed by SIGKILL; the kernel OOM killer could not be ruled out",
+                   evidence=found, signal="SIGKILL")
+
+
+def peers_summary(deaths: Sequence[Mapping[str, Any]]) -> str:
+    """One line for several deaths: counts per cause."""
+    counts: dict[str, int] = {}
+    for death in deaths:
+        counts[death.get("cause", "unknown")] = counts.get(death.get("cause", "unknown"), 0) + 1
+    return ", ".join(f"{count} {cause}" for cause, count in sorted(counts.items()))
