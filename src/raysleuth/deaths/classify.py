@@ -232,6 +232,8 @@ def classify(evidence: DeathEvidence) -> Verdict:
     cause = _death_context(evidence.actor)
     context = cause.get("actor_died_error_context") or {}
     reason = str(context.get("reason") or "") or None
+    if "oom_context" in cause:
+        context, reason = cause.get("oom_context") or {}, "OUT_OF_MEMORY"
     worker = evidence.worker or {}
     message = "\n".join(str(part) for part in (
         context.get("error_message"), worker.get("exit_detail"), (evidence.task or {}).get("error_message"),
@@ -256,10 +258,14 @@ def classify(evidence: DeathEvidence) -> Verdict:
 
 
 def _init_failed(evidence, cause, reason, message, pid) -> Verdict | None:
-    if "creation_task_failure_context" not in cause:
+    task = evidence.task or {}
+    creation_failed = (task.get("type") == "ACTOR_CREATION_TASK" or str(task.get("name", "")).endswith(".__init__")) \
+        and task.get("error_type") == "TASK_EXECUTION_EXCEPTION"
+    if "creation_task_failure_context" not in cause and not creation_failed:
         return None
     context = cause.get("creation_task_failure_context") or {}
-    formatted = context.get("formatted_exception_string") or context.get("error_message") or ""
+    formatted = (context.get("formatted_exception_string") or context.get("error_message")
+                 or task.get("error_message") or "")
     kind, text = init_exception(formatted)
     frames = [{"file": m.group(1), "line": int(m.group(2)), "function": m.group(3)}
               for m in re.finditer(r'File "([^"]+)", line (\d+), in (\S+)', formatted)
@@ -267,7 +273,8 @@ def _init_failed(evidence, cause, reason, message, pid) -> Verdict | None:
     where = frames[-1] if frames else {}
     return Verdict(cause="init_failed",
                    summary=f"its __init__ raised {kind or 'an exception'}" + (f": {text}" if text else ""),
-                   evidence=["Ray recorded a creation task failure (creation_task_failure_context)"]
+                   evidence=["Ray recorded a creation task failure" + (" (creation_task_failure_context)" if context
+                                                                         else f" (task {task.get('name')} FAILED)")]
                    + ([f"{where['file']}:{where['line']} in {where['function']}"] if where else []),
                    exception_type=kind, exception_message=text, function=where.get("function"),
                    file=where.get("file"), line=where.get("line"), stack=frames, ray_reason="CREATION_TASK_ERROR")
@@ -289,7 +296,10 @@ def _memory_monitor(evidence, cause, reason, message, pid) -> Verdict | None:
     report = memory_monitor_report(message)
     found = ["Ray: " + next((line.strip() for line in message.splitlines() if "low on memory" in line),
                             f"death reason {reason}")[:300]]
-    if "node_used_gb" in report:
+    reason_line = next((line.strip() for line in message.splitlines() if line.startswith("OOM kill reason")), None)
+    if reason_line:
+        found.append(f"Ray: {reason_line[:300]}")
+    elif "node_used_gb" in report:
         found.append(f"node memory {report['node_used_gb']}GB used / {report['node_limit_gb']}GB limit")
     users = report["top_users"]
     if users:
@@ -336,7 +346,7 @@ def _ray_kill(evidence, cause, reason, message, pid) -> Verdict | None:
     owner = context.get("owner_ip_address")
     caller = (f"owner {context.get('owner_id', '')[:16]} on {owner}" if owner else None)
     found = ["Ray: " + (message.splitlines()[0] if message else "RAY_KILL")[:300]]
-    found.append("Ray does not record which process called ray.kill" + (f"; the actor's owner is {caller}" if caller else ""))
+    found.append("Ray does not record which process called ray.kill" + (f"; the actor's {caller}" if caller else ""))
     return Verdict(cause="ray_kill", summary="killed with ray.kill", evidence=found, caller=caller)
 
 
