@@ -18,7 +18,8 @@ from typing import Any
 
 from raysleuth.deaths.classify import CAUSES, DeathEvidence, Verdict, classify
 
-__all__ = ["CAUSES", "Death", "DeathReport", "FIXES", "find_deaths", "record_deaths", "stored_deaths"]
+__all__ = ["CAUSES", "Death", "DeathReport", "FIXES", "deaths_named_in", "find_deaths", "record_deaths",
+           "stored_deaths"]
 
 #: What to do about each cause.
 FIXES = {
@@ -78,6 +79,8 @@ class Death:
     peers: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     """Other ranks' last step from the store, and whether they beat again after this death."""
     fix: str | None = None
+    record_id: int | None = None
+    """Its id in the evidence store, once recorded (``raysleuth crashes show ID``)."""
 
     @property
     def who(self) -> str:
@@ -212,4 +215,22 @@ def stored_deaths(run: str | None = None, *, home: Any = None, rank: int | None 
     finally:
         store.close()
     fields = {field.name for field in dataclasses.fields(Death)}
-    return [Death(**{key: value for key, value in record.data.items() if key in fields}) for record in records]
+    return [Death(**{**{key: value for key, value in record.data.items() if key in fields}, "record_id": record.id})
+            for record in records]
+
+
+def deaths_named_in(text: str, run: str | None = None, *, home: Any = None) -> list[Death]:
+    """The recorded deaths of the workers an error text names (by actor id, else pid); [] without a store."""
+    from raysleuth.explain import mentioned_workers
+
+    named = mentioned_workers(text)
+    if not named["actor_ids"] and not named["pids"]:
+        return []
+    try:
+        deaths = stored_deaths(run, home=home)
+    except Exception:
+        return []
+    by_actor = [death for death in deaths if death.actor_id and death.actor_id in named["actor_ids"]]
+    if by_actor:
+        return by_actor
+    return [death for death in deaths if death.pid in named["pids"]]

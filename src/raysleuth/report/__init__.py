@@ -40,7 +40,7 @@ SECTION_KINDS = {
     "tasks": ("tasks", "task", "pending_tasks"),
     "consistency": ("consistency",),
     "memory": ("memory", "memory_verdict", "leak"),
-    "crashes": ("crash",),
+    "crashes": ("crash", "death"),
     "logs": ("log",),
     "spans": ("span",),
 }
