@@ -68,10 +68,14 @@ class Worker:
 
 
 def start(rank: int, world_size: int, *, name: str | None = None, fail_in_init: bool = False,
-          node_id: str | None = None, **options):
-    """Create rank ``rank``'s worker the way a DDP-in-actors job does (RANK in its runtime_env)."""
+          node_id: str | None = None, env: bool = True, **options):
+    """Create rank ``rank``'s worker the way a DDP-in-actors job does (RANK in its runtime_env).
+
+    ``env=False`` leaves RANK out: the rank is then only in the name (give one the way verl
+    names its workers, ``<prefix>WorkerDict_0:<rank>``).
+    """
     remote = ray.remote(num_cpus=0.01, max_restarts=0)(Worker)
-    env = {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank)}
+    env = {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank)} if env else {}
     if node_id:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
