@@ -431,7 +431,8 @@ def read_files(paths: list[str], tail_bytes: int = 65536) -> dict[str, str | Non
 
 def worker_logs(pids: list[int], lines: int = 200, logs_dir: str | None = None) -> dict[int, dict[str, Any]]:
     """Per pid: ``err``/``out`` (last ``lines`` lines of ``worker-*-<pid>.err/.out``) and ``fatal``
-    (``raysleuth-fatal-<pid>.log``), from this node's Ray session logs; ``error`` when none was found."""
+    (``raysleuth-fatal-<pid>.log``), from this node's Ray session logs (and ``old/``, where Ray's log
+    monitor moves dead workers' files); ``error`` when none was found."""
     from raysleuth import cluster
 
     folder = logs_dir or cluster.local_logs_dir()
@@ -441,16 +442,21 @@ def worker_logs(pids: list[int], lines: int = 200, logs_dir: str | None = None) 
         names = os.listdir(folder) if folder else []
     except OSError as error:
         return {pid: {"error": f"cannot list {folder}: {error.strerror}"} for pid in wanted}
-    for name in names:
+    try:  # Ray's log monitor moves dead workers' logs to old/ once it has many files open
+        names = [os.path.join("old", name) for name in os.listdir(os.path.join(folder, "old"))] + names
+    except OSError:
+        pass
+    for path in names:
+        name = os.path.basename(path)
         stem, _, suffix = name.rpartition(".")
         if name.startswith("worker-") and suffix in ("err", "out"):
             pid = stem.rsplit("-", 1)[-1]
             if pid.isdigit() and int(pid) in wanted:
-                files.setdefault(int(pid), {})[suffix] = os.path.join(folder, name)
+                files.setdefault(int(pid), {})[suffix] = os.path.join(folder, path)
         elif name.startswith("raysleuth-fatal-") and suffix == "log":
             pid = stem.removeprefix("raysleuth-fatal-")
             if pid.isdigit() and int(pid) in wanted:
-                files.setdefault(int(pid), {})["fatal"] = os.path.join(folder, name)
+                files.setdefault(int(pid), {})["fatal"] = os.path.join(folder, path)
     result: dict[int, dict[str, Any]] = {}
     for pid in wanted:
         found = files.get(pid)
