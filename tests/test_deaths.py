@@ -39,6 +39,7 @@ def deaths(ray_cluster):
     }
     failing = dw.start(5, 8, fail_in_init=True, node_id=head)
     ray.get([worker.step.remote() for worker in workers.values()], timeout=180)
+    task = ray.remote(max_retries=0)(dw.preprocess_shard).options(name=f"preprocess_{tag}").remote(7)
     calls = [workers[0].sigkill.remote(), workers[1].segfault.remote(), workers[2].abort.remote(),
              workers[3].exit_early.remote(3)]
     ray.kill(workers[4])
@@ -47,17 +48,20 @@ def deaths(ray_cluster):
             ray.get(call, timeout=120)
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(failing.pid.remote(), timeout=120)
+    with pytest.raises(ray.exceptions.WorkerCrashedError):
+        ray.get(task, timeout=120)
     ids = {rank: handle._actor_id.hex() for rank, handle in {**workers, 5: failing}.items()}
     deadline = time.time() + 60
     while True:  # Ray records a death a moment after the caller sees it
         report = find_deaths()
         found = {death.actor_id: death for death in report.deaths}
-        if all(actor_id in found for actor_id in ids.values()) or time.time() > deadline:
+        tasks = [death for death in report.deaths if death.task == f"preprocess_{tag}"]
+        if (all(actor_id in found for actor_id in ids.values()) and tasks) or time.time() > deadline:
             break
         time.sleep(1)
     record_deaths(report)
     return {"by_rank": {rank: found.get(actor_id) for rank, actor_id in ids.items()}, "report": report, "ids": ids,
-            "home": ray_cluster.home}
+            "home": ray_cluster.home, "task": tasks[0] if tasks else None}
 
 
 def test_sigkill_is_classified_with_its_rank_and_what_was_read(deaths):
@@ -96,6 +100,13 @@ def test_exception_in_init(deaths):
     death = deaths["by_rank"][5]
     assert (death.rank, death.cause, death.exception_type) == (5, "init_failed", "FileNotFoundError")
     assert "rank 5" in death.exception_message
+
+
+def test_a_task_worker_that_died_is_classified_too(deaths):
+    death = deaths["task"]
+    assert death is not None and death.actor_id is None
+    assert (death.cause, death.signal, death.function) == ("fatal_signal", "SIGSEGV", "read_native_buffer")
+    assert any("preprocessing shard 7" in line for line in death.last_stdout)
 
 
 def test_tasks_dead_cli_gives_rank_cause_and_evidence(deaths, capsys):

@@ -185,3 +185,13 @@ def test_rank_sources():
 def test_every_verdict_carries_evidence(name):
     verdict = classify(copy.deepcopy(evidence(name)))
     assert verdict.cause in CAUSES and verdict.evidence and all(verdict.evidence)
+
+
+def test_peers_say_who_beat_again_after_the_death():
+    from raysleuth.deaths import _peers
+
+    beats = {0: {"step": 41, "time": 90.0}, 1: {"step": 42, "time": 120.0}, 2: {"step": 41, "time": 95.0}}
+    peers = {peer["rank"]: peer for peer in _peers(2, 100.0, beats)}
+    assert peers[2]["self"] and "beat_after_death" not in peers[2]
+    assert peers[0]["beat_after_death"] is False and peers[1]["beat_after_death"] is True
+    assert _peers(0, None, {}) == []

@@ -83,3 +83,10 @@ def start(rank: int, world_size: int, *, name: str | None = None, fail_in_init: 
     if name:
         options["name"] = name
     return remote.options(runtime_env={"env_vars": env}, **options).remote(fail_in_init=fail_in_init)
+
+
+def preprocess_shard(shard: int) -> int:
+    """A plain Ray task body (no actor) whose native call segfaults."""
+    print(f"preprocessing shard {shard}", flush=True)
+    read_native_buffer(0)
+    return shard
