@@ -131,10 +131,13 @@ def test_dead_node_decides_node_death():
 
 def test_capsule_decides_python_exception_over_a_plain_exit():
     found = evidence("sys_exit_3")
-    found.capsules = [{"id": 7, "time": 1.0, "exception_type": "ValueError", "message": "bad shard",
+    died = found.worker["end_time_ms"] / 1000
+    found.capsules = [{"id": 7, "time": died - 2, "exception_type": "ValueError", "message": "bad shard",
                        "method": "Worker.step"}]
     verdict = classify(found)
     assert verdict.cause == "python_exception" and verdict.exception_type == "ValueError"
+    found.capsules[0]["time"] = died - 3600  # an exception handled an hour before is not why it died
+    assert classify(found).cause == "exit"
 
 
 def test_fatal_file_is_read_when_the_log_has_nothing():

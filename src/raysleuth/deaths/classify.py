@@ -328,10 +328,25 @@ def _fatal_signal(evidence, cause, reason, message, pid) -> Verdict | None:
                    stack=fatal.frames)
 
 
+#: A capsule older than this before the death is an earlier, handled exception, not the cause.
+CAPSULE_WINDOW_S = 120.0
+
+
+def _died_at(evidence: DeathEvidence) -> float | None:
+    for row in (evidence.worker, evidence.task):
+        value = (row or {}).get("end_time_ms")
+        if value:
+            return float(value) / 1000.0
+    return None
+
+
 def _python_exception(evidence, cause, reason, message, pid) -> Verdict | None:
-    if not evidence.capsules:
+    died = _died_at(evidence)
+    capsules = [capsule for capsule in evidence.capsules
+                if died is None or capsule.get("time") is None or died - CAPSULE_WINDOW_S <= capsule["time"] <= died + 5]
+    if not capsules:
         return None
-    capsule = evidence.capsules[-1]
+    capsule = capsules[-1]
     kind = capsule.get("exception_type") or "an exception"
     return Verdict(cause="python_exception", summary=f"a Python exception: {kind}: {str(capsule.get('message', ''))[:200]}",
                    evidence=[f"crash capsule {capsule.get('id', '')} ({capsule.get('method') or 'worker'})".replace("  ", " ")],
