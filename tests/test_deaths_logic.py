@@ -198,3 +198,11 @@ def test_peers_say_who_beat_again_after_the_death():
     assert peers[2]["self"] and "beat_after_death" not in peers[2]
     assert peers[0]["beat_after_death"] is False and peers[1]["beat_after_death"] is True
     assert _peers(0, None, {}) == []
+
+
+def test_fatal_file_header_gives_the_rank():
+    from raysleuth.deaths.parse import fatal_file_rank
+
+    assert fatal_file_rank("# raysleuth fatal-signal file pid=12 rank=3 actor_id=- job_id=01000000\n") == 3
+    assert fatal_file_rank("# raysleuth fatal-signal file pid=12 rank=- actor_id=- job_id=-\n# rank=5\n") == 5
+    assert fatal_file_rank("# raysleuth fatal-signal file pid=12 rank=- actor_id=- job_id=-\n") is None

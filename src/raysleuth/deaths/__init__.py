@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from raysleuth.deaths.classify import CAUSES, DeathEvidence, Verdict, classify
+from raysleuth.deaths.parse import fatal_file_rank
 
 __all__ = ["CAUSES", "Death", "DeathReport", "FIXES", "deaths_named_in", "find_deaths", "record_deaths",
            "stored_deaths"]
@@ -138,6 +139,8 @@ def build_death(subject: dict[str, Any], evidence: DeathEvidence, verdict: Verdi
     """Join identity, verdict and context into one :class:`Death`."""
     actor = subject.get("actor") or {}
     died_at = _died_at(subject)
+    if label.get("rank") is None and fatal_file_rank(evidence.fatal_file) is not None:
+        label = {**label, "rank": fatal_file_rank(evidence.fatal_file), "rank_source": "fatal-signal file"}
     task = subject.get("task") or {}
     return Death(
         cause=verdict.cause, summary=verdict.summary, evidence=verdict.evidence, rank=label.get("rank"),

@@ -7,7 +7,8 @@ import dataclasses
 import re
 from typing import Any
 
-__all__ = ["LIBRARY_PATHS", "FatalSignal", "exit_code", "init_exception", "memory_monitor_report", "parse_fatal"]
+__all__ = ["LIBRARY_PATHS", "FatalSignal", "exit_code", "fatal_file_rank", "init_exception", "memory_monitor_report",
+           "parse_fatal"]
 
 _SIGNALS = {
     "Segmentation fault": "SIGSEGV",
@@ -116,3 +117,12 @@ def memory_monitor_report(text: str) -> dict[str, Any]:
     return result
 
 
+
+
+_FILE_RANK = re.compile(r"^# (?:raysleuth fatal-signal file .*?)?\brank=(\d+)", re.MULTILINE)
+
+
+def fatal_file_rank(text: str | None) -> int | None:
+    """The rank in a zero-code fatal-signal file's header (``rank=<n>``, or a later ``# rank=<n>`` line)."""
+    found = _FILE_RANK.findall(text or "")
+    return int(found[-1]) if found else None
