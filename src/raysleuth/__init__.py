@@ -82,6 +82,7 @@ _EXPORTS: dict[str, str] = {
     "explain_error": "raysleuth.explain",
     "explain_exception": "raysleuth.explain",
     "export_timeline": "raysleuth.timeline",
+    "find_deaths": "raysleuth.deaths",
     "find_tasks": "raysleuth.tasks",
     "fingerprint": "raysleuth.fingerprint",
     "fingerprint_many": "raysleuth.fingerprint",

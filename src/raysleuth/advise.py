@@ -45,14 +45,28 @@ class Advice:
     nodes: int | None
     reproducible: bool | None
     steps: list[Step]
+    causes: list[str] = dataclasses.field(default_factory=list)
+    """The classified death causes the steps were chosen for (:data:`raysleuth.deaths.CAUSES`)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The advice as a JSON-ready dict."""
         return dataclasses.asdict(self)
 
 
-def advise(problem: str, *, nodes: int | None = None, reproducible: bool | None = None) -> Advice:
-    """The steps for ``problem`` (one of :data:`PROBLEMS`), filtered by cluster size and reproducibility."""
+def advise(problem: str, *, nodes: int | None = None, reproducible: bool | None = None,
+           cause: str | list[str] | None = None) -> Advice:
+    """The steps for ``problem`` (one of :data:`PROBLEMS`), filtered by cluster size and reproducibility.
+
+    ``cause``: the classified cause(s) of a worker death (``raysleuth tasks --dead``: ``fatal_signal``,
+    ``oom_killer``, ``memory_monitor``, ``sigkill``...); steps written for other causes are left out, and
+    without one, every cause-specific step is.
+    """
+    from raysleuth.deaths.classify import CAUSES
+
+    causes = [cause] if isinstance(cause, str) else list(cause or [])
+    unknown = [item for item in causes if item not in CAUSES]
+    if unknown:
+        raise UsageError(f"unknown cause {unknown[0]!r}", fix=f"use one of: {', '.join(CAUSES)}")
     tree = _tree()["problems"]
     key = (problem or "").strip().lower()
     if key not in tree:
@@ -65,11 +79,14 @@ def advise(problem: str, *, nodes: int | None = None, reproducible: bool | None 
             continue
         if nodes is not None and "max_nodes" in item and nodes > item["max_nodes"]:
             continue
+        if "causes" in item and not set(item["causes"]) & set(causes):
+            continue
         wanted = item.get("reproducible")
         if wanted is not None and reproducible is not None and wanted != reproducible:
             continue
         steps.append(Step(order=len(steps) + 1, kind=item["kind"], run=item["run"], why=item["why"]))
-    return Advice(problem=key, summary=tree[key]["summary"], nodes=nodes, reproducible=reproducible, steps=steps)
+    return Advice(problem=key, summary=tree[key]["summary"], nodes=nodes, reproducible=reproducible, steps=steps,
+                  causes=causes)
 
 
 #: ``rs.get_advice``: the public API name of :func:`advise` (``rs.advise`` is this module).

@@ -35,16 +35,20 @@ __all__ = [
     "available_resources",
     "connect",
     "current_job_id",
+    "dead_workers",
     "find_auth_token",
     "get_task",
     "head_node",
     "list_log_files",
+    "local_logs_dir",
+    "log_file",
     "nodes",
     "objects",
     "on_ray_train_user_error",
     "placement_groups",
     "rank_from_name",
     "resolve_address",
+    "runtime_env_vars",
     "session_logs_dir",
     "session_name",
     "shutdown",
@@ -445,6 +449,52 @@ def worker_log(*, actor_id: str | None = None, pid: int | None = None, node_id: 
                                  fix="the worker may have died long ago and its log been rotated; "
                                      "check `ray list logs` on its node") from None
     return text.splitlines()
+
+
+def log_file(*, node_id: str, filename: str, tail: int = 1000, timeout: int = 30) -> list[str]:
+    """The last ``tail`` lines of a file in a node's Ray logs folder (e.g. ``train/ray-train-sys-...``).
+
+    Raises :class:`ClusterUnreachable` when the State API cannot serve it (absent file included).
+    """
+    try:
+        lines = _state().get_log(address=_state_address(), node_id=node_id, filename=filename, tail=tail,
+                                 timeout=timeout, errors="replace")
+        text = "".join(lines)
+    except Exception as error:
+        raise ClusterUnreachable(f"Ray's State API could not read {filename} on node {node_id[:12]} "
+                                 f"({type(error).__name__}: {str(error)[:200]})",
+                                 fix="check the file exists with `ray list logs` on that node") from None
+    return text.splitlines()
+
+
+def local_logs_dir() -> str | None:
+    """This process's Ray session logs folder (on its node), or None when not in a Ray process."""
+    try:
+        import ray
+
+        node = ray._private.worker._global_node
+        return node.get_logs_dir_path() if node is not None else None
+    except Exception:
+        return None
+
+
+def dead_workers(*, limit: int = STATE_LIMIT) -> Listing:
+    """Worker processes that are gone: worker_id, pid, node_id, exit_type, exit_detail, end_time_ms."""
+    return _listing(_state().list_workers, filters=[("is_alive", "=", "False")], limit=limit, detail=True)
+
+
+def runtime_env_vars(actor: Mapping[str, Any]) -> dict[str, str]:
+    """The ``env_vars`` of an actor's creation ``runtime_env`` (State API ``serialized_runtime_env``)."""
+    import json
+
+    raw = actor.get("serialized_runtime_env") or actor.get("runtime_env") or {}
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw) if raw.strip() else {}
+        except ValueError:
+            return {}
+    env = raw.get("env_vars") if isinstance(raw, dict) else None
+    return {str(key): str(value) for key, value in (env or {}).items()}
 
 
 def list_log_files(*, node_id: str | None = None, glob_filter: str | None = None,

@@ -22,7 +22,8 @@ import traceback
 from importlib import resources
 from typing import Any
 
-__all__ = ["KnowledgeEntry", "Match", "explain", "explain_error", "explain_exception", "knowledge_base"]
+__all__ = ["KnowledgeEntry", "Match", "explain", "explain_error", "explain_exception", "knowledge_base",
+           "mentioned_workers"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 #: Longest text scanned in full; longer text keeps its head and (mostly) its tail, where errors end up.
@@ -260,6 +261,18 @@ def explain_exception(error: BaseException) -> list[Match]:
     except Exception:
         text = f"{type(error).__name__}: {error}"
     return explain(text)
+
+
+_ACTOR_ID = re.compile(r"\bactor[ _]id[:=]\s*([0-9a-f]{32})\b", re.IGNORECASE)
+_PID = re.compile(r"\b(?:worker )?pid[:=]\s*(\d+)\b", re.IGNORECASE)
+
+
+def mentioned_workers(text: str) -> dict[str, list]:
+    """Actor ids and pids an error text names (Ray writes ``actor_id: ...``, ``pid=...``, ``Worker PID: ...``)."""
+    text = _ANSI.sub("", text or "")[-200_000:]
+    actor_ids = list(dict.fromkeys(match.group(1).lower() for match in _ACTOR_ID.finditer(text)))
+    pids = list(dict.fromkeys(int(match.group(1)) for match in _PID.finditer(text)))
+    return {"actor_ids": actor_ids, "pids": pids}
 
 
 #: ``rs.explain_error``: the public API name of :func:`explain` (``rs.explain`` is this module).

@@ -10,8 +10,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from raysleuth.cli._app import (
-    HomeOption, JobOption, JsonOption, RunOption, app, at_least_one, console, emit_json, finish, home_path,
-    name_run, non_negative,
+    AddressOption, HomeOption, JobOption, JsonOption, RunOption, app, at_least_one, console, emit_json, finish,
+    home_path, name_run, non_negative,
 )
 
 crashes_app = typer.Typer(
@@ -32,23 +32,38 @@ def crashes(
     ctx: typer.Context,
     rank: Annotated[int | None, typer.Option("--rank", help="Only this rank's capsules.", callback=non_negative)] = None,
     limit: Annotated[int | None, typer.Option("--limit", help="Only the newest N capsules.", callback=at_least_one)] = None,
+    collect: Annotated[bool, typer.Option("--collect", help="First classify the deaths of the running cluster "
+                                                             "(--address) and record them.")] = False,
+    address: AddressOption = None,
     run: RunOption = None,
     job: JobOption = None,
     home: HomeOption = None,
     json_: JsonOption = False,
 ) -> None:
-    """List crash capsules (exit 1 when there are any). Reads the evidence store: works after the cluster is gone."""
+    """List crash capsules and worker deaths (exit 1 when there are any). Reads the evidence store: works after
+    the cluster is gone; deaths are there once `raysleuth tasks --dead` or `crashes --collect` classified them."""
     if ctx.invoked_subcommand is not None:
         return
+    from raysleuth.deaths import find_deaths, record_deaths, stored_deaths
     from raysleuth.postmortem import list_crashes
 
-    found = list_crashes(name_run(run, home), home=home_path(home), rank=rank, limit=limit, job=job or None)
+    run = name_run(run, home)
+    if collect or address:
+        record_deaths(find_deaths(address))
+    found = list_crashes(run, home=home_path(home), rank=rank, limit=limit, job=job or None)
+    deaths = stored_deaths(run, home=home_path(home), rank=rank)
     if json_:
-        emit_json([item.to_dict() for item in found])
-        finish(1 if found else 0)
+        emit_json([{"kind": "capsule", **item.to_dict()} for item in found]
+                  + [{"kind": "death", "id": death.record_id, **death.to_dict()} for death in deaths])
+        finish(1 if found or deaths else 0)
+    if deaths:
+        from raysleuth.cli.tasks import print_deaths
+
+        print_deaths(deaths, lines=2)
+        console.print("")
     if not found:
         console.print("[green]no crash capsules recorded[/green]")
-        finish(0)
+        finish(1 if deaths else 0)
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     for column in ("id", "time", "rank", "node", "pid", "actor.method", "exception", "likely cause"):
         table.add_column(column, overflow="fold")
@@ -74,9 +89,25 @@ def show(
     json_: JsonOption = False,
 ) -> None:
     """Print one crash capsule fully: chain, traceback, locals per frame, memory, environment, cause and fix."""
+    from raysleuth.errors import UsageError
     from raysleuth.postmortem import get_crash
 
-    record = get_crash(capsule_id, name_run(run, home), home=home_path(home))
+    run = name_run(run, home)
+    try:
+        record = get_crash(capsule_id, run, home=home_path(home))
+    except UsageError:
+        from raysleuth.deaths import stored_deaths
+
+        death = next((d for d in stored_deaths(run, home=home_path(home)) if d.record_id == capsule_id), None)
+        if death is None:
+            raise
+        if json_:
+            emit_json({"kind": "death", **death.to_dict()})
+            finish(0)
+        from raysleuth.cli.tasks import print_deaths
+
+        print_deaths([death], lines=20)
+        finish(0)
     if json_:
         emit_json(record)
         finish(0)

@@ -9,8 +9,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from raysleuth.cli._app import JsonOption, app, console, emit_json, finish
-from raysleuth.cli._app import at_least_one  # option checks
+from raysleuth.cli._app import HomeOption, JsonOption, RunOption, app, at_least_one, console, emit_json, finish, home_path
 from raysleuth.errors import UsageError
 
 
@@ -34,16 +33,32 @@ def _read_input(text: str | None, file: Path | None) -> str:
 def explain(
     text: Annotated[str | None, typer.Argument(help='Error text, or "-" for stdin.')] = None,
     file: Annotated[Path | None, typer.Option("--file", "-f", help="Read a log file (or - for stdin).")] = None,
+    run: RunOption = None,
+    home: HomeOption = None,
     json_: JsonOption = False,
 ) -> None:
-    """What an error means: the known causes found in TEXT, root cause first, with the fix (exit 1 if none)."""
+    """What an error means: the known causes found in TEXT, root cause first, with the fix (exit 1 if none).
+
+    When the run's evidence has a classified death of a worker TEXT names (actor id or pid), its rank and
+    cause come first."""
+    from raysleuth.deaths import deaths_named_in
     from raysleuth.explain import explain as run_explain
 
-    matches = run_explain(_read_input(text, file))
+    content = _read_input(text, file)
+    matches = run_explain(content)
+    deaths = deaths_named_in(content, run, home=home_path(home) if home else None)
     if json_:
-        emit_json({"verdict": "explained" if matches else "no known cause",
+        emit_json({"verdict": "explained" if matches or deaths else "no known cause",
+                   "deaths": [death.to_dict() for death in deaths],
                    "matches": [match.to_dict() for match in matches]})
-        finish(0 if matches else 1)
+        finish(0 if matches or deaths else 1)
+    if deaths:
+        from raysleuth.cli.tasks import print_deaths
+
+        print_deaths(deaths, lines=2)
+        console.print()
+    if not matches and deaths:
+        finish(0)
     if not matches:
         console.print("[yellow]no known cause[/yellow] for this text; try `raysleuth crashes` or "
                       "`raysleuth advise --problem crash`")
@@ -67,16 +82,27 @@ def advise(
     nodes: Annotated[int | None, typer.Option("--nodes", help="Number of nodes in the cluster.", callback=at_least_one)] = None,
     reproducible: Annotated[bool | None, typer.Option("--reproducible/--not-reproducible",
                                                       help="Does the problem happen again on demand?")] = None,
+    cause: Annotated[list[str] | None, typer.Option("--cause", help="A worker's classified death cause "
+                                                    "(from `raysleuth tasks --dead`); repeat for several.")] = None,
+    from_run: Annotated[bool, typer.Option("--from-run", help="Use the causes of the deaths recorded in the run.")] = False,
+    run: RunOption = None,
+    home: HomeOption = None,
     json_: JsonOption = False,
 ) -> None:
-    """What to run, in order, for a kind of problem: the debugging decision tree."""
+    """What to run, in order, for a kind of problem: the debugging decision tree (branching on a death's cause)."""
     from raysleuth.advise import advise as run_advise
 
-    advice = run_advise(problem, nodes=nodes, reproducible=reproducible)
+    causes = list(cause or [])
+    if from_run:
+        from raysleuth.deaths import stored_deaths
+
+        causes += [death.cause for death in stored_deaths(run, home=home_path(home))]
+    advice = run_advise(problem, nodes=nodes, reproducible=reproducible, cause=list(dict.fromkeys(causes)))
     if json_:
         emit_json(advice.to_dict())
         finish(0)
-    console.print(f"[bold]{advice.problem}[/bold]: {advice.summary}\n")
+    console.print(f"[bold]{advice.problem}[/bold]: {advice.summary}"
+                  + (f" [dim](death cause: {', '.join(advice.causes)})[/dim]" if advice.causes else "") + "\n")
     for step in advice.steps:
         prefix = {"cli": "$", "code": ">>>", "env": "export"}.get(step.kind, "")
         console.print(f"{step.order}. [bold cyan]{escape(prefix + ' ' + step.run)}[/bold cyan]", soft_wrap=True)

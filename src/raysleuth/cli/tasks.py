@@ -6,6 +6,7 @@ import datetime
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from raysleuth.cli._app import AddressOption, JsonOption, app, console, emit_json, finish
@@ -42,15 +43,21 @@ def tasks(
     job: Annotated[str | None, typer.Option("--job", help="Only this Ray job id.")] = None,
     stack: Annotated[bool, typer.Option("--stack", help="Add py-spy stacks of stuck workers.")] = False,
     limit: Annotated[int, typer.Option("--limit", help="Rows shown per section (JSON has all).", callback=at_least_one)] = 50,
+    record: Annotated[bool, typer.Option("--record/--no-record",
+                                         help="Keep classified deaths in the run's evidence (crashes, report).")] = True,
     json_: JsonOption = False,
 ) -> None:
-    """Why tasks wait, which calls are stuck, what failed and which actors died (exit 1 if any)."""
+    """Why tasks wait, which calls are stuck, what failed and which workers died, with rank and cause (exit 1 if any)."""
     from raysleuth.tasks import find_tasks
 
     everything = not (pending or stuck or failed or dead)
     report = find_tasks(address, pending=pending or everything, stuck=stuck or everything,
                         failed=failed or everything, dead=dead or everything, older_than=older_than,
                         stuck_factor=stuck_factor, stuck_floor_s=stuck_floor, job_id=job, stack=stack)
+    if record and report.deaths:
+        from raysleuth.deaths import DeathReport, record_deaths
+
+        record_deaths(DeathReport(deaths=report.deaths))
     if json_:
         emit_json(report.to_dict())
         finish(1 if report.problem else 0)
@@ -89,7 +96,10 @@ def tasks(
             table.add_row(f"{item.name}\n[dim]{item.task_id[:16]}[/dim]", f"{item.error_type or '?'}: {last_line}",
                           "" if item.rank is None else str(item.rank), fix)
         console.print(table)
-    if report.dead_actors:
+    if report.deaths:
+        shown_any = True
+        print_deaths(report.deaths[-limit:])
+    elif report.dead_actors:
         shown_any = True
         console.print(f"\n[bold red]Dead actors ({len(report.dead_actors)})[/bold red]")
         table = _table("actor", "rank", "cause", "node / pid", "fix")
@@ -103,6 +113,35 @@ def tasks(
     if not shown_any:
         console.print("[green]nothing pending, stuck, failed or dead[/green]")
     finish(1 if report.problem else 0)
+
+
+def print_deaths(deaths, *, lines: int = 3) -> None:
+    """Each death: rank, classified cause, the evidence that decided it, and its last moments."""
+    console.print(f"\n[bold red]Deaths ({len(deaths)})[/bold red]")
+    for death in deaths:
+        rank = "rank ?" if death.rank is None else f"rank {death.rank}"
+        source = f" [dim](rank from {death.rank_source})[/dim]" if death.rank_source else ""
+        who = escape(death.actor_name or death.actor_class or "task worker")
+        console.print(f"[bold]{rank}[/bold]{source} {who} [dim]pid {death.pid or '?'} on {death.node_ip or '?'}"
+                      f"{'  ' + death.task if death.task else ''}[/dim]")
+        console.print(f"  [bold red]{death.cause}[/bold red]: {escape(death.summary)}", soft_wrap=True)
+        for line in death.evidence:
+            console.print(f"    · {escape(line)}", soft_wrap=True)
+        if death.stack:
+            frames = " ← ".join(f"{frame['function']} ({frame['file'].rsplit('/', 1)[-1]}:{frame['line']})"
+                                for frame in death.stack[:4])
+            console.print(f"    stack: {escape(frames)}", soft_wrap=True)
+        if death.memory_samples:
+            last = death.memory_samples[-1]
+            console.print(f"    last memory sample: rss {(last.get('rss_bytes') or 0) / 2**20:,.0f} MiB", soft_wrap=True)
+        waiting = [str(peer["rank"]) for peer in death.peers if peer.get("beat_after_death") is False]
+        if waiting:
+            console.print(f"    peers with no heartbeat since: rank {', '.join(waiting)}", soft_wrap=True)
+        for name, tail in (("stdout", death.last_stdout), ("stderr", death.last_stderr)):
+            for line in tail[-lines:]:
+                console.print(f"    [dim]{name}| {escape(line[:200])}[/dim]", soft_wrap=True)
+        if death.fix:
+            console.print(f"  [green]→ {escape(death.fix)}[/green]", soft_wrap=True)
 
 
 @app.command()

@@ -41,7 +41,7 @@ SECTION_KINDS = {
     "collectives": ("collectives",),
     "consistency": ("consistency",),
     "memory": ("memory", "memory_verdict", "leak"),
-    "crashes": ("crash",),
+    "crashes": ("crash", "death"),
     "logs": ("log",),
     "spans": ("span",),
 }

@@ -272,6 +272,9 @@ def crash_section(records: Sequence[Record]) -> list[dict[str, Any]]:
     out = []
     for record in sorted(records, key=lambda r: r.time):
         data = record.data
+        if record.kind == "death":
+            out.append(_death_entry(record))
+            continue
         traceback = pick(data, "traceback", "formatted", "stack", default="")
         if isinstance(traceback, list):
             traceback = "".join(str(line) for line in traceback)
@@ -295,6 +298,26 @@ def crash_section(records: Sequence[Record]) -> list[dict[str, Any]]:
             "capsule": pick(data, "capsule", "capsule_path", "path", default="") or "",
         })
     return out
+
+
+def _death_entry(record: Record) -> dict[str, Any]:
+    """A classified worker death (``raysleuth.deaths``) beside the capsules: cause, evidence, last moments."""
+    data = record.data
+    frames = "\n".join(f"  {frame.get('file')}:{frame.get('line')} in {frame.get('function')}"
+                       for frame in data.get("stack") or [])
+    lines = ["evidence:"] + [f"  · {line}" for line in data.get("evidence") or []]
+    if frames:
+        lines += ["Python stack (most recent call first):", frames]
+    for name in ("last_stdout", "last_stderr"):
+        if data.get(name):
+            lines += [f"{name.removeprefix('last_')} (last lines):"] + [f"  {line}" for line in data[name][-5:]]
+    return {
+        "time": record.time, "rank": record.rank, "actor": data.get("actor_name") or data.get("actor_class") or "",
+        "pid": record.pid, "node": record.node_ip or "", "exception": f"died: {data.get('cause', '?')}",
+        "message": str(data.get("summary", "")), "where": data.get("function") or data.get("task") or "",
+        "traceback": "\n".join(lines)[-6000:], "locals": "", "explanation": str(data.get("fix") or ""),
+        "method": data.get("task") or "", "capsule": "", "kind": "death",
+    }
 
 
 def _explanation(data: dict[str, Any]) -> str:

@@ -135,6 +135,10 @@ class DeadActor:
     pid: int | None = None
     num_restarts: int = 0
     fix: str | None = None
+    rank_source: str | None = None
+    evidence: list[str] = dataclasses.field(default_factory=list)
+    """What decided ``death_cause`` (:mod:`raysleuth.deaths`)."""
+    ray_reason: str | None = None
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -145,6 +149,9 @@ class TaskReport:
     stuck: list[StuckTask] = dataclasses.field(default_factory=list)
     failed: list[FailedTask] = dataclasses.field(default_factory=list)
     dead_actors: list[DeadActor] = dataclasses.field(default_factory=list)
+    deaths: list[Any] = dataclasses.field(default_factory=list)
+    """Every dead actor and task worker with rank, classified cause, evidence and context
+    (:class:`raysleuth.deaths.Death`)."""
     truncated: bool = False
     truncated_listings: list[str] = dataclasses.field(default_factory=list)
     warnings: list[str] = dataclasses.field(default_factory=list)
@@ -154,7 +161,8 @@ class TaskReport:
     @property
     def problem(self) -> bool:
         """Anything pending past the threshold (or infeasible), stuck, failed or dead."""
-        return bool(any(item.problem for item in self.pending) or self.stuck or self.failed or self.dead_actors)
+        return bool(any(item.problem for item in self.pending) or self.stuck or self.failed or self.dead_actors
+                    or self.deaths)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -286,7 +294,31 @@ def find_tasks(
         report.failed = _failed(tasks, actors_by_id, rank_of, explain)
     if dead:
         report.dead_actors = _dead(actors, node_ips, rank_of, explain, job_id)
+        _classify_deaths(report, job_id)
     return report
+
+
+def _classify_deaths(report: TaskReport, job_id: str | None) -> None:
+    """Replace Ray's generic death reasons by the classified cause, rank and evidence (raysleuth.deaths)."""
+    try:
+        from raysleuth.deaths import find_deaths
+
+        found = find_deaths(job_id=job_id)
+    except Exception as error:
+        report.warnings.append(f"death forensics failed, showing Ray's own reasons: {type(error).__name__}: {error}")
+        return
+    report.deaths = found.deaths
+    report.warnings += found.warnings
+    by_actor = {death.actor_id: death for death in found.deaths if death.actor_id}
+    for item in report.dead_actors:
+        death = by_actor.get(item.actor_id)
+        if death is None:
+            continue
+        item.ray_reason = item.death_cause
+        item.death_cause, item.summary, item.evidence = death.cause, death.summary, death.evidence
+        item.fix = death.fix or item.fix
+        if death.rank is not None:
+            item.rank, item.rank_source = death.rank, death.rank_source
 
 
 def _pending(tasks, actors_by_id, capacities, listing, now, older_than) -> list[PendingTask]:

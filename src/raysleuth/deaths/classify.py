@@ -1,0 +1,319 @@
+"""Pure logic of death forensics: why a worker died, decided by the evidence it left.
+
+Everything here takes plain data (the State API's rows as dicts, log lines,
+the node agent's kernel-log / cgroup reading, the store's samples) and
+returns plain values, so it is unit tested on saved texts without Ray.
+
+A cause is only named with the evidence that decided it: a worker that
+vanished without output and without an OOM record is "killed by SIGKILL"
+together with what could *not* be read, never a guess.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from raysleuth.deaths.parse import (
+    LIBRARY_PATHS,
+    FatalSignal,
+    exit_code,
+    init_exception,
+    memory_monitor_report,
+    parse_fatal,
+)
+
+__all__ = [
+    "CAUSES",
+    "DeathEvidence",
+    "FatalSignal",
+    "Verdict",
+    "classify",
+    "exit_code",
+    "init_exception",
+    "memory_monitor_report",
+    "parse_fatal",
+]
+
+#: Every cause :func:`classify` can name, and what it means.
+CAUSES = {
+    "python_exception": "a Python exception (a crash capsule recorded it)",
+    "fatal_signal": "a fatal signal (segfault, abort...) with the Python stack it hit",
+    "oom_killer": "SIGKILL from the kernel OOM killer",
+    "sigkill": "SIGKILL from something else (kill -9, ray stop --force, a supervisor)",
+    "memory_monitor": "killed by Ray's memory monitor (node running low on memory)",
+    "ray_kill": "ray.kill on the actor",
+    "exit": "the process exited on its own (sys.exit(n), os._exit(n), exit_actor)",
+    "node_died": "its node died",
+    "init_failed": "its __init__ raised",
+    "owner_died": "the process that created it died",
+    "out_of_scope": "every handle to it went out of scope",
+    "unknown": "the evidence read does not decide it",
+}
+
+_VANISHED = re.compile(r"connection error code 2|End of file|unexpectedly exits with a connection error")
+
+
+@dataclasses.dataclass(kw_only=True)
+class DeathEvidence:
+    """Everything collected about one dead worker; each field may be empty."""
+
+    actor: dict[str, Any] | None = None
+    """The State API's actor row (with ``death_cause``), or None for a task worker."""
+    worker: dict[str, Any] | None = None
+    """The State API's worker row (``exit_type``, ``exit_detail``, ``end_time_ms``)."""
+    task: dict[str, Any] | None = None
+    """The task or actor call it was running when it died (``error_message``)."""
+    err_lines: list[str] = dataclasses.field(default_factory=list)
+    out_lines: list[str] = dataclasses.field(default_factory=list)
+    fatal_file: str | None = None
+    """raysleuth's ``raysleuth-fatal-<pid>.log`` (zero-code setup), when present."""
+    capsules: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """Crash capsules of this worker: ``{"time", "exception_type", "message", "method"}``."""
+    oom: dict[str, Any] | None = None
+    """The node agent's reading: ``kernel_log`` {permitted, reason, kills}, ``cgroup`` {oom_kill, limit_bytes}."""
+    memory_samples: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """The worker's last memory samples, oldest first: ``{"time", "rss_bytes", "uss_bytes"...}``."""
+    node_alive: bool | None = None
+    log_problems: list[str] = dataclasses.field(default_factory=list)
+    """Why a log could not be read."""
+
+
+@dataclasses.dataclass(kw_only=True)
+class Verdict:
+    """The classified cause and the evidence that decided it."""
+
+    cause: str
+    summary: str
+    evidence: list[str]
+    signal: str | None = None
+    exit_code: int | None = None
+    function: str | None = None
+    file: str | None = None
+    line: int | None = None
+    stack: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    exception_type: str | None = None
+    exception_message: str | None = None
+    top_memory_users: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    caller: str | None = None
+    ray_reason: str | None = None
+    """Ray's own death reason (``WORKER_DIED``, ``RAY_KILL``...), for comparison."""
+
+
+def _death_context(actor: Mapping[str, Any] | None) -> dict[str, Any]:
+    cause = (actor or {}).get("death_cause") or {}
+    if isinstance(cause, str):
+        try:
+            cause = json.loads(cause)
+        except ValueError:
+            cause = {}
+    return cause
+
+
+def _kernel_kill(oom: Mapping[str, Any] | None, pid: int | None) -> str | None:
+    for kill in ((oom or {}).get("kernel_log") or {}).get("kills") or []:
+        if pid is not None and kill.get("pid") == pid:
+            return kill.get("text") or f"Killed process {pid}"
+    return None
+
+
+def _gb(value: float | None) -> str:
+    return "?" if value is None else f"{value / 2**30:.2f} GiB"
+
+
+# ------------------------------------------------------------------ verdict
+
+
+def classify(evidence: DeathEvidence) -> Verdict:
+    """The cause of one death, decided by the first rule whose evidence is present."""
+    cause = _death_context(evidence.actor)
+    context = cause.get("actor_died_error_context") or {}
+    reason = str(context.get("reason") or "") or None
+    if "oom_context" in cause:
+        context, reason = cause.get("oom_context") or {}, "OUT_OF_MEMORY"
+    worker = evidence.worker or {}
+    message = "\n".join(str(part) for part in (
+        context.get("error_message"), worker.get("exit_detail"), (evidence.task or {}).get("error_message"),
+    ) if part)
+    pid = (evidence.actor or {}).get("pid") or worker.get("pid")
+
+    for rule in (_init_failed, _node_died, _memory_monitor, _fatal_signal, _python_exception, _ray_kill,
+                 _exited, _vanished):
+        verdict = rule(evidence, cause, reason, message, pid)
+        if verdict is not None:
+            verdict.ray_reason = reason or worker.get("exit_type")
+            return verdict
+    if reason == "OWNER_DIED":
+        return Verdict(cause="owner_died", summary=CAUSES["owner_died"], evidence=[f"Ray: {message[:300]}"],
+                       ray_reason=reason)
+    if reason == "REF_DELETED":
+        return Verdict(cause="out_of_scope", summary=CAUSES["out_of_scope"], evidence=[f"Ray: {message[:300]}"],
+                       ray_reason=reason)
+    said = f"Ray: {message.splitlines()[0][:300]}" if message else "Ray recorded no death cause"
+    return Verdict(cause="unknown", summary="no evidence decides the cause", evidence=[said] + evidence.log_problems,
+                   ray_reason=reason)
+
+
+def _init_failed(evidence, cause, reason, message, pid) -> Verdict | None:
+    task = evidence.task or {}
+    creation_failed = (task.get("type") == "ACTOR_CREATION_TASK" or str(task.get("name", "")).endswith(".__init__")) \
+        and task.get("error_type") == "TASK_EXECUTION_EXCEPTION"
+    if "creation_task_failure_context" not in cause and not creation_failed:
+        return None
+    context = cause.get("creation_task_failure_context") or {}
+    formatted = (context.get("formatted_exception_string") or context.get("error_message")
+                 or task.get("error_message") or "")
+    kind, text = init_exception(formatted)
+    frames = [{"file": m.group(1), "line": int(m.group(2)), "function": m.group(3)}
+              for m in re.finditer(r'File "([^"]+)", line (\d+), in (\S+)', formatted)
+              if not any(part in m.group(1) for part in LIBRARY_PATHS)]
+    where = frames[-1] if frames else {}
+    return Verdict(cause="init_failed",
+                   summary=f"its __init__ raised {kind or 'an exception'}" + (f": {text}" if text else ""),
+                   evidence=["Ray recorded a creation task failure" + (" (creation_task_failure_context)" if context
+                                                                         else f" (task {task.get('name')} FAILED)")]
+                   + ([f"{where['file']}:{where['line']} in {where['function']}"] if where else []),
+                   exception_type=kind, exception_message=text, function=where.get("function"),
+                   file=where.get("file"), line=where.get("line"), stack=frames, ray_reason="CREATION_TASK_ERROR")
+
+
+def _node_died(evidence, cause, reason, message, pid) -> Verdict | None:
+    if reason == "NODE_DIED" or reason == "NODE_PREEMPTION":
+        return Verdict(cause="node_died", summary="its node died" + (" (preempted)" if reason == "NODE_PREEMPTION" else ""),
+                       evidence=[f"Ray: {reason}: {message.splitlines()[0][:300] if message else ''}"])
+    if evidence.node_alive is False and (reason in (None, "WORKER_DIED") or not cause):
+        return Verdict(cause="node_died", summary="its node died",
+                       evidence=["the State API lists its node as DEAD"] + ([f"Ray: {message[:200]}"] if message else []))
+    return None
+
+
+def _memory_monitor(evidence, cause, reason, message, pid) -> Verdict | None:
+    if reason != "OUT_OF_MEMORY" and "running low on memory" not in message and "NODE_OUT_OF_MEMORY" not in message:
+        return None
+    report = memory_monitor_report(message)
+    found = ["Ray: " + next((line.strip() for line in message.splitlines() if "low on memory" in line),
+                            f"death reason {reason}")[:300]]
+    reason_line = next((line.strip() for line in message.splitlines() if line.startswith("OOM kill reason")), None)
+    if reason_line:
+        found.append(f"Ray: {reason_line[:300]}")
+    elif "node_used_gb" in report:
+        found.append(f"node memory {report['node_used_gb']}GB used / {report['node_limit_gb']}GB limit")
+    users = report["top_users"]
+    if users:
+        found.append("top memory users: " + ", ".join(f"pid {u['pid']} {u['memory_gb']}GB ({u['command'][:40]})"
+                                                      for u in users[:3]))
+    return Verdict(cause="memory_monitor", summary="killed by Ray's memory monitor: the node ran low on memory",
+                   evidence=found, signal="SIGKILL", top_memory_users=users)
+
+
+def _fatal_signal(evidence, cause, reason, message, pid) -> Verdict | None:
+    fatal = parse_fatal("\n".join(evidence.err_lines))
+    if fatal is None and evidence.fatal_file:
+        fatal = parse_fatal(evidence.fatal_file, source="raysleuth fatal-signal file")
+    if fatal is None:
+        return None
+    where = fatal.user_function or fatal.function
+    summary = f"fatal signal {fatal.signal or ''} ({fatal.error})".replace("  ", " ")
+    if where:
+        summary += f" in {where}()"
+    found = [f"{fatal.source}: Fatal Python error: {fatal.error}"]
+    if fatal.frames:
+        top = fatal.frames[0]
+        found.append(f"innermost frame {top['file']}:{top['line']} in {top['function']}")
+    return Verdict(cause="fatal_signal", summary=summary, evidence=found, signal=fatal.signal,
+                   function=where, file=fatal.user_file or fatal.file, line=fatal.user_line or fatal.line,
+                   stack=fatal.frames)
+
+
+#: A capsule older than this before the death is an earlier, handled exception, not the cause.
+CAPSULE_WINDOW_S = 120.0
+
+
+def _died_at(evidence: DeathEvidence) -> float | None:
+    for row in (evidence.worker, evidence.task):
+        value = (row or {}).get("end_time_ms")
+        if value:
+            return float(value) / 1000.0
+    return None
+
+
+def _python_exception(evidence, cause, reason, message, pid) -> Verdict | None:
+    died = _died_at(evidence)
+    capsules = [capsule for capsule in evidence.capsules
+                if died is None or capsule.get("time") is None or died - CAPSULE_WINDOW_S <= capsule["time"] <= died + 5]
+    if not capsules:
+        return None
+    capsule = capsules[-1]
+    kind = capsule.get("exception_type") or "an exception"
+    return Verdict(cause="python_exception", summary=f"a Python exception: {kind}: {str(capsule.get('message', ''))[:200]}",
+                   evidence=[f"crash capsule {capsule.get('id', '')} ({capsule.get('method') or 'worker'})".replace("  ", " ")],
+                   exception_type=capsule.get("exception_type"), exception_message=capsule.get("message"),
+                   function=capsule.get("method"))
+
+
+def _ray_kill(evidence, cause, reason, message, pid) -> Verdict | None:
+    if reason != "RAY_KILL" and "killed by `ray.kill`" not in message:
+        return None
+    context = cause.get("actor_died_error_context") or {}
+    owner = context.get("owner_ip_address")
+    caller = (f"owner {context.get('owner_id', '')[:16]} on {owner}" if owner else None)
+    found = ["Ray: " + (message.splitlines()[0] if message else "RAY_KILL")[:300]]
+    found.append("Ray does not record which process called ray.kill" + (f"; the actor's {caller}" if caller else ""))
+    return Verdict(cause="ray_kill", summary="killed with ray.kill", evidence=found, caller=caller)
+
+
+def _exited(evidence, cause, reason, message, pid) -> Verdict | None:
+    code = exit_code(message)
+    intended = "INTENDED_USER_EXIT" in message or "exit_actor" in message or "by an user request" in message
+    if code is None and not intended:
+        return None
+    found = ["Ray: " + next((line.strip() for line in message.splitlines() if "exit" in line.lower()), "")[:300]]
+    last = next((line for line in reversed(evidence.out_lines + evidence.err_lines) if line.strip()
+                 and not line.startswith(":")), None)
+    if last:
+        found.append(f"last log line: {last.strip()[:200]}")
+    if intended and code in (None, 0):
+        return Verdict(cause="exit", summary="it exited on purpose (exit_actor / an intended exit)", evidence=found,
+                       exit_code=code)
+    return Verdict(cause="exit", summary=f"the process exited with code {code} (sys.exit({code}) or os._exit({code}))",
+                   evidence=found, exit_code=code)
+
+
+def _vanished(evidence, cause, reason, message, pid) -> Verdict | None:
+    if not _VANISHED.search(message) and reason != "WORKER_DIED":
+        return None
+    found = ["Ray: the worker's connection closed with no exit code (connection error code 2, End of file)",
+             "no fatal-signal output in its log" if evidence.err_lines else "its error log could not be read"]
+    kernel = (evidence.oom or {}).get("kernel_log") or {}
+    cgroup = (evidence.oom or {}).get("cgroup") or {}
+    kill_line = _kernel_kill(evidence.oom, pid)
+    if kill_line:
+        return Verdict(cause="oom_killer", summary="killed by the kernel OOM killer (SIGKILL)", signal="SIGKILL",
+                       evidence=found + [f"kernel log: {kill_line[:300]}"])
+    oom_kills = cgroup.get("oom_kill")
+    limit = cgroup.get("limit_bytes")
+    last = evidence.memory_samples[-1] if evidence.memory_samples else None
+    rss = (last or {}).get("rss_bytes")
+    near = bool(limit and rss and rss >= 0.9 * limit)
+    if oom_kills and near and not kernel.get("permitted"):
+        return Verdict(cause="oom_killer", summary="killed by the kernel OOM killer (SIGKILL)", signal="SIGKILL",
+                       evidence=found + [f"cgroup {cgroup.get('path') or ''} counted {oom_kills} OOM kill(s)",
+                                         f"its last memory sample {_gb(rss)} was ≥90% of the {_gb(limit)} limit"])
+    if kernel.get("permitted"):
+        found.append("kernel log read: no OOM kill of this pid")
+    elif kernel:
+        found.append(f"no OOM record readable on this node (kernel log not permitted: {kernel.get('reason') or 'denied'})")
+    else:
+        found.append("no OOM record readable on this node (the node agent was not asked or did not answer)")
+    if oom_kills:
+        found.append(f"cgroup {cgroup.get('path') or ''} counted {oom_kills} OOM kill(s), not tied to this pid")
+    elif cgroup:
+        found.append(f"cgroup {cgroup.get('path') or ''}: oom_kill 0")
+    if last:
+        found.append(f"its last memory sample: rss {_gb(rss)}")
+    return Verdict(cause="sigkill", summary="killed by SIGKILL (not the kernel OOM killer as far as the node shows)"
+                   if kernel.get("permitted") else "killed by SIGKILL; the kernel OOM killer could not be ruled out",
+                   evidence=found, signal="SIGKILL")
