@@ -1,0 +1,162 @@
+"""Real jobs, written the way users write them (no raysleuth inside), each run as its own driver.
+
+``python -m victims.real_jobs KIND --address A [options]``, KIND one of:
+
+- ``gloo`` — N Ray actors doing plain torch.distributed DDP with gloo on
+  CPU; each actor's rank comes from ``runtime_env={"env_vars": {"RANK":
+  ...}}``. ``--stuck-rank R`` blocks rank R in its data loader before the
+  collective; ``--die-rank R`` makes rank R's process die (SIGKILL, as the
+  kernel's OOM killer does) in the middle of training. The driver waits in
+  ``ray.get`` on one ``train`` call per rank (the shape of every training
+  driver).
+- ``train`` — Ray Train ``TorchTrainer`` (v2) with gloo on CPU, as Ray's
+  docs teach; ``--stuck-rank R`` blocks world rank R fetching a batch.
+
+Each prints ``ready`` once its ranks run. Options: ``--workers N``,
+``--seconds S`` (how long a healthy job trains).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sys
+import tempfile
+import time
+
+import ray
+
+HANG_SECONDS = 600
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+# ----------------------------------------------------------------- gloo DDP actors
+
+@ray.remote(num_cpus=0)
+class DDPRank:
+    """One rank of a plain DDP job: the process group is joined in __init__."""
+
+    def __init__(self, port: int) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.rank = int(os.environ["RANK"])
+        world = int(os.environ["WORLD_SIZE"])
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=self.rank, world_size=world)
+        torch.manual_seed(0)
+        self.model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 64))
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def next_batch(self, step: int, stuck: bool):
+        import torch
+
+        if stuck:
+            time.sleep(HANG_SECONDS)  # the data loader never yields
+        return torch.randn(32, 64)
+
+    def train(self, seconds: float, stuck_rank: int = -1, die_rank: int = -1, skip_rank: int = -1) -> int:
+        import torch.distributed as dist
+
+        step, deadline = 0, time.time() + seconds
+        while time.time() < deadline:
+            batch = self.next_batch(step, stuck=self.rank == stuck_rank and step == 3)
+            if self.rank == die_rank and step == 3:
+                os.kill(os.getpid(), signal.SIGKILL)  # what the OOM killer does
+            loss = self.model(batch).pow(2).mean()
+            self.optimizer.zero_grad()
+            loss.backward()  # DDP all-reduces the gradients here
+            self.optimizer.step()
+            if not (self.rank == skip_rank and step == 3):  # a rank that skips one collective
+                dist.all_reduce(loss.detach())  # and the loss, for logging
+            step += 1
+        return step
+
+
+def run_gloo(workers: int, seconds: float, stuck_rank: int, die_rank: int, skip_rank: int = -1) -> None:
+    port = free_port()
+    ranks = [DDPRank.options(runtime_env={"env_vars": {"RANK": str(rank), "WORLD_SIZE": str(workers)}}).remote(port)
+             for rank in range(workers)]
+    ray.get([rank.pid.remote() for rank in ranks], timeout=300)
+    refs = [rank.train.remote(seconds, stuck_rank, die_rank, skip_rank) for rank in ranks]
+    print("ready", flush=True)
+    while refs:  # report each rank as it finishes; a rank that died is reported, the others go on
+        done, refs = ray.wait(refs)
+        for ref in done:
+            try:
+                print("steps", ray.get(ref), flush=True)
+            except ray.exceptions.RayActorError as error:
+                print("a rank died:", str(error).splitlines()[0], flush=True)
+
+
+# ----------------------------------------------------------------- Ray Train
+
+def fetch_batch(step: int, stuck: bool):
+    import torch
+
+    if stuck:
+        time.sleep(HANG_SECONDS)  # a shard that never arrives
+    return torch.randn(32, 64)
+
+
+def train_loop_per_worker(config: dict) -> None:
+    import torch
+
+    import ray.train
+    import ray.train.torch
+
+    model = ray.train.torch.prepare_model(torch.nn.Linear(64, 64))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    rank = ray.train.get_context().get_world_rank()
+    step, deadline = 0, time.time() + config["seconds"]
+    while time.time() < deadline:
+        batch = fetch_batch(step, stuck=rank == config["stuck_rank"] and step == 3)
+        loss = model(batch).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        step += 1
+
+
+def run_train(workers: int, seconds: float, stuck_rank: int) -> None:
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"seconds": seconds, "stuck_rank": stuck_rank},
+        scaling_config=ScalingConfig(num_workers=workers, use_gpu=False, resources_per_worker={"CPU": 0.5}),
+        run_config=RunConfig(storage_path=tempfile.mkdtemp(prefix="real-jobs-train-")),
+    )
+    print("ready", flush=True)
+    trainer.fit()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("kind", choices=["gloo", "train"])
+    parser.add_argument("--address", required=True)
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=HANG_SECONDS)
+    parser.add_argument("--stuck-rank", type=int, default=-1)
+    parser.add_argument("--die-rank", type=int, default=-1)
+    parser.add_argument("--skip-rank", type=int, default=-1)
+    args = parser.parse_args(argv)
+    ray.init(address=args.address, log_to_driver=False)
+    if args.kind == "gloo":
+        run_gloo(args.workers, args.seconds, args.stuck_rank, args.die_rank, args.skip_rank)
+    else:
+        run_train(args.workers, args.seconds, args.stuck_rank)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
