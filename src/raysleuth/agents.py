@@ -25,7 +25,7 @@ from typing import Any
 from raysleuth.errors import ClusterUnreachable
 
 __all__ = ["AgentResult", "NodeAgent", "call_agents", "find_tool", "get_agents", "rank_hints", "read_train_logs",
-           "versions"]
+           "thread_times", "versions"]
 
 AGENT_PREFIX = "raysleuth-agent-"
 NAMESPACE = "raysleuth"
@@ -145,6 +145,10 @@ class NodeAgent:
 
         self._train_cache = getattr(self, "_train_cache", {})
         return rank_hints(pids, logs_dir=cluster.local_logs_dir(), cache=self._train_cache)
+
+    def thread_times(self, pids: list[int]) -> dict[int, dict[int, float]]:
+        """CPU seconds used so far by each thread of each pid (to tell a working thread from a stuck one)."""
+        return thread_times(pids)
 
     def run_tool(self, argv: list[str], timeout: float = 10.0) -> dict[str, Any]:
         """Run a local program; returns returncode, stdout, stderr, timed_out, error."""
@@ -283,6 +287,19 @@ def rank_hints(pids: list[int] | None = None, *, logs_dir: str | None = None,
         environment, note = _start_environment(proc)
         result[proc.pid] = {"environment": environment, "note": note, "train": train.get(proc.pid)}
     return {"processes": result, "seconds": time.perf_counter() - started}
+
+
+def thread_times(pids: list[int]) -> dict[int, dict[int, float]]:
+    """Per pid, per OS thread id: user + system CPU seconds so far; pids that are gone are left out."""
+    import psutil
+
+    found: dict[int, dict[int, float]] = {}
+    for pid in pids:
+        try:
+            found[pid] = {thread.id: thread.user_time + thread.system_time for thread in psutil.Process(pid).threads()}
+        except (psutil.Error, OSError):
+            continue
+    return found
 
 
 def run_tool(argv: list[str], timeout: float) -> dict[str, Any]:

@@ -145,16 +145,19 @@ def dump_stacks(
     if samples > 1 and any(proc.threads for procs in targets.values() for proc in procs):
         earlier = {(proc.node_id, proc.pid): (signature(proc), proc.threads) for procs in targets.values()
                    for proc in procs if proc.threads}
+        again = {node: [p for p in procs if (p.node_id, p.pid) in earlier] for node, procs in targets.items()}
+        again = {node: procs for node, procs in again.items() if procs}
+        cpu_before = _thread_times(again)
         time.sleep(max(0.0, interval - (time.monotonic() - first)))
         second = time.monotonic()
-        again = {node: [p for p in procs if (p.node_id, p.pid) in earlier] for node, procs in targets.items()}
-        _spy_round(report, {n: p for n, p in again.items() if p}, found, native, include_idle,
+        _spy_round(report, again, found, native, include_idle,
                    second + max(5.0, deadline - first), per_process_timeout, parallel, tools=tools, second=True)
+        cpu_after = _thread_times(again)
         report.timings["py_spy_2"] = time.monotonic() - second
         for key, (old_signature, old_threads) in earlier.items():
             proc = next((p for p in targets.get(key[0], []) if p.pid == key[1]), None)
             if proc is not None:
-                proc.moved = _moved(old_signature, old_threads, proc)
+                proc.moved = _moved(old_signature, old_threads, proc, cpu_before.get(key), cpu_after.get(key))
     analyse = time.monotonic()
 
     # ---- group and judge
@@ -173,12 +176,41 @@ def dump_stacks(
     return report
 
 
-def _moved(old_signature: tuple, old_threads, proc: ProcessStack) -> bool:
-    """Working between two samples: the key thread's frames changed, or it ran on CPU in either."""
-    old_key = next((t for t in old_threads if t.role != "background"), None)
+WORKING_CPU_SECONDS = 0.03
+"""CPU a key thread must use between the two samples to count as working (a stuck wait uses ~0)."""
+
+
+def _moved(old_signature: tuple, old_threads, proc: ProcessStack, cpu_before: dict | None,
+           cpu_after: dict | None) -> bool:
+    """Working between two samples: the key thread's frames changed, or it used CPU in between.
+
+    A training loop that sleeps most of each step is caught at the same line
+    twice; its thread's CPU time still grows, where a stuck thread's does not.
+    Without CPU times, py-spy's on-CPU flag in either sample stands in.
+    """
     now = key_thread(proc)
-    on_cpu = any(thread is not None and not thread.idle for thread in (old_key, now))
-    return on_cpu or not proc.threads or signature(proc) != old_signature
+    if now is None or signature(proc) != old_signature:
+        return True
+    tid = now.os_thread_id
+    if cpu_before and cpu_after and tid in cpu_before and tid in cpu_after:
+        return cpu_after[tid] - cpu_before[tid] >= WORKING_CPU_SECONDS
+    old_key = next((t for t in old_threads if t.os_thread_id == tid), None)
+    return any(thread is not None and not thread.idle for thread in (old_key, now))
+
+
+def _thread_times(targets: dict[str, list[ProcessStack]]) -> dict[tuple, dict[int, float]]:
+    """CPU seconds per thread of every target, from the node agents (empty where an agent does not answer)."""
+    try:
+        results = agents.call_agents("thread_times", timeout=5.0, nodes=list(targets),
+                                     per_node_args={node: ([p.pid for p in procs],) for node, procs in targets.items()})
+    except Exception:
+        return {}
+    times: dict[tuple, dict[int, float]] = {}
+    for result in results:
+        if result.ok:
+            for pid, threads in (result.value or {}).items():
+                times[(result.node_id, int(pid))] = {int(tid): seconds for tid, seconds in threads.items()}
+    return times
 
 
 def _discover(report: StackReport, timeout: float) -> dict[str, Any]:
