@@ -33,6 +33,7 @@ __all__ = [
     "actors",
     "available_resources",
     "connect",
+    "creation_env_vars",
     "death_reason",
     "find_auth_token",
     "get_task",
@@ -535,6 +536,18 @@ def death_reason(actor: dict[str, Any]) -> tuple[str, bool]:
         "ray.kill" in message) or "INTENDED_USER_EXIT" in first.split("Worker exit detail")[0]
     text = (f"{reason}: {first}" if reason else first)[:300] or "died (no cause recorded)"
     return text, on_purpose
+
+
+def creation_env_vars(actor: dict[str, Any]) -> dict[str, str]:
+    """The ``env_vars`` of the ``runtime_env`` an actor was created with (``RANK`` for many real jobs)."""
+    import json
+
+    try:
+        env = json.loads(actor.get("serialized_runtime_env") or "{}")
+        env_vars = env.get("env_vars") or {}
+        return {str(key): str(value) for key, value in env_vars.items()} if isinstance(env_vars, dict) else {}
+    except (TypeError, ValueError, AttributeError):
+        return {}
 
 
 def local_logs_dir() -> str | None:
