@@ -104,6 +104,36 @@ def test_gloo_rank_stuck_before_the_collective(ray_cluster, capsys):
         victim.stop()
 
 
+def test_gloo_rank_whose_call_raised_left_its_peers_waiting(ray_cluster, capsys):
+    victim = Victim(ray_cluster.address, "gloo", "--workers", "3", "--raise-rank", "2")
+    try:
+        victim.wait_for("DDPRank", 3)
+        code, data = poll(ray_cluster.address, victim, lambda code, data: data["verdict"]["culprits"], capsys)
+        assert code == 1, data["verdict"]
+        assert culprits(data) == [(2, "peers", "environment")]
+        assert "left the collective" in data["verdict"]["culprits"][0]["reason"]
+        assert "all_reduce (torch.distributed)" in data["verdict"]["culprits"][0]["reason"]
+    finally:
+        victim.stop()
+
+
+def test_gloo_deadlock_where_every_rank_waits_is_hung(ray_cluster, capsys):
+    victim = Victim(ray_cluster.address, "gloo", "--workers", "3", "--swap-rank", "2")
+    try:
+        victim.wait_for("DDPRank", 3)
+        code, data = poll(ray_cluster.address, victim, lambda code, data: data["verdict"]["state"] == "hung", capsys)
+        verdict = data["verdict"]
+        assert code == 1 and verdict["state"] == "hung" and verdict["culprits"] == [], verdict
+        assert verdict["summary"].startswith("hung: every rank waits in all_reduce (torch.distributed); "
+                                             "no rank stands apart")
+        assert verdict["next_command"]
+        # one sample cannot tell hung from busy: no alarm, and a note says so
+        code, data = stacks(ray_cluster.address, victim, "--once", capsys=capsys)
+        assert code == 0 and any("--once" in note for note in data["verdict"]["notes"])
+    finally:
+        victim.stop()
+
+
 def test_healthy_gloo_job_with_its_driver_blocked_in_ray_get(ray_cluster, capsys):
     victim = Victim(ray_cluster.address, "gloo", "--workers", "3", "--seconds", "300")
     try:

@@ -56,6 +56,7 @@ class DDPRank:
         self.rank = int(os.environ["RANK"])
         world = int(os.environ["WORLD_SIZE"])
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=self.rank, world_size=world)
+        self.metrics_group = dist.new_group(backend="gloo")  # a second process group, for metrics
         torch.manual_seed(0)
         self.model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 64))
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
@@ -70,7 +71,8 @@ class DDPRank:
             time.sleep(HANG_SECONDS)  # the data loader never yields
         return torch.randn(32, 64)
 
-    def train(self, seconds: float, stuck_rank: int = -1) -> int:
+    def train(self, seconds: float, stuck_rank: int = -1, raise_rank: int = -1, swap_rank: int = -1) -> int:
+        import torch
         import torch.distributed as dist
 
         step, deadline = 0, time.time() + seconds
@@ -80,18 +82,26 @@ class DDPRank:
             self.optimizer.zero_grad()
             loss.backward()  # DDP all-reduces the gradients here
             self.optimizer.step()
-            dist.all_reduce(loss.detach())  # and the loss, for logging
+            if self.rank == raise_rank and step == 3:
+                raise FloatingPointError(f"loss is nan on rank {self.rank}")
+            loss, tokens = loss.detach(), torch.ones(1)
+            if self.rank == swap_rank and step == 3:
+                dist.all_reduce(tokens, group=self.metrics_group)  # the wrong order: a deadlock
+                dist.all_reduce(loss)
+            else:
+                dist.all_reduce(loss)  # the loss, for logging
+                dist.all_reduce(tokens, group=self.metrics_group)
             step += 1
             time.sleep(0.02)
         return step
 
 
-def run_gloo(workers: int, seconds: float, stuck_rank: int) -> None:
+def run_gloo(workers: int, seconds: float, stuck_rank: int, raise_rank: int = -1, swap_rank: int = -1) -> None:
     port = free_port()
     ranks = [DDPRank.options(runtime_env={"env_vars": {"RANK": str(rank), "WORLD_SIZE": str(workers)}}).remote(port)
              for rank in range(workers)]
     ray.get([rank.pid.remote() for rank in ranks], timeout=300)
-    refs = [rank.train.remote(seconds, stuck_rank) for rank in ranks]
+    refs = [rank.train.remote(seconds, stuck_rank, raise_rank, swap_rank) for rank in ranks]
     ready()
     wait_for_ranks(refs)
 
@@ -234,10 +244,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=HANG_SECONDS)
     parser.add_argument("--stuck-rank", type=int, default=-1)
     parser.add_argument("--die-rank", type=int, default=-1)
+    parser.add_argument("--raise-rank", type=int, default=-1)
+    parser.add_argument("--swap-rank", type=int, default=-1)
     args = parser.parse_args(argv)
     ray.init(address=args.address, log_to_driver=False)
     if args.kind == "gloo":
-        run_gloo(args.workers, args.seconds, args.stuck_rank)
+        run_gloo(args.workers, args.seconds, args.stuck_rank, args.raise_rank, args.swap_rank)
     elif args.kind == "ps":
         run_ps(args.workers, args.seconds, args.die_rank)
     elif args.kind == "verl":

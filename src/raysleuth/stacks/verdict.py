@@ -147,23 +147,35 @@ def _common_wait(processes: list[ProcessStack], *, point: bool = False) -> str:
 # ------------------------------------------------------------------- rules
 
 def peers_rule(processes: list[ProcessStack], context: VerdictContext) -> list[Culprit]:
-    """Peers blocked elsewhere while the other peers wait or have returned (groups of 2 too)."""
+    """Peers apart from where the others wait (groups of 2 too).
+
+    A peer *blocked* elsewhere while the others wait or have returned; with
+    no peer blocked, a peer that *returned* (its call ended, often with an
+    error) while the others still wait in a collective it left.
+    """
     culprits = []
     for actor_class, peers in sorted(peer_groups(processes).items()):
         waiting = [p for p in peers if p.activity == "waiting"]
         returned = [p for p in peers if p.activity == "returned"]
         blocked = [p for p in peers if p.activity == "blocked"]
-        if not blocked or not (waiting or returned) or len(blocked) > len(waiting) + len(returned):
-            continue
-        if not waiting:
-            # Peers that returned are only a clue against a peer stuck in the user's own code.
-            blocked = [p for p in blocked if _in_user_code(p)]
-        if waiting:
-            where = f"{len(waiting)} of {len(peers)} {actor_class} peers ({_who(waiting)}) wait in {_common_wait(waiting)}"
-        else:
-            where = f"{len(returned)} of {len(peers)} {actor_class} peers ({_who(returned)}) have returned"
-        for peer in blocked:
-            culprits.append(_culprit(peer, f"{headline(peer)} while {where}", "peers", evidence=where))
+        if blocked and (waiting or returned) and len(blocked) <= len(waiting) + len(returned):
+            if not waiting:
+                # Peers that returned are only a clue against a peer stuck in the user's own code.
+                blocked = [p for p in blocked if _in_user_code(p)]
+            if waiting:
+                where = (f"{len(waiting)} of {len(peers)} {actor_class} peers ({_who(waiting)}) wait in "
+                         f"{_common_wait(waiting)}")
+            else:
+                where = f"{len(returned)} of {len(peers)} {actor_class} peers ({_who(returned)}) have returned"
+            for peer in blocked:
+                culprits.append(_culprit(peer, f"{headline(peer)} while {where}", "peers", evidence=where))
+        elif returned and waiting and not blocked and len(returned) < len(waiting) and all(
+                "(torch.distributed" in (p.wait or "") or "(torch.autograd" in (p.wait or "") for p in waiting):
+            where = (f"{len(waiting)} of {len(peers)} {actor_class} peers ({_who(waiting)}) still wait in "
+                     f"{_common_wait(waiting, point=True)}")
+            for peer in returned:
+                culprits.append(_culprit(peer, f"left the collective: its call ended (returned or raised) while "
+                                               f"{where}", "peers", evidence=where))
     return culprits
 
 
@@ -263,7 +275,9 @@ def _hung(processes: list[ProcessStack], samples: int) -> tuple[str | None, list
     notes = []
     for actor_class, peers in sorted(peer_groups(processes).items()):
         activities = {p.activity for p in peers}
-        if activities <= {"waiting", "blocked"} and len({signature(p) for p in peers}) == 1:
+        same_place = len({signature(p) for p in peers}) == 1 or (
+            activities == {"waiting"} and len({p.wait for p in peers}) == 1)
+        if activities <= {"waiting", "blocked"} and same_place:
             where = _common_wait(peers, point=True)
             if samples >= 2:
                 return f"hung: every rank waits in {where}; no rank stands apart ({actor_class}, {_who(peers)})", notes
