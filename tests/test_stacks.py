@@ -114,7 +114,7 @@ def test_cli_json_and_text(ray_cluster, collective_hang, capsys, tmp_path):
     text = capsys.readouterr().out
     assert code == 1
     assert "3 ranks [0, 1, 3] Trainer" in text and "verdict:" in text and "load_batch" in text
-    assert "rank 2, pid %d" % pids[2] in out_file.read_text()
+    assert "rank 2 (from registered), pid %d" % pids[2] in out_file.read_text()
 
 
 def test_wait_for_chain_from_a_separate_driver(ray_cluster):
