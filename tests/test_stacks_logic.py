@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from raysleuth.stacks import Culprit, ProcessStack, VerdictContext, build_verdict, group_processes, headline, parse_py_spy
-from raysleuth.stacks.analysis import fold_threads, key_thread, signature
+from raysleuth.stacks.analysis import fold_threads, key_thread, moved_between, signature
 
 SITE = "/venv/lib/python3.11/site-packages/"
 
@@ -290,3 +290,20 @@ def test_extra_rules_hook():
     verdict = build_verdict(procs, context=VerdictContext(samples=2), extra_rules=[broken, behind])
     assert [(c.rank, c.rule) for c in verdict.culprits] == [(1, "collective position")]
     assert any("boom" in note for note in verdict.notes)
+
+
+def test_moved_between_two_samples():
+    stuck = ddp_rank(160, 0, STUCK_LOADER)
+    tid = key_thread(stuck).os_thread_id
+    before = signature(stuck), stuck.threads
+    # same frames, no CPU used by the key thread: not moving (whatever other threads do)
+    assert not moved_between(*before, stuck, {tid: 1.0, 7: 1.0}, {tid: 1.0, 7: 9.0})
+    # same line twice, but its thread used CPU in between: a loop that sleeps most of each step
+    assert moved_between(*before, stuck, {tid: 1.0}, {tid: 1.2})
+    # frames changed: moving
+    other = ddp_rank(160, 0, [frame("forward", "/job/model.py", 9)])
+    assert moved_between(*before, other, None, None)
+    # without CPU times, py-spy's on-CPU flag stands in
+    assert not moved_between(*before, stuck, None, None)
+    stuck.threads[0].idle = False
+    assert moved_between(*before, stuck, None, None)

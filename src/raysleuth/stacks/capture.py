@@ -27,9 +27,9 @@ from typing import Any
 
 from raysleuth import agents, cluster
 from raysleuth.errors import ToolMissing, UsageError, WorkerNotFound
-from raysleuth.labels.dead import dead_worker_labels
 from raysleuth.labels.live import apply_notes, collect_hints, merge_hints
-from raysleuth.stacks.analysis import fold_threads, group_processes, key_thread, parse_py_spy, signature
+from raysleuth.stacks.analysis import fold_threads, group_processes, moved_between, parse_py_spy, signature
+from raysleuth.stacks.clues import dead_actors, recorded_calls, thread_times
 from raysleuth.stacks.model import Missing, ProcessStack, StackReport
 from raysleuth.stacks.verdict import VerdictContext, build_verdict
 
@@ -147,17 +147,17 @@ def dump_stacks(
                    for proc in procs if proc.threads}
         again = {node: [p for p in procs if (p.node_id, p.pid) in earlier] for node, procs in targets.items()}
         again = {node: procs for node, procs in again.items() if procs}
-        cpu_before = _thread_times(again)
+        cpu_before = thread_times(again)
         time.sleep(max(0.0, interval - (time.monotonic() - first)))
         second = time.monotonic()
         _spy_round(report, again, found, native, include_idle,
                    second + max(5.0, deadline - first), per_process_timeout, parallel, tools=tools, second=True)
-        cpu_after = _thread_times(again)
+        cpu_after = thread_times(again)
         report.timings["py_spy_2"] = time.monotonic() - second
         for key, (old_signature, old_threads) in earlier.items():
             proc = next((p for p in targets.get(key[0], []) if p.pid == key[1]), None)
             if proc is not None:
-                proc.moved = _moved(old_signature, old_threads, proc, cpu_before.get(key), cpu_after.get(key))
+                proc.moved = moved_between(old_signature, old_threads, proc, cpu_before.get(key), cpu_after.get(key))
     analyse = time.monotonic()
 
     # ---- group and judge
@@ -176,43 +176,6 @@ def dump_stacks(
     return report
 
 
-WORKING_CPU_SECONDS = 0.03
-"""CPU a key thread must use between the two samples to count as working (a stuck wait uses ~0)."""
-
-
-def _moved(old_signature: tuple, old_threads, proc: ProcessStack, cpu_before: dict | None,
-           cpu_after: dict | None) -> bool:
-    """Working between two samples: the key thread's frames changed, or it used CPU in between.
-
-    A training loop that sleeps most of each step is caught at the same line
-    twice; its thread's CPU time still grows, where a stuck thread's does not.
-    Without CPU times, py-spy's on-CPU flag in either sample stands in.
-    """
-    now = key_thread(proc)
-    if now is None or signature(proc) != old_signature:
-        return True
-    tid = now.os_thread_id
-    if cpu_before and cpu_after and tid in cpu_before and tid in cpu_after:
-        return cpu_after[tid] - cpu_before[tid] >= WORKING_CPU_SECONDS
-    old_key = next((t for t in old_threads if t.os_thread_id == tid), None)
-    return any(thread is not None and not thread.idle for thread in (old_key, now))
-
-
-def _thread_times(targets: dict[str, list[ProcessStack]]) -> dict[tuple, dict[int, float]]:
-    """CPU seconds per thread of every target, from the node agents (empty where an agent does not answer)."""
-    try:
-        results = agents.call_agents("thread_times", timeout=5.0, nodes=list(targets),
-                                     per_node_args={node: ([p.pid for p in procs],) for node, procs in targets.items()})
-    except Exception:
-        return {}
-    times: dict[tuple, dict[int, float]] = {}
-    for result in results:
-        if result.ok:
-            for pid, threads in (result.value or {}).items():
-                times[(result.node_id, int(pid))] = {int(tid): seconds for tid, seconds in threads.items()}
-    return times
-
-
 def _discover(report: StackReport, timeout: float) -> dict[str, Any]:
     """Who is where: State API listings, each node's `ps`, rank clues, dead actors, recorded calls."""
     phase = max(1.0, timeout * 0.4)
@@ -223,8 +186,8 @@ def _discover(report: StackReport, timeout: float) -> dict[str, Any]:
         hints_f = pool.submit(_safe, collect_hints, phase)
         workers_f = pool.submit(_safe, cluster.workers)
         tasks_f = pool.submit(_safe, _unfinished_tasks)
-        dead_f = pool.submit(_safe, _dead_actors)
-        calls_f = pool.submit(_safe, _recorded_calls)
+        dead_f = pool.submit(_safe, dead_actors)
+        calls_f = pool.submit(_safe, recorded_calls)
         node_list = cluster.nodes()
         listed, tools = listing.result(), versions.result()
         labels, labels_error = labels_f.result()
@@ -420,63 +383,6 @@ def _read_one(report: StackReport, proc: ProcessStack, done: dict[str, Any], nod
         return
     proc.error = _spy_error(done, node_ip)
     report.missing.append(Missing(node_ip=proc.node_ip, pid=proc.pid, reason=proc.error))
-
-
-def _dead_actors() -> list[dict[str, Any]]:
-    """Dead actors with rank (labels.dead), death cause, and whether they were ended on purpose."""
-    dead = list(cluster.actors(state="DEAD"))
-    labels = dead_worker_labels(dead)
-    found = []
-    for actor in dead:
-        label = dict(labels.get(actor.get("actor_id"), {}))
-        if label.get("rank") is None:
-            # Until labels.dead reads it (issue 18): the rank given at creation in runtime_env env_vars.
-            rank = cluster.creation_env_vars(actor).get("RANK", "")
-            if rank.strip().isdigit():
-                label.update(rank=int(rank), rank_source="runtime_env")
-        cause, on_purpose = cluster.death_reason(actor)
-        found.append({"actor_id": actor.get("actor_id"), "pid": label.get("pid") or actor.get("pid"),
-                      "node_id": actor.get("node_id"), "node_ip": label.get("node_ip"),
-                      "actor_class": label.get("actor_class") or (actor.get("class_name") or "").rsplit(".", 1)[-1],
-                      "actor_name": label.get("actor_name"), "job_id": actor.get("job_id"),
-                      "rank": label.get("rank"), "rank_source": label.get("rank_source"),
-                      "cause": cause, "on_purpose": on_purpose})
-    return found
-
-
-def _recorded_calls() -> list[dict[str, Any]]:
-    """verl and pool calls per rank from the evidence store: submitted, and whether they returned."""
-    from raysleuth.recorder import open_store
-
-    store = open_store()
-    try:
-        verl_rows, pool_rows = store.query("verl_call"), store.query("pool_call")
-    finally:
-        store.close()
-    calls: dict[Any, dict[str, Any]] = {}
-    for row in verl_rows:
-        key = ("verl", row.data.get("task_id") or (row.rank, row.name, row.time))
-        if row.data.get("state") == "submitted":
-            calls[key] = {"kind": "verl_call", "method": row.data.get("method") or row.name, "rank": row.rank,
-                          "returned": False, "submitted": row.time, "worker_pid": row.data.get("worker_pid")}
-        elif row.data.get("state") == "returned" and key in calls:
-            calls[key]["returned"] = True
-    for row in pool_rows:
-        call_id = row.data.get("call_id")
-        if not call_id:
-            continue
-        entry = calls.setdefault(("pool", call_id), {"kind": "pool_call", "method": row.data.get("function") or row.name,
-                                                     "rank": None, "returned": False, "submitted": row.time,
-                                                     "worker_pid": None})
-        state = row.data.get("state")
-        if state == "submitted":
-            entry["submitted"] = row.time
-            entry["rank"] = row.data.get("worker_rank", entry["rank"])
-        elif state == "running":
-            entry["worker_pid"], entry["rank"] = row.pid, entry["rank"] if entry["rank"] is not None else row.rank
-        elif state in ("finished", "failed"):
-            entry["returned"] = True
-    return list(calls.values())
 
 
 def _my_node_id() -> str | None:
