@@ -144,7 +144,8 @@ class NodeAgent:
         from raysleuth import cluster
 
         self._train_cache = getattr(self, "_train_cache", {})
-        return rank_hints(pids, logs_dir=cluster.local_logs_dir(), cache=self._train_cache)
+        # This node's workers are the children of its raylet, which is the agent's own parent.
+        return rank_hints(pids, logs_dir=cluster.local_logs_dir(), cache=self._train_cache, parent=os.getppid())
 
     def thread_times(self, pids: list[int]) -> dict[int, dict[int, float]]:
         """CPU seconds used so far by each thread of each pid (to tell a working thread from a stuck one)."""
@@ -254,9 +255,35 @@ def read_train_logs(logs_dir: str | None, cache: dict[str, Any] | None = None) -
     return found
 
 
+def _children(parent: int) -> list[int]:
+    """Direct children of a process: ``/proc/<pid>/task/*/children`` (about 1 ms), else psutil's scan of /proc."""
+    import glob
+
+    import psutil
+
+    found: list[int] = []
+    paths = glob.glob(f"/proc/{parent}/task/*/children")
+    try:
+        for path in paths:
+            with open(path) as handle:
+                found += [int(pid) for pid in handle.read().split()]
+        if paths:
+            return found
+    except (OSError, ValueError):
+        pass
+    try:
+        return [child.pid for child in psutil.Process(parent).children()]
+    except psutil.Error:
+        return []
+
+
 def rank_hints(pids: list[int] | None = None, *, logs_dir: str | None = None,
-               cache: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Rank clues for local Ray workers (``pids``, else every ``ray::`` process here); never raises.
+               cache: dict[str, Any] | None = None, parent: int | None = None) -> dict[str, Any]:
+    """Rank clues for local Ray workers; never raises.
+
+    Which processes: ``pids``; else the Ray workers among the children of
+    ``parent`` (the node's raylet: cheap, and only this node's workers);
+    else every ``ray::`` process on the machine.
 
     Returns ``{"processes": {pid: {"environment": {...} | None, "note": str | None,
     "train": {...} | None}}, "seconds": s}``. Ray Train sets ``RANK`` with
@@ -271,7 +298,16 @@ def rank_hints(pids: list[int] | None = None, *, logs_dir: str | None = None,
     except Exception:
         pass
     result: dict[int, dict[str, Any]] = {}
-    if pids is None:
+    if pids is None and parent is not None:
+        procs = []
+        for pid in _children(parent):
+            try:
+                proc = psutil.Process(pid)
+                if _is_ray_worker(proc.cmdline()):
+                    procs.append(proc)
+            except psutil.Error:
+                continue
+    elif pids is None:
         procs = []
         for proc in psutil.process_iter(["cmdline"]):
             if _is_ray_worker(proc.info.get("cmdline") or []):
