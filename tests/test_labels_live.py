@@ -102,3 +102,23 @@ def test_environment_denied_to_another_user():
     hint = json.loads(text)[str(target)]
     assert hint["environment"] is None and "access denied" in hint["note"]
     assert resolve_rank({}, hint)["rank_source"] is None
+
+
+def test_death_reason_and_creation_env_of_dead_actors():
+    """Shapes as Ray 2.60's State API returns them for a SIGKILLed actor and a ray.kill'ed one."""
+    from raysleuth.cluster import creation_env_vars, death_reason
+
+    killed = {"death_cause": {"actor_died_error_context": {
+        "error_message": "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR "
+                         "Worker exit detail: Worker unexpectedly exits with a connection error code 2. End of file. "
+                         "Some common causes include: (1) the process was killed by the OOM killer",
+        "reason": "WORKER_DIED", "pid": 16024}},
+        "serialized_runtime_env": '{"env_vars": {"RANK": "1", "WORLD_SIZE": "3"}}'}
+    text, on_purpose = death_reason(killed)
+    assert not on_purpose and text.startswith("WORKER_DIED: its worker process has died")
+    assert "Some common causes" not in text
+    assert creation_env_vars(killed) == {"RANK": "1", "WORLD_SIZE": "3"}
+    stopped = {"death_cause": {"actor_died_error_context": {"reason": "RAY_KILL",
+                                                            "error_message": "The actor was killed by ray.kill()"}}}
+    assert death_reason(stopped)[1] is True
+    assert death_reason({})[0] == "died (no cause recorded)" and creation_env_vars({"serialized_runtime_env": "x"}) == {}
