@@ -200,3 +200,12 @@ def test_verl_group_of_two_rank_never_returns(ray_cluster, capsys):
         assert driver_of(data, victim)["rank"] is None  # the driver is not "rank 0"
     finally:
         victim.stop()
+    healthy = Victim(ray_cluster.address, "verl", "--workers", "2", "--seconds", "300")
+    try:
+        time.sleep(3)
+        for _ in range(2):
+            code, data = stacks(ray_cluster.address, healthy, capsys=capsys)
+            assert code == 0 and data["verdict"]["culprits"] == [], data["verdict"]
+        assert sorted(r for p in data["processes"] if p["role"] == "actor" for r in [p["rank"]]) == [0, 1]
+    finally:
+        healthy.stop()

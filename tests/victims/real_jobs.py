@@ -16,7 +16,8 @@
 - ``train`` — Ray Train ``TorchTrainer`` (v2) with gloo on CPU, as Ray's
   docs teach; ``--stuck-rank R`` blocks world rank R fetching a batch.
 - ``verl`` — a verl ``RayWorkerGroup`` (CPU settings of REAL_JOBS.md);
-  ``--stuck-rank R`` never returns from ``generate_sequences``.
+  ``--stuck-rank R`` never returns from ``generate_sequences``; without it
+  the driver calls a busy ``train_step`` on every rank, step after step.
 
 Each prints ``ready <job id>`` once its ranks run. Options: ``--workers N``,
 ``--seconds S`` (how long a healthy job trains).
@@ -189,7 +190,11 @@ def run_verl(workers: int, seconds: float, stuck_rank: int) -> None:
     group = RayWorkerGroup(pool, RayClassWithInitArgs(cls=ray.remote(ToyWorker)), device_name="cpu")
     group.ping()
     ready()
-    ray.get(group.generate_sequences(stuck_rank, HANG_SECONDS))  # rank R never returns
+    if stuck_rank >= 0:
+        ray.get(group.generate_sequences(stuck_rank, HANG_SECONDS))  # rank R never returns
+    deadline = time.time() + seconds
+    while time.time() < deadline:  # healthy: the driver waits on busy calls, step after step
+        group.train_step(1.0)
 
 
 # ----------------------------------------------------------------- Ray Train

@@ -133,31 +133,20 @@ def dump_stacks(
     deadline = started + timeout
     report = StackReport(captured_at=time.time(), native=native, include_idle=include_idle, samples=samples,
                          interval=interval if samples > 1 else 0.0)
-    found = _discover(report, timeout)
-    targets = _targets(report, found, include_self, include_idle)
-    targets = _narrow(report, targets, pids, rank)
-    report.timings["discover"] = time.monotonic() - started
-
-    # ---- py-spy on every node at once, twice by default
-    first = time.monotonic()
-    tools = _spy_round(report, targets, found, native, include_idle, deadline, per_process_timeout, parallel)
-    report.timings["py_spy"] = time.monotonic() - first
-    if samples > 1 and any(proc.threads for procs in targets.values() for proc in procs):
-        earlier = {(proc.node_id, proc.pid): (signature(proc), proc.threads) for procs in targets.values()
-                   for proc in procs if proc.threads}
-        again = {node: [p for p in procs if (p.node_id, p.pid) in earlier] for node, procs in targets.items()}
-        again = {node: procs for node, procs in again.items() if procs}
-        cpu_before = thread_times(again)
-        time.sleep(max(0.0, interval - (time.monotonic() - first)))
-        second = time.monotonic()
-        _spy_round(report, again, found, native, include_idle,
-                   second + max(5.0, deadline - first), per_process_timeout, parallel, tools=tools, second=True)
-        cpu_after = thread_times(again)
-        report.timings["py_spy_2"] = time.monotonic() - second
-        for key, (old_signature, old_threads) in earlier.items():
-            proc = next((p for p in targets.get(key[0], []) if p.pid == key[1]), None)
-            if proc is not None:
-                proc.moved = moved_between(old_signature, old_threads, proc, cpu_before.get(key), cpu_after.get(key))
+    # Dead actors and recorded calls: read alongside discovery with one sample; with two, during the
+    # interval between the samples (so they cost no time and do not slow the State API's other answers).
+    clues_pool = ThreadPoolExecutor(max_workers=2)
+    try:
+        clues = _start_clues(clues_pool) if samples == 1 else None
+        found = _discover(report, timeout)
+        targets = _targets(report, found, include_self, include_idle)
+        targets = _narrow(report, targets, pids, rank)
+        report.timings["discover"] = time.monotonic() - started
+        _sample(report, targets, found, clues_pool, clues, native=native, include_idle=include_idle,
+                deadline=deadline, per_process_timeout=per_process_timeout, parallel=parallel, samples=samples,
+                interval=interval)
+    finally:
+        clues_pool.shutdown(wait=False)
     analyse = time.monotonic()
 
     # ---- group and judge
@@ -176,8 +165,44 @@ def dump_stacks(
     return report
 
 
+def _start_clues(pool: ThreadPoolExecutor) -> tuple:
+    return pool.submit(_safe, dead_actors), pool.submit(_safe, recorded_calls)
+
+
+def _sample(report: StackReport, targets: dict[str, list[ProcessStack]], found: dict[str, Any],
+            clues_pool: ThreadPoolExecutor, clues: tuple | None, *, native: bool, include_idle: bool,
+            deadline: float, per_process_timeout: float | None, parallel: int | None, samples: int,
+            interval: float) -> None:
+    """py-spy on every node at once, twice by default; fills threads, ``moved`` and the dead/call clues."""
+    first = time.monotonic()
+    tools = _spy_round(report, targets, found, native, include_idle, deadline, per_process_timeout, parallel)
+    report.timings["py_spy"] = time.monotonic() - first
+    if clues is None:
+        clues = _start_clues(clues_pool)
+    if samples > 1 and any(proc.threads for procs in targets.values() for proc in procs):
+        earlier = {(proc.node_id, proc.pid): (signature(proc), proc.threads) for procs in targets.values()
+                   for proc in procs if proc.threads}
+        again = {node: [p for p in procs if (p.node_id, p.pid) in earlier] for node, procs in targets.items()}
+        again = {node: procs for node, procs in again.items() if procs}
+        cpu_before = thread_times(again)
+        time.sleep(max(0.0, interval - (time.monotonic() - first)))
+        second = time.monotonic()
+        _spy_round(report, again, found, native, include_idle,
+                   second + max(5.0, deadline - first), per_process_timeout, parallel, tools=tools, second=True)
+        cpu_after = thread_times(again)
+        report.timings["py_spy_2"] = time.monotonic() - second
+        for key, (old_signature, old_threads) in earlier.items():
+            proc = next((p for p in targets.get(key[0], []) if p.pid == key[1]), None)
+            if proc is not None:
+                proc.moved = moved_between(old_signature, old_threads, proc, cpu_before.get(key), cpu_after.get(key))
+    found["dead"] = clues[0].result()[0] or []
+    found["calls"] = clues[1].result()[0] or []
+    for item in found["dead"]:
+        item["node_ip"] = item.get("node_ip") or found["ip_of"].get(item.get("node_id"))
+
+
 def _discover(report: StackReport, timeout: float) -> dict[str, Any]:
-    """Who is where: State API listings, each node's `ps`, rank clues, dead actors, recorded calls."""
+    """Who is where: State API listings, each node's `ps`, rank clues from the node agents."""
     phase = max(1.0, timeout * 0.4)
     with ThreadPoolExecutor(max_workers=8) as pool:
         listing = pool.submit(agents.call_agents, "run_tool", PS_ARGV, phase, timeout=phase)
@@ -186,16 +211,12 @@ def _discover(report: StackReport, timeout: float) -> dict[str, Any]:
         hints_f = pool.submit(_safe, collect_hints, phase)
         workers_f = pool.submit(_safe, cluster.workers)
         tasks_f = pool.submit(_safe, _unfinished_tasks)
-        dead_f = pool.submit(_safe, dead_actors)
-        calls_f = pool.submit(_safe, recorded_calls)
         node_list = cluster.nodes()
         listed, tools = listing.result(), versions.result()
         labels, labels_error = labels_f.result()
         hints, _hints_error = hints_f.result()
         workers, workers_error = workers_f.result()
         tasks, tasks_error = tasks_f.result()
-        dead, _dead_error = dead_f.result()
-        calls, _calls_error = calls_f.result()
     labels = labels or {}
     for what, error in (("actor labels", labels_error), ("running tasks", tasks_error)):
         if error:
@@ -216,13 +237,10 @@ def _discover(report: StackReport, timeout: float) -> dict[str, Any]:
                                              "using `ps` on each node (drivers not found)"))
         workers = [{"node_id": node, "pid": pid, "worker_type": "WORKER", "ip": ip_of.get(node)}
                    for node, rows in table.items() for pid, (_ppid, title) in rows.items() if title.startswith("ray::")]
-    for item in dead or []:
-        item["node_ip"] = item.get("node_ip") or ip_of.get(item.get("node_id"))
     return {
         "labels": labels, "workers": workers, "tasks": tasks or [], "table": table, "ip_of": ip_of,
         "py_spy": {r.node_id: (r.value or {}).get("py_spy_path") for r in tools if r.ok},
         "cores": {r.node_id: (r.value or {}).get("cpu_count") or 4 for r in tools if r.ok},
-        "dead": dead or [], "calls": calls or [],
     }
 
 
