@@ -24,7 +24,7 @@ Rules (the reasoning behind the verdict):
 from __future__ import annotations
 
 import re
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
