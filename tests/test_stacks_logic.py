@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from raysleuth.stacks import ProcessStack, build_verdict, group_processes, headline, parse_py_spy
-from raysleuth.stacks.analysis import fold_threads, signature
+import pytest
+
+from raysleuth.stacks import Culprit, ProcessStack, VerdictContext, build_verdict, group_processes, headline, parse_py_spy
+from raysleuth.stacks.analysis import fold_threads, key_thread, moved_between, signature
 
 SITE = "/venv/lib/python3.11/site-packages/"
 
@@ -82,8 +84,10 @@ def test_no_culprit_when_peers_are_busy_or_split():
         busy.append(ProcessStack(pid=200 + rank, role="actor", actor_class="Trainer", rank=rank,
                                  threads=parse_py_spy(raw, pid=200 + rank)))
     assert build_verdict(busy).culprits == []  # a busy majority is training, not hanging
-    split = [trainer(300, 0), trainer(301, 1, stuck=True)]
-    assert build_verdict(split).culprits == []  # two peers: no majority
+    # a peer that works (on CPU) while the others wait in the collective is progress, not a culprit
+    computing = [trainer(310 + rank, rank) for rank in range(3)]
+    computing[1].threads[0].idle = False
+    assert build_verdict(computing).culprits == []
 
 
 def test_wait_for_chain_blames_its_end():
@@ -121,3 +125,185 @@ def test_headline_for_errors_and_idle_workers():
     assert signature(broken)[0] == "<no stack>"
     idle = ProcessStack(pid=6, role="idle worker", threads=parse_py_spy([thread(6, RAY_BOTTOM[1:])], pid=6))
     assert headline(idle) == "idle in Ray's task loop (nothing running)"
+
+
+# ---------------------------------------------------------------- real-job shapes (issue 19)
+
+TORCH = SITE + "torch/"
+ALL_REDUCE = [
+    frame("all_reduce", TORCH + "distributed/distributed_c10d.py", 3000, "torch/distributed/distributed_c10d.py"),
+    frame("_exception_logger.<locals>.wrapper", TORCH + "distributed/c10d_logger.py", 81,
+          "torch/distributed/c10d_logger.py"),
+]
+BACKWARD = [
+    frame("_engine_run_backward", TORCH + "autograd/graph.py", 979, "torch/autograd/graph.py"),
+    frame("backward", TORCH + "autograd/__init__.py", 395, "torch/autograd/__init__.py"),
+    frame("Tensor.backward", TORCH + "_tensor.py", 623, "torch/_tensor.py"),
+]
+TRAIN_PLUMBING = [
+    frame("construct_train_func.<locals>.train_fn", SITE + "ray/train/v2/_internal/util.py", 89,
+          "ray/train/v2/_internal/util.py"),
+    frame("ThreadRunner.run.<locals>._run_target", SITE + "ray/train/v2/_internal/execution/worker_group/thread_runner.py",
+          37, "ray/train/v2/_internal/execution/worker_group/thread_runner.py"),
+    frame("Thread.run", "/usr/lib/python3.11/threading.py", 982),
+]
+
+
+def ddp_rank(pid, rank, inner, *, active=False, moved=None):
+    """A gloo DDP actor (rank from its environment): the main thread runs the train call."""
+    raw = [thread(pid, inner + [frame("DDPRank.train", "/job/ddp.py", 70)] + RAY_BOTTOM, active=active),
+           idle_background(pid)]
+    threads, folded = fold_threads(parse_py_spy(raw, pid=pid), include_idle=False)
+    return ProcessStack(pid=pid, node_ip="10.0.0.1", role="actor", actor_class="DDPRank", rank=rank,
+                        rank_source="environment", task_name="DDPRank.train", threads=threads,
+                        folded_threads=folded, moved=moved, job_id="02000000")
+
+
+def train_worker(pid, rank, inner, *, active=False, moved=None):
+    """A Ray Train v2 worker: main thread idle in Ray's loop, the user's code on TrainingThread(...)."""
+    raw = [thread(pid, RAY_BOTTOM[1:]),
+           thread(pid, [frame("ThreadRunner._monitor_target", SITE + "ray/train/v2/_internal/execution/worker_group/"
+                              "thread_runner.py", 72, "ray/train/v2/_internal/execution/worker_group/thread_runner.py")],
+                  name="MonitoringThread(train_fn_with_final_checkpoint_flush)", os_thread_id=pid + 1),
+           thread(pid, inner + [frame("train_loop_per_worker", "/job/train.py", 118)] + TRAIN_PLUMBING,
+                  name="TrainingThread(train_fn_with_final_checkpoint_flush)", os_thread_id=pid + 2, active=active)]
+    threads, folded = fold_threads(parse_py_spy(raw, pid=pid), include_idle=False)
+    return ProcessStack(pid=pid, node_ip="10.0.0.1", role="actor", actor_class="RayTrainWorker", rank=rank,
+                        rank_source="ray train", threads=threads, folded_threads=folded, moved=moved)
+
+
+STUCK_LOADER = [frame("next_batch", "/job/ddp.py", 64)]
+
+
+def test_ray_train_training_thread_is_the_key_thread_and_never_folded():
+    worker = train_worker(50, 1, [frame("fetch_batch", "/job/train.py", 100)])
+    assert [t.role for t in worker.threads] == ["main", "training"]  # the monitor thread is folded
+    assert key_thread(worker).name.startswith("TrainingThread(")
+    assert headline(worker) == "waiting in fetch_batch (train.py:100)"
+    # Ray Train's thread runner is plumbing: not part of the frames that matter
+    assert [f.function for f in group_processes([worker])[0].frames] == ["fetch_batch", "train_loop_per_worker"]
+    # any other thread that runs user code is kept as well
+    raw = [thread(60, RAY_BOTTOM[1:]), thread(60, [frame("prefetch", "/job/loader.py", 5)], name="Thread-3",
+                                              os_thread_id=61)]
+    assert [t.role for t in fold_threads(parse_py_spy(raw, pid=60), include_idle=False)[0]] == ["main", "training"]
+
+
+def test_collective_headline_names_the_collective():
+    rank = ddp_rank(70, 0, ALL_REDUCE)
+    assert headline(rank) == "waiting in DDPRank.train (ddp.py:70) → all_reduce (torch.distributed)"
+    assert "_exception_logger" not in headline(rank)
+    assert headline(train_worker(71, 0, BACKWARD)).endswith("→ backward (torch.autograd: DDP's gradient all-reduce)")
+
+
+@pytest.mark.parametrize("make, inner, cls", [(ddp_rank, ALL_REDUCE, "DDPRank"), (train_worker, BACKWARD, "RayTrainWorker")])
+def test_peers_name_the_stuck_rank_also_in_a_group_of_two(make, inner, cls):
+    for world in (2, 3):
+        procs = [make(80 + r, r, STUCK_LOADER if r == 1 else inner, moved=False) for r in range(world)]
+        verdict = build_verdict(procs, context=VerdictContext(samples=2))
+        assert [(c.rank, c.rule, c.rank_source) for c in verdict.culprits] == [
+            (1, "peers", procs[1].rank_source)], verdict
+        assert verdict.state == "culprit" and verdict.problem
+        assert f"{world - 1} of {world} {cls} peers" in verdict.culprits[0].reason
+
+
+def test_two_samples_tell_hung_from_busy():
+    hung = [ddp_rank(90 + r, r, ALL_REDUCE, moved=False) for r in range(3)]
+    verdict = build_verdict(hung, context=VerdictContext(samples=2))
+    assert verdict.culprits == [] and verdict.state == "hung" and verdict.problem
+    assert verdict.summary.startswith("hung: every rank waits in all_reduce (torch.distributed); no rank stands apart")
+    assert verdict.next_command
+    # one sample: the same stacks cannot tell, so no alarm, and a note says how to tell
+    once = [ddp_rank(90 + r, r, ALL_REDUCE) for r in range(3)]
+    verdict = build_verdict(once, context=VerdictContext(samples=1))
+    assert not verdict.problem and any("--once" in note for note in verdict.notes)
+    # stacks that moved between the samples: busy, exit 0
+    busy = [ddp_rank(90 + r, r, ALL_REDUCE, moved=True) for r in range(3)]
+    verdict = build_verdict(busy, context=VerdictContext(samples=2))
+    assert (verdict.state, verdict.problem, verdict.culprits) == ("busy", False, [])
+    # a healthy DDP job: one rank computes (moving) while its peers sit in all_reduce
+    healthy = [ddp_rank(95 + r, r, ALL_REDUCE, moved=False) for r in range(3)]
+    healthy[2] = ddp_rank(97, 2, [frame("forward", "/job/model.py", 9)], active=True, moved=True)
+    assert not build_verdict(healthy, context=VerdictContext(samples=2)).problem
+
+
+def _driver_chain(ends):
+    job = "03000000"
+    driver = ProcessStack(pid=1, node_id="n1", node_ip="10.0.0.1", role="driver", job_id=job,
+                          threads=parse_py_spy([thread(1, RAY_GET + [frame("<module>", "/job/driver.py", 12)])], pid=1))
+    tasks = [{"task_id": f"t{p.pid}", "parent_task_id": "f" * 40 + job, "name": "DDPRank.train", "worker_pid": p.pid,
+              "node_id": "n1", "state": "RUNNING"} for p in ends]
+    for p in ends:
+        p.node_id = "n1"
+    return [driver] + ends, tasks
+
+
+def test_a_chain_ending_in_working_ranks_is_progress():
+    working = [ddp_rank(110 + r, r, [frame("forward", "/job/model.py", 9 + r)], moved=True) for r in range(3)]
+    procs, tasks = _driver_chain(working)
+    verdict = build_verdict(procs, tasks, context=VerdictContext(samples=2))
+    assert len(verdict.chains) == 3 and verdict.culprits == [] and verdict.state == "busy"
+    # the same chain ending in a rank blocked in user code names it, by the chain rule
+    blocked = [ddp_rank(120, 0, [frame("slow", "/job/ddp.py", 3)], moved=False)]
+    procs, tasks = _driver_chain(blocked)
+    verdict = build_verdict(procs, tasks, context=VerdictContext(samples=2))
+    assert [(c.pid, c.rule) for c in verdict.culprits] == [(120, "wait-for chain")]
+
+
+def test_dead_peer_is_the_culprit():
+    peers = [ddp_rank(130 + r, r, ALL_REDUCE, moved=False) for r in (0, 2)]
+    dead = {"actor_class": "DDPRank", "rank": 1, "pid": 131, "node_ip": "10.0.0.1", "job_id": "02000000",
+            "cause": "WORKER_DIED: its worker process has died (SYSTEM_ERROR)", "on_purpose": False,
+            "rank_source": "runtime_env"}
+    verdict = build_verdict(peers, context=VerdictContext(dead=[dead], samples=2))
+    assert [(c.rank, c.pid, c.rule) for c in verdict.culprits] == [(1, 131, "dead peer")]
+    assert "WORKER_DIED" in verdict.culprits[0].reason and "all_reduce" in verdict.culprits[0].reason
+    # killed on purpose, of another job, or alive again: not a culprit
+    for change in ({"on_purpose": True}, {"job_id": "09000000"}, {"rank": 2}):
+        assert build_verdict(peers, context=VerdictContext(dead=[{**dead, **change}], samples=2)).state == "hung"
+
+
+def test_a_call_that_did_not_return_while_its_peers_did():
+    ranks = [ddp_rank(140, 0, [], moved=False), ddp_rank(141, 1, [frame("generate", "/job/w.py", 8)], moved=False)]
+    ranks[0].threads = parse_py_spy([thread(140, RAY_BOTTOM[1:])], pid=140)
+    ranks[0].task_name = None  # rank 0 returned: idle in Ray's loop
+    calls = [{"kind": "verl_call", "method": "generate_sequences", "rank": r, "returned": r == 0, "submitted": 100.0,
+              "worker_pid": 140 + r} for r in (0, 1)]
+    verdict = build_verdict(ranks, context=VerdictContext(calls=calls, samples=2))
+    assert [(c.rank, c.rule) for c in verdict.culprits] == [(1, "peers")]  # peers name it first
+    verdict = build_verdict(ranks[1:], context=VerdictContext(calls=calls, samples=2))
+    assert [(c.rank, c.rule) for c in verdict.culprits] == [(1, "call not returned")]
+    assert "has not returned from generate_sequences" in verdict.culprits[0].reason
+    # a call whose process is not among those read (gone, another job) names no one
+    assert build_verdict(ranks[1:], context=VerdictContext(calls=[{**c, "worker_pid": 9} for c in calls])).culprits == []
+
+
+def test_extra_rules_hook():
+    procs = [ddp_rank(150 + r, r, ALL_REDUCE, moved=False) for r in range(2)]
+
+    def behind(processes, context):
+        return [Culprit(pid=151, node_ip="10.0.0.1", rank=1, reason="behind in the collective sequence (7 < 8)",
+                        rule="collective position")]
+
+    def broken(processes, context):
+        raise RuntimeError("boom")
+
+    verdict = build_verdict(procs, context=VerdictContext(samples=2), extra_rules=[broken, behind])
+    assert [(c.rank, c.rule) for c in verdict.culprits] == [(1, "collective position")]
+    assert any("boom" in note for note in verdict.notes)
+
+
+def test_moved_between_two_samples():
+    stuck = ddp_rank(160, 0, STUCK_LOADER)
+    tid = key_thread(stuck).os_thread_id
+    before = signature(stuck), stuck.threads
+    # same frames, no CPU used by the key thread: not moving (whatever other threads do)
+    assert not moved_between(*before, stuck, {tid: 1.0, 7: 1.0}, {tid: 1.0, 7: 9.0})
+    # same line twice, but its thread used CPU in between: a loop that sleeps most of each step
+    assert moved_between(*before, stuck, {tid: 1.0}, {tid: 1.2})
+    # frames changed: moving
+    other = ddp_rank(160, 0, [frame("forward", "/job/model.py", 9)])
+    assert moved_between(*before, other, None, None)
+    # without CPU times, py-spy's on-CPU flag stands in
+    assert not moved_between(*before, stuck, None, None)
+    stuck.threads[0].idle = False
+    assert moved_between(*before, stuck, None, None)

@@ -36,6 +36,7 @@ __all__ = [
     "connect",
     "current_job_id",
     "dead_workers",
+    "death_reason",
     "find_auth_token",
     "get_task",
     "head_node",
@@ -49,7 +50,6 @@ __all__ = [
     "rank_from_name",
     "resolve_address",
     "runtime_env_vars",
-    "session_logs_dir",
     "session_name",
     "shutdown",
     "start_local",
@@ -531,10 +531,14 @@ def rank_from_name(name: str | None) -> int | None:
 
 
 def worker_labels() -> dict[tuple[str | None, int], dict[str, Any]]:
-    """Per worker ``(node_ip, pid)``: rank, actor class and name, node, as best known.
+    """Per worker ``(node_ip, pid)``: rank, actor class and name, node, job, as the State API and the writer know.
 
     Ranks come from what instruments registered with the writer, else from
-    actor names (pids repeat across nodes, hence the node in the key).
+    actor names (pids repeat across nodes, hence the node in the key). A
+    driver never takes a rank from the writer: the rank column of what a
+    driver records on behalf of workers (a verl call to rank 1) is theirs.
+    :func:`raysleuth.labels.worker_labels` adds Ray Train's records and the
+    processes' start-up environment.
     """
     labels: dict[tuple[str | None, int], dict[str, Any]] = {}
     node_ips = {node["node_id"]: node["node_ip"] for node in nodes()}
@@ -543,6 +547,7 @@ def worker_labels() -> dict[tuple[str | None, int], dict[str, Any]]:
         if not pid:
             continue
         node_ip = node_ips.get(actor.get("node_id"))
+        rank = rank_from_name(actor.get("name"))
         labels[(node_ip, pid)] = {
             "pid": pid,
             "node_ip": node_ip,
@@ -550,8 +555,9 @@ def worker_labels() -> dict[tuple[str | None, int], dict[str, Any]]:
             "actor_id": actor.get("actor_id"),
             "actor_class": (actor.get("class_name") or "").rsplit(".", 1)[-1] or None,
             "actor_name": actor.get("name") or None,
-            "rank": rank_from_name(actor.get("name")),
-            "rank_source": "actor name" if rank_from_name(actor.get("name")) is not None else None,
+            "job_id": actor.get("job_id"),
+            "rank": rank,
+            "rank_source": "actor name" if rank is not None else None,
         }
     try:
         import ray
@@ -559,11 +565,15 @@ def worker_labels() -> dict[tuple[str | None, int], dict[str, Any]]:
         from raysleuth.recorder import get_writer
 
         for client in ray.get(get_writer(create=False).clients.remote(), timeout=5):
+            if client.get("role") == "driver":
+                continue  # the driver never inherits a worker's rank
             key = (client.get("node_ip"), client.get("pid"))
             entry = labels.setdefault(key, {"pid": client.get("pid"), "node_ip": client.get("node_ip")})
             if client.get("rank") is not None:
                 entry["rank"] = client["rank"]
                 entry["rank_source"] = "registered"
+                if client.get("world_size"):
+                    entry["world_size"] = client["world_size"]
     except Exception:
         pass  # no writer yet: names are all we have
     return labels
@@ -572,17 +582,6 @@ def worker_labels() -> dict[tuple[str | None, int], dict[str, Any]]:
 # ------------------------------------------------ inside a worker (zero-code setup)
 # Private Ray names the worker setup (raysleuth.worker_setup) needs, kept here so a Ray
 # upgrade touches one file. Each returns a plain value or False/None when Ray moved.
-
-
-def session_logs_dir() -> Path | None:
-    """This process's Ray session ``logs`` folder (``/tmp/ray/session_*/logs``), or None outside Ray."""
-    try:
-        from ray._private import worker as ray_worker
-
-        node = getattr(ray_worker, "_global_node", None) or getattr(ray_worker.global_worker, "node", None)
-        return Path(node.get_logs_dir_path()) if node is not None else None
-    except Exception:
-        return None
 
 
 def current_job_id() -> str | None:
@@ -687,3 +686,20 @@ def on_ray_train_user_error(callback: Any) -> bool:
     construct_user_exception_with_traceback._raysleuth_wrapped = True  # type: ignore[attr-defined]
     module.construct_user_exception_with_traceback = construct_user_exception_with_traceback
     return True
+
+
+def death_reason(actor: dict[str, Any]) -> tuple[str, bool]:
+    """A dead actor's cause in one line, and whether it was ended on purpose (``ray.kill``, its job ended).
+
+    Reads the State API's ``death_cause`` (``actor_died_error_context``:
+    ``reason``, ``error_message``) so callers never touch its raw shape.
+    """
+    cause = actor.get("death_cause") or {}
+    context = cause.get("actor_died_error_context") or cause.get("creation_task_failure_context") or {}
+    reason = str(context.get("reason") or "")
+    message = str(context.get("error_message") or cause.get("error_message") or "").strip()
+    first = message.split(". Some common causes", 1)[0].replace("The actor is dead because ", "")
+    on_purpose = reason in ("RAY_KILL", "OWNER_DIED", "OUT_OF_SCOPE", "REF_DELETED", "NODE_DIED_INTENDED") or (
+        "ray.kill" in message) or "INTENDED_USER_EXIT" in first.split("Worker exit detail")[0]
+    text = (f"{reason}: {first}" if reason else first)[:300] or "died (no cause recorded)"
+    return text, on_purpose

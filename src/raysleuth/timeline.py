@@ -272,6 +272,12 @@ def _add_ray_tasks(timeline: Timeline, tracks: _Tracks, address: str | None, wor
         timeline.warnings.append(f"the State API returned only the first {len(listing)} tasks; older ones are missing")
     for node_id, node in nodes.items():
         tracks.pid(node_id, node.get("node_ip"), node.get("is_head_node", False))
+    try:  # ranks of live workers from outside (Ray Train's logs, start-up environment)
+        from raysleuth.labels.live import worker_labels
+
+        live = {(label.get("node_ip"), pid): label.get("rank") for (_ip, pid), label in worker_labels().items()}
+    except Exception:
+        live = {}
     for task in listing:
         events = sorted((entry for entry in task.get("events") or [] if entry.get("created_ms")),
                         key=lambda entry: entry["created_ms"])
@@ -291,6 +297,8 @@ def _add_ray_tasks(timeline: Timeline, tracks: _Tracks, address: str | None, wor
         node_id = task.get("node_id")
         rank = worker_ranks.get((node_id, task.get("worker_pid")))
         actor = actors.get(task.get("actor_id")) or {}
+        if rank is None:
+            rank = live.get(((nodes.get(node_id) or {}).get("node_ip"), task.get("worker_pid")))
         if rank is None:
             rank = cluster.rank_from_name(actor.get("name"))
         if ranks is not None and rank not in ranks:

@@ -26,6 +26,14 @@ class ToyWorker(Worker):
         return self.rank
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def train_step(self, seconds):
+        """Busy work for about ``seconds`` (a healthy rank)."""
+        deadline, total = time.time() + seconds, 0
+        while time.time() < deadline:
+            total += sum(i * i for i in range(2000))
+        return total
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def update_actor(self, crash_rank):
         access_token = "ghp_abcdefghijklmnopqrstuvwxyz0123456789"
         if self.rank == crash_rank:

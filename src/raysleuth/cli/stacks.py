@@ -20,8 +20,9 @@ def render_report(report, *, show_frames: int = MAX_FRAMES, out=None) -> None:
     out = out or console
     by_key = {(p.node_ip, p.pid): p for p in report.processes}
     drivers = [p for p in report.processes if p.role == "driver"]
+    samples = f", 2 samples {report.interval:g}s apart" if report.samples > 1 else ", one sample"
     out.print(f"[bold]{len(report.processes)} processes[/bold] on {report.nodes} node(s), "
-              f"{len(report.groups)} distinct stacks ({report.seconds:.1f}s"
+              f"{len(report.groups)} distinct stacks ({report.seconds:.1f}s{samples}"
               f"{', native' if report.native else ''}{', partial' if report.partial else ''})")
     for group in report.groups:
         members = [by_key.get(tuple(m)) for m in group.members]
@@ -33,7 +34,10 @@ def render_report(report, *, show_frames: int = MAX_FRAMES, out=None) -> None:
                 continue
             extra = f"  task {member.task_name}" if member.task_name else ""
             parent = f"  child of pid {member.parent_pid}" if member.parent_pid else ""
-            out.print(f"  [dim]{escape(member.label)}  {member.role}{escape(extra)}{parent}[/dim]")
+            source = f"  rank from {member.rank_source}" if member.rank_source else ""
+            activity = f"  {member.activity}" if member.activity else ""
+            out.print(f"  [dim]{escape(member.label)}  {member.role}{escape(extra)}{parent}{escape(source)}"
+                      f"{activity}[/dim]")
         if len(members) > 8:
             out.print(f"  [dim]... and {len(members) - 8} more[/dim]")
         for line in frame_lines(group.frames, show_frames):
@@ -50,15 +54,20 @@ def render_report(report, *, show_frames: int = MAX_FRAMES, out=None) -> None:
         for item in report.missing:
             where = " ".join(x for x in (item.node_ip or "", f"pid {item.pid}" if item.pid else "") if x)
             out.print(f"  [yellow]{escape(where)}[/yellow] {escape(item.reason)}")
+    for note in verdict.notes:
+        out.print(f"[dim]note: {escape(note)}[/dim]")
     out.print()
-    if verdict.culprits:
+    if verdict.problem:
         out.print(f"[red bold]verdict:[/red bold] [red]{escape(verdict.summary)}[/red]")
         for culprit in verdict.culprits:
             name = f"rank {culprit.rank}" if culprit.rank is not None else "no rank"
+            source = f" (from {culprit.rank_source})" if culprit.rank_source else ""
             place = f"{culprit.function} ({culprit.file}:{culprit.line})" if culprit.function else ""
-            out.print(f"  [red]✗ {name}, pid {culprit.pid} @ {culprit.node_ip}[/red] "
+            out.print(f"  [red]✗ {name}{escape(source)}, pid {culprit.pid} @ {culprit.node_ip}[/red] "
                       f"{escape(culprit.actor_class or '')} {escape(place)}")
-            out.print(f"    [dim]{escape(culprit.reason)}[/dim]")
+            out.print(f"    [dim]rule: {escape(culprit.rule or '?')} — {escape(culprit.reason)}[/dim]")
+        if verdict.next_command:
+            out.print(f"[bold]next:[/bold] {escape(verdict.next_command)}")
     else:
         out.print(f"[green]verdict:[/green] {escape(verdict.summary)}")
 
@@ -110,15 +119,20 @@ def stacks(
     rank: Annotated[int | None, typer.Option("--rank", help="Only the worker(s) with this rank.", callback=non_negative)] = None,
     pid: Annotated[list[int] | None, typer.Option("--pid", help="Only these pids (repeatable).")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds for the whole capture; partial results after that.", callback=positive)] = 30.0,
+    once: Annotated[bool, typer.Option("--once", help="One sample only (cannot tell a hung job from a busy one).")] = False,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between the two samples.")] = 2.0,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Also write the report here (.json: JSON, else text).")] = None,
     record: Annotated[bool, typer.Option("--record/--no-record", help="Store the report as stack_report evidence.")] = True,
     json_: JsonOption = False,
 ) -> None:
-    """Dump every worker's and driver's Python stack, grouped, with the culprit (exit 1 when one is named)."""
+    """Dump every worker's and driver's Python stack, grouped, with the culprit (exit 1 when one is named or the job is hung)."""
+    from raysleuth.errors import UsageError
     from raysleuth.stacks import dump_stacks, record_report
 
+    if interval < 0 or interval > 300:
+        raise UsageError(f"--interval must be between 0 and 300 seconds, got {interval:g}", fix="e.g. --interval 2")
     report = dump_stacks(address, pids=pid or None, native=native, include_idle=include_idle, rank=rank,
-                         timeout=timeout)
+                         timeout=timeout, samples=1 if once else 2, interval=interval)
     if record:
         record_report(report)
         _flush()
@@ -132,7 +146,7 @@ def stacks(
         for call in unreturned:
             console.print(f"[yellow]verl: rank {call['rank']} has not returned from {call['method']} "
                           f"({call['seconds']:.0f}s, {call['worker_name'] or 'worker'})[/yellow]")
-    finish(1 if report.verdict.culprits else 0)
+    finish(1 if report.verdict.problem else 0)
 
 
 def _unreturned_calls() -> list[dict]:

@@ -1,19 +1,146 @@
-"""Ranks of running processes (issue 19 fills this in).
+"""Ranks of running processes, from outside, from every source there is.
 
-Interface kept stable for the other features: ``worker_labels()`` returns,
-per ``(node_ip, pid)``, a dict with at least ``pid``, ``node_ip``,
-``node_id``, ``actor_id``, ``actor_class``, ``actor_name``, ``rank``,
-``rank_source`` (None when unknown), and where known ``world_size``,
-``local_rank``, ``role``.
+``worker_labels()`` returns, per ``(node_ip, pid)``, a dict with at least
+``pid``, ``node_ip``, ``node_id``, ``actor_id``, ``actor_class``,
+``actor_name``, ``rank``, ``rank_source`` (None when unknown), and where
+known ``world_size``, ``local_rank``, ``role`` and ``rank_note`` (why a
+source could not be read).
+
+Sources, most specific first (``rank_source`` names the one that won):
+
+1. ``registered`` — raysleuth's own registration (``rs.set_rank``, pools,
+   instrumented verl groups), from the writer;
+2. ``ray train`` — Ray Train's structured worker logs on each node
+   (``logs/train/ray-train-sys-worker-*.log``: ``world_rank`` + pid), read
+   by the node agent; always written, whatever the job enables;
+3. ``environment`` (or ``verl environment`` when verl's ``WG_PREFIX`` is
+   there) — ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` in the process's
+   start-up environment (``runtime_env`` env_vars, torchrun, verl), read by
+   the node agent with psutil, never by the worker;
+4. ``actor name`` — ``trainer_rank3``, verl's ``..._0:3``.
+
+A driver never gets a rank. A process whose environment cannot be read
+keeps ``rank_source`` None and says why in ``rank_note``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+__all__ = ["SOURCES", "apply_notes", "collect_hints", "merge_hints", "resolve_rank", "worker_labels"]
 
-def worker_labels() -> dict[tuple[str | None, int], dict[str, Any]]:
-    """Per running worker ``(node_ip, pid)``: rank and identity, as best known."""
+SOURCES = ("registered", "ray train", "verl environment", "environment", "actor name")
+"""Rank sources, most specific first."""
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(str(value).strip())
+    except (TypeError, ValueError):
+        return None
+
+
+def resolve_rank(label: dict[str, Any], hint: dict[str, Any] | None) -> dict[str, Any]:
+    """Pure: the rank fields for one process from its State API label and its node agent's hint.
+
+    ``label``: what :func:`raysleuth.cluster.worker_labels` knows (may carry
+    a ``registered`` or ``actor name`` rank). ``hint``: one entry of
+    :func:`raysleuth.agents.rank_hints` (``environment``, ``train``, ``note``).
+    Returns ``rank``, ``rank_source``, ``world_size``, ``local_rank``, ``rank_note``.
+    """
+    candidates: dict[str, dict[str, Any]] = {}
+    if label.get("rank") is not None and label.get("rank_source"):
+        candidates[label["rank_source"]] = {"rank": label["rank"], "world_size": label.get("world_size")}
+    hint = hint or {}
+    train = hint.get("train") or {}
+    if train.get("rank") is not None:
+        candidates["ray train"] = {"rank": _int(train["rank"]), "world_size": train.get("world_size"),
+                                   "local_rank": _int(train.get("local_rank"))}
+    environment = hint.get("environment") or {}
+    if _int(environment.get("RANK")) is not None:
+        source = "verl environment" if environment.get("WG_PREFIX") else "environment"
+        candidates[source] = {"rank": _int(environment["RANK"]), "world_size": _int(environment.get("WORLD_SIZE")),
+                              "local_rank": _int(environment.get("LOCAL_RANK"))}
+    result: dict[str, Any] = {"rank": None, "rank_source": None, "world_size": label.get("world_size"),
+                              "local_rank": label.get("local_rank"), "rank_note": hint.get("note")}
+    for source in SOURCES:
+        if source in candidates:
+            chosen = candidates[source]
+            result.update(rank=chosen["rank"], rank_source=source)
+            for key in ("world_size", "local_rank"):
+                result[key] = chosen.get(key) if chosen.get(key) is not None else result[key]
+            break
+    # Fill what the winner did not say from the other sources (a registered rank, the env's LOCAL_RANK).
+    for source in SOURCES:
+        for key in ("world_size", "local_rank"):
+            if result[key] is None and candidates.get(source, {}).get(key) is not None:
+                result[key] = candidates[source][key]
+    if result["rank_source"] is not None:
+        result["rank_note"] = None
+    return result
+
+
+def merge_hints(labels: dict[tuple[str | None, int], dict[str, Any]],
+                hints: dict[str | None, dict[int, dict[str, Any]]],
+                drivers: set[tuple[str | None, int]] | None = None) -> dict[tuple[str | None, int], dict[str, Any]]:
+    """Pure: labels with every process's rank resolved; ``hints`` per node ip, per pid."""
+    drivers = drivers or set()
+    for node_ip, per_pid in hints.items():
+        for pid, hint in per_pid.items():
+            labels.setdefault((node_ip, int(pid)), {"pid": int(pid), "node_ip": node_ip})
+    for key, label in labels.items():
+        if key in drivers:
+            label.update(rank=None, rank_source=None, role="driver")
+            continue
+        hint = hints.get(key[0], {}).get(key[1])
+        label.update(resolve_rank(label, hint))
+        train = (hint or {}).get("train") or {}
+        if label.get("rank_source") == "ray train":
+            label.setdefault("role", "ray train worker")
+            label["run_name"] = train.get("run_name")
+    return labels
+
+
+def collect_hints(timeout: float = 10.0) -> tuple[dict, dict[str | None, str], dict[str | None, float]]:
+    """Every node agent's rank hints at once: (hints per node ip, notes per node ip, agent seconds per node ip)."""
+    from raysleuth import agents
+
+    hints: dict[str | None, dict[int, dict[str, Any]]] = {}
+    notes: dict[str | None, str] = {}
+    costs: dict[str | None, float] = {}
+    try:
+        for result in agents.call_agents("rank_hints", timeout=timeout):
+            if result.ok:
+                hints[result.node_ip] = {int(pid): hint for pid, hint in
+                                         ((result.value or {}).get("processes") or {}).items()}
+                costs[result.node_ip] = (result.value or {}).get("seconds") or 0.0
+            else:
+                notes[result.node_ip] = f"node agent did not answer: {result.error}"
+    except Exception as error:  # no agents at all: the State API's view is what we have
+        notes[None] = f"node agents unavailable ({type(error).__name__}: {str(error)[:120]})"
+    return hints, notes, costs
+
+
+def apply_notes(labels: dict[tuple[str | None, int], dict[str, Any]], notes: dict[str | None, str]) -> None:
+    """Say why a process has no rank when its node's agent was not reached."""
+    for key, label in labels.items():
+        note = notes.get(key[0]) or notes.get(None)
+        if note and label.get("rank") is None:
+            label["rank_note"] = note
+
+
+def worker_labels(*, timeout: float = 10.0, with_hints: bool = True) -> dict[tuple[str | None, int], dict[str, Any]]:
+    """Per running worker ``(node_ip, pid)``: rank and identity from every source (see the module doc).
+
+    Never raises for a node that does not answer: its processes keep what
+    the State API knows, and ``rank_note`` says the agent was not reached.
+    """
     from raysleuth import cluster
 
-    return cluster.worker_labels()
+    labels = cluster.worker_labels()
+    if not with_hints:
+        return labels
+    hints, notes, _costs = collect_hints(timeout)
+    merge_hints(labels, hints)
+    apply_notes(labels, notes)
+    return labels

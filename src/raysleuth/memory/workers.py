@@ -9,7 +9,7 @@ through the node agents (psutil on each node; no code change in the
 worker) and stores the samples *with the sampled worker's identity*: the
 rows go to the writer actor with a batch header that names the worker's
 pid, node and actor, and the row's rank column comes from
-:func:`raysleuth.cluster.worker_labels`. So an agent sample reads back like
+:func:`raysleuth.labels.worker_labels`. So an agent sample reads back like
 one the worker recorded itself, except ``data.source == "agent"`` (``data``
 also repeats ``pid`` and ``node_ip``). Such rows carry no client id: they
 do not register the CLI as a client of the run.
@@ -213,11 +213,12 @@ def sample_workers(duration: float = 30.0, interval: float = 1.0, *, timeout: fl
     """
     import ray
 
-    from raysleuth import cluster
     from raysleuth.agents import get_agents
     from raysleuth.recorder import get_writer
 
-    labels = cluster.worker_labels()
+    from raysleuth.labels.live import worker_labels
+
+    labels = worker_labels()  # ranks from raysleuth, Ray Train's logs, the start-up environment, names
     per_node, headers, problems = _targets(labels)
     agents = get_agents(timeout=timeout)  # handles looked up once, not every round
     writer = get_writer()

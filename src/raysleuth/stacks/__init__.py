@@ -7,13 +7,14 @@ the culprits: peers away from where their blocked majority waits, and the
 ends of the driver's wait-for chains.
 
 - :mod:`raysleuth.stacks.model` — the result dataclasses.
-- :mod:`raysleuth.stacks.analysis` — pure logic (parse, group, verdict).
+- :mod:`raysleuth.stacks.analysis` — pure logic (parse, key threads, group).
+- :mod:`raysleuth.stacks.verdict` — pure logic: the rules, hung or busy.
 - :mod:`raysleuth.stacks.capture` — the cluster I/O.
 """
 
 from __future__ import annotations
 
-from raysleuth.stacks.analysis import build_verdict, group_processes, headline, parse_py_spy
+from raysleuth.stacks.analysis import group_processes, headline, parse_py_spy
 from raysleuth.stacks.capture import dump_stacks, is_own_actor
 from raysleuth.stacks.model import (
     Culprit,
@@ -26,8 +27,10 @@ from raysleuth.stacks.model import (
     Verdict,
     WaitLink,
 )
+from raysleuth.stacks.verdict import EXTRA_RULES, VerdictContext, build_verdict
 
 __all__ = [
+    "EXTRA_RULES",
     "Culprit",
     "Frame",
     "Missing",
@@ -36,6 +39,7 @@ __all__ = [
     "StackReport",
     "ThreadStack",
     "Verdict",
+    "VerdictContext",
     "WaitLink",
     "build_verdict",
     "dump_stacks",
@@ -52,7 +56,7 @@ def record_report(report: StackReport, *, name: str = "stacks") -> None:
     try:
         from raysleuth.recorder import record
 
-        level = "ERROR" if report.verdict.culprits else "INFO"
+        level = "ERROR" if report.verdict.problem else "INFO"
         record("stack_report", report.to_dict(), name=name, level=level)
     except Exception:
         pass

@@ -5,40 +5,42 @@ on hand-written stacks and reused by the cluster capture.
 
 Rules (the reasoning behind the verdict):
 
-- The **key threads** of a process are its main thread and any thread that
+- The **key threads** of a process are its main thread, any thread that
   runs a Ray task (it has Ray's ``actor_method_executor`` /
-  ``function_executor`` frame). They are never folded: a rank blocked in a
+  ``function_executor`` frame), and any thread running the user's code:
+  Ray Train's ``TrainingThread(...)``, or any thread with a frame outside
+  installed packages. They are never folded: a rank blocked in a
   collective or ``ray.get`` looks "idle" to py-spy and is exactly what we
-  look for. Other threads are folded when idle, unless asked for.
+  look for. The thread that says what a process does is the key thread
+  with user frames (a Ray Train worker: its training thread, not its main
+  thread idle in Ray's task loop). Other threads are folded when idle.
 - The **frames that matter** of a key thread are those above Ray's executor
   plumbing (``main_loop``, ``default_worker.py``); processes are grouped by
   them (function, file, line).
-- **Peers**: processes of one actor class. When a strict majority of peers
-  is blocked at one place, every peer elsewhere is a **culprit**.
-- **Wait-for chain**: a process blocked in ``ray.get``/``ray.wait`` waits
-  on the unfinished calls it submitted (State API ``parent_task_id``); the
-  last process of a chain that is not itself waiting, and whose innermost
-  frame is the user's code (not an idle event loop or lock), is a culprit.
+- The verdict's rules (peers, wait-for chains, dead peers, calls that did
+  not return, hung or busy) live in :mod:`raysleuth.stacks.verdict`.
 """
 
 from __future__ import annotations
 
 import re
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from raysleuth.stacks.model import Culprit, Frame, ProcessStack, StackGroup, ThreadStack, Verdict, WaitLink
+from raysleuth.stacks.model import Frame, ProcessStack, StackGroup, ThreadStack, WaitLink
 
 __all__ = [
-    "build_verdict",
     "group_processes",
+    "has_user_frames",
     "headline",
     "is_library",
     "key_thread",
+    "moved_between",
     "parse_py_spy",
     "signature",
     "wait_chains",
+    "wait_point",
 ]
 
 _EXECUTOR_FUNCTIONS = {"actor_method_executor", "function_executor", "_function_executor"}
@@ -47,6 +49,9 @@ _PLUMBING_FILES = ("ray/_private/function_manager.py", "ray/_private/worker.py",
 _LIBRARY = re.compile(
     r"(/site-packages/|/dist-packages/|/lib/python\d\.\d+/|^<frozen |/(?:src|site-packages)/raysleuth/|^<string>$)")
 _RAY_WAITS = {("ray/_private/worker.py", "get"), ("ray/_private/worker.py", "wait")}
+_TRAINING_THREAD = "TrainingThread("  # Ray Train runs the user's train function on this thread
+_COLLECTIVE_FILES = ("torch/distributed/distributed_c10d.py", "torch/distributed/c10d_logger.py")
+_BACKWARD = ("torch/autograd/graph.py", "_engine_run_backward")
 _DRIVER_TASK_PREFIX = "f" * 40
 
 
@@ -77,36 +82,56 @@ def parse_py_spy(raw: list[dict[str, Any]], *, pid: int) -> list[ThreadStack]:
         name = entry.get("thread_name") or f"thread {entry.get('os_thread_id') or entry.get('thread_id')}"
         is_main = entry.get("os_thread_id") == pid or name == "MainThread"
         is_task = any(_bare(frame.function) in _EXECUTOR_FUNCTIONS for frame in frames)
+        if is_task:
+            role = "task"
+        elif is_main:
+            role = "main"
+        elif name.startswith(_TRAINING_THREAD) or any(not is_library(frame) for frame in frames):
+            role = "training"  # the user's code runs here: never folded
+        else:
+            role = "background"
         threads.append(ThreadStack(
             name=name,
             thread_id=entry.get("thread_id"),
             os_thread_id=entry.get("os_thread_id"),
             idle=not entry.get("active", True),
             owns_gil=bool(entry.get("owns_gil")),
-            role="task" if is_task else ("main" if is_main else "background"),
+            role=role,
             frames=frames,
         ))
-    # Main thread first, then task threads, then the rest (stable).
-    order = {"main": 0, "task": 1, "background": 2}
+    # Main thread first, then task and training threads, then the rest (stable).
+    order = {"main": 0, "task": 1, "training": 2, "background": 3}
     threads.sort(key=lambda thread: order[thread.role])
     return threads
 
 
 def fold_threads(threads: list[ThreadStack], include_idle: bool) -> tuple[list[ThreadStack], int]:
-    """Drop idle background threads (never main or task threads); returns (kept, folded count)."""
+    """Drop idle background threads (never main, task or training threads); returns (kept, folded count)."""
     if include_idle:
         return threads, 0
     kept = [thread for thread in threads if thread.role != "background" or not thread.idle]
     return kept, len(threads) - len(kept)
 
 
+def has_user_frames(thread: ThreadStack) -> bool:
+    """True when any frame of the thread is the user's code (not an installed package or the stdlib)."""
+    return any(not is_library(frame) for frame in thread.frames)
+
+
 def key_thread(process: ProcessStack) -> ThreadStack | None:
-    """The thread that says what a process is doing: a Ray task thread, else the main thread."""
-    for role in ("task", "main"):
-        for thread in process.threads:
-            if thread.role == role:
-                return thread
-    return process.threads[0] if process.threads else None
+    """The thread that says what a process is doing.
+
+    A key thread (task, training, main) running the user's code wins; then a
+    Ray task thread; then Ray Train's training thread; then the main thread.
+    """
+    best, best_score = None, -1
+    for thread in process.threads:
+        if thread.role == "background":
+            continue
+        score = (4 if has_user_frames(thread) else 0) + {"task": 2, "training": 1, "main": 0}[thread.role]
+        if score > best_score:
+            best, best_score = thread, score
+    return best or (process.threads[0] if process.threads else None)
 
 
 def _short(frame: Frame) -> str:
@@ -114,8 +139,15 @@ def _short(frame: Frame) -> str:
 
 
 def frames_that_matter(thread: ThreadStack) -> list[Frame]:
-    """The thread's frames above Ray's executor plumbing (all frames when there is none)."""
+    """The thread's frames above Ray's executor plumbing (all frames when there is none).
+
+    For a training thread (Ray Train's, or a user's own thread): the frames up
+    to its outermost user frame (Ray Train's thread runner is plumbing).
+    """
     frames = thread.frames
+    if thread.role == "training":
+        outer = max((index for index, frame in enumerate(frames) if not is_library(frame)), default=None)
+        return frames[:outer + 1] if outer is not None else frames
     for index, frame in enumerate(frames):
         if _bare(frame.function) in _EXECUTOR_FUNCTIONS:
             kept = frames[:index]
@@ -160,9 +192,34 @@ def user_frame(frames: list[Frame]) -> tuple[Frame | None, list[Frame] | None]:
     return None, None
 
 
+def _collective(frames: list[Frame]) -> str | None:
+    """The torch.distributed call among these frames: ``all_reduce (torch.distributed)``."""
+    found = None
+    for frame in frames:
+        short = _short(frame).split("site-packages/")[-1]
+        if short == _COLLECTIVE_FILES[0] and not _bare(frame.function).startswith("_"):
+            found = _bare(frame.function)  # keep the outermost: the call the user made
+        elif (short, _bare(frame.function)) == _BACKWARD:
+            found = found or "backward"
+    if found == "backward":
+        return "backward (torch.autograd: DDP's gradient all-reduce)"
+    return f"{found} (torch.distributed)" if found else None
+
+
+def wait_point(thread: ThreadStack | None) -> str | None:
+    """Where an idle thread waits on others: a collective, or ``ray.get``/``ray.wait``; None elsewhere."""
+    if thread is None or not thread.idle or not thread.frames:
+        return None
+    mine, inner = user_frame(frames_that_matter(thread))
+    frames = inner if mine is not None else thread.frames
+    if not frames:
+        return None
+    return _collective(frames) or _ray_wait(frames[:8])
+
+
 def _callee_name(inner: list[Frame]) -> str:
-    """What the user's frame called: ``ray.get``, else the outermost library frame above it."""
-    waiting = _ray_wait(inner)
+    """What the user's frame called: a collective, ``ray.get``, else the outermost library frame above it."""
+    waiting = _collective(inner) or _ray_wait(inner)
     if waiting:
         return waiting
     frame = inner[-1]
@@ -217,55 +274,6 @@ def group_processes(processes: Iterable[ProcessStack]) -> list[StackGroup]:
         ))
     groups.sort(key=lambda group: (-group.count, group.headline))
     return groups
-
-
-def _culprit(process: ProcessStack, reason: str) -> Culprit:
-    thread = key_thread(process)
-    mine = None
-    if thread is not None:
-        frames = frames_that_matter(thread)
-        mine, _ = user_frame(frames)
-        mine = mine or (frames[0] if frames else None)
-    return Culprit(pid=process.pid, node_ip=process.node_ip, rank=process.rank, reason=reason,
-                   actor_class=process.actor_class, actor_name=process.actor_name,
-                   function=mine.function if mine else None, file=mine.file if mine else None,
-                   line=mine.line if mine else None)
-
-
-def _rank_list(processes: list[ProcessStack]) -> str:
-    ranks = sorted(p.rank for p in processes if p.rank is not None)
-    if len(ranks) == len(processes):
-        return f"rank{'s' if len(ranks) != 1 else ''} {ranks if len(ranks) != 1 else ranks[0]}"
-    return f"pid{'s' if len(processes) != 1 else ''} {[p.pid for p in processes]}"
-
-
-def majority_culprits(processes: list[ProcessStack]) -> tuple[list[Culprit], list[str]]:
-    """Peers (same actor class) away from where a blocked strict majority is."""
-    culprits: list[Culprit] = []
-    notes: list[str] = []
-    by_class: dict[str, list[ProcessStack]] = defaultdict(list)
-    for process in processes:
-        if process.actor_class and process.role == "actor" and process.threads:
-            by_class[process.actor_class].append(process)
-    for actor_class, peers in sorted(by_class.items()):
-        if len(peers) < 3:
-            continue  # two peers in two places: no majority to compare with
-        counts = Counter(signature(peer) for peer in peers)
-        top, top_count = counts.most_common(1)[0]
-        if top_count * 2 <= len(peers) or top_count == len(peers):
-            continue
-        majority = [peer for peer in peers if signature(peer) == top]
-        thread = key_thread(majority[0])
-        if thread is None or not thread.idle or is_ray_idle(thread):
-            continue  # a busy majority is training, not hanging
-        where = headline(majority[0]).removeprefix("waiting in ")
-        outliers = [peer for peer in peers if signature(peer) != top]
-        notes.append(f"{top_count} of {len(peers)} {actor_class} ({_rank_list(majority)}) wait in {where}; "
-                     f"{_rank_list(outliers)} elsewhere")
-        for peer in outliers:
-            culprits.append(_culprit(peer, f"{headline(peer)} while {top_count} of {len(peers)} {actor_class} peers "
-                                           f"wait in {where}"))
-    return culprits, notes
 
 
 def _link(process: ProcessStack) -> WaitLink:
@@ -332,40 +340,30 @@ def wait_chains(processes: list[ProcessStack], tasks: list[dict[str, Any]], *, m
     return chains, ends
 
 
-def chain_culprits(ends: list[ProcessStack], chains: list[list[WaitLink]]) -> list[Culprit]:
-    """Chain ends whose key thread sits in the user's code (not an idle loop or lock)."""
-    culprits = []
-    for end in ends:
-        thread = key_thread(end)
-        if thread is None or is_ray_idle(thread) or in_ray_wait(thread):
-            continue
-        frames = frames_that_matter(thread)
-        if not frames or (is_library(frames[0]) and thread.idle):
-            continue  # blocked in a library wait (event loop, lock, queue): it waits on something unseen
-        path = next((chain for chain in chains if (chain[-1].node_ip, chain[-1].pid) == (end.node_ip, end.pid)), None)
-        route = " → ".join(link.task_name or link.role for link in path) if path else end.task_name
-        culprits.append(_culprit(end, f"end of the wait-for chain {route}: {headline(end)}"))
-    return culprits
+WORKING_CPU_SECONDS = 0.03
+"""CPU a key thread must use between the two samples to count as working (a stuck wait uses ~0)."""
 
 
-def build_verdict(processes: list[ProcessStack], tasks: list[dict[str, Any]] | None = None) -> Verdict:
-    """Culprits (majority rule, then wait-for chains), the chains and a summary line."""
-    culprits, notes = majority_culprits(processes)
-    chains, ends = wait_chains(processes, tasks or [])
-    named = {(c.node_ip, c.pid) for c in culprits}
-    for culprit in chain_culprits(ends, chains):
-        if (culprit.node_ip, culprit.pid) not in named:
-            culprits.append(culprit)
-            named.add((culprit.node_ip, culprit.pid))
-    if culprits:
-        who = ", ".join(
-            (f"rank {c.rank}" if c.rank is not None else f"pid {c.pid}") + (f" ({c.actor_class})" if c.actor_class else "")
-            for c in culprits)
-        summary = f"culprit{'s' if len(culprits) > 1 else ''}: {who}"
-        if notes:
-            summary += " — " + "; ".join(notes)
-    elif not processes:
-        summary = "no processes were read"
-    else:
-        summary = "no culprit: no peer stands apart and no wait-for chain ends in user code"
-    return Verdict(culprits=culprits, summary=summary, chains=chains)
+def moved_between(old_signature: tuple, old_threads: list[ThreadStack], proc: ProcessStack,
+                  cpu_before: dict | None, cpu_after: dict | None) -> bool:
+    """Working between two samples: the key thread's frames changed, or it used CPU in between.
+
+    A training loop that sleeps most of each step is caught at the same line
+    twice; its thread's CPU time still grows, where a stuck thread's does not.
+    Without CPU times, py-spy's on-CPU flag in either sample stands in.
+    """
+    now = key_thread(proc)
+    if now is None or signature(proc) != old_signature:
+        return True
+    tid = now.os_thread_id
+    if cpu_before and cpu_after and tid in cpu_before and tid in cpu_after:
+        return cpu_after[tid] - cpu_before[tid] >= WORKING_CPU_SECONDS
+    old_key = next((t for t in old_threads if t.os_thread_id == tid), None)
+    return any(thread is not None and not thread.idle for thread in (old_key, now))
+
+
+def _culprit(process: ProcessStack, reason: str):
+    """A culprit for ``process`` (kept for the stall watchdog in ``heartbeat.py``)."""
+    from raysleuth.stacks.verdict import _culprit as make
+
+    return make(process, reason, "heartbeat stall")

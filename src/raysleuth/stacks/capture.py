@@ -1,12 +1,16 @@
 """Capture stacks cluster-wide: list processes per node, py-spy them in parallel, label them.
 
-Two fan-outs over the node agents (``raysleuth.agents``):
+Fan-outs over the node agents (``raysleuth.agents``):
 
-1. the State API names the cluster's workers, drivers, actors and running
-   tasks while every agent runs ``ps`` (titles, and the subprocesses of
-   workers: DataLoader workers and the like);
+1. the State API names the cluster's workers, drivers, actors, running
+   tasks and dead actors while every agent runs ``ps`` (titles, and the
+   subprocesses of workers: DataLoader workers and the like) and reads its
+   workers' rank clues (start-up environment, Ray Train's logs:
+   :mod:`raysleuth.labels.live`); the evidence store gives recorded calls;
 2. every agent runs ``py-spy dump --json`` on its local targets
-   concurrently (``run_tools``), each with a per-process timeout.
+   concurrently (``run_tools``), each with a per-process timeout;
+3. by default a second py-spy round ``interval`` seconds later: what moved
+   is working, what stayed is blocked (:mod:`raysleuth.stacks.verdict`).
 
 Scale note: step 2 ships py-spy's raw JSON back (a few KB per process).
 Past a few thousand processes, parse and group on the agent and ship only
@@ -15,16 +19,19 @@ the groups.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from raysleuth import agents, cluster
-from raysleuth.errors import ToolMissing, UsageError, WorkerNotFound
-from raysleuth.stacks.analysis import build_verdict, fold_threads, group_processes, parse_py_spy
+from raysleuth.errors import UsageError, WorkerNotFound
+from raysleuth.labels.live import apply_notes, collect_hints, merge_hints
+from raysleuth.stacks.analysis import group_processes, moved_between, signature
+from raysleuth.stacks.clues import dead_actors, recorded_calls, thread_times
 from raysleuth.stacks.model import Missing, ProcessStack, StackReport
+from raysleuth.stacks.spy import NOT_PYTHON, spy_round
+from raysleuth.stacks.verdict import VerdictContext, build_verdict
 
 __all__ = ["dump_stacks", "is_own_actor"]
 
@@ -35,7 +42,6 @@ _UNFINISHED = ("FINISHED", "FAILED")
 
 
 PS_ARGV = ["ps", "-e", "-o", "pid=,ppid=,args="]
-NOT_PYTHON = "not a Python process"
 
 
 def _parse_ps(result: dict[str, Any] | None) -> dict[int, tuple[int, str]]:
@@ -48,39 +54,11 @@ def _parse_ps(result: dict[str, Any] | None) -> dict[int, tuple[int, str]]:
     return rows
 
 
-def _not_python(result: dict[str, Any]) -> bool:
-    text = ((result.get("stderr") or "") + (result.get("stdout") or "")).lower()
-    return "failed to find python version" in text or "not a python" in text
-
-
 def is_own_actor(label: dict[str, Any]) -> bool:
     """raysleuth's own actors (writer, agents): never shown."""
     name = label.get("actor_name") or ""
     return (name in OWN_NAMES or name.startswith(OWN_PREFIXES) or label.get("actor_class") in OWN_CLASSES
             or label.get("namespace") == agents.NAMESPACE)
-
-
-def _py_spy_argv(path: str, pid: int, native: bool) -> list[str]:
-    argv = [path, "dump", "--pid", str(pid), "--json"]
-    # py-spy cannot read native frames without pausing the process.
-    argv.append("--native" if native else "--nonblocking")
-    return argv
-
-
-def _spy_error(result: dict[str, Any], node_ip: str | None) -> str:
-    if result.get("timed_out"):
-        return f"py-spy {result.get('error')}"
-    if result.get("error"):
-        return f"py-spy could not run: {result['error']}"
-    text = (result.get("stderr") or result.get("stdout") or "").strip()
-    last = text.splitlines()[-1] if text else f"py-spy exited with {result.get('returncode')}"
-    lowered = text.lower()
-    if "permission denied" in lowered or "operation not permitted" in lowered:
-        return (f"permission denied reading the process on {node_ip} ({last[:160]}): run the agents as the job's "
-                "user, or set kernel.yama.ptrace_scope=0 / add CAP_SYS_PTRACE")
-    if "no such process" in lowered or "failed to find process" in lowered or "doesn't exist" in lowered:
-        return "the process exited before it could be read"
-    return last[:300]
 
 
 def _safe(function, *args, **kwargs) -> tuple[Any, str | None]:
@@ -101,6 +79,8 @@ def dump_stacks(
     include_self: bool = False,
     per_process_timeout: float | None = None,
     parallel: int | None = None,
+    samples: int = 2,
+    interval: float = 2.0,
 ) -> StackReport:
     """Dump, label, group and judge the stacks of every Ray worker and driver.
 
@@ -109,61 +89,144 @@ def dump_stacks(
     and idle background threads. ``include_self`` keeps the calling process
     (a driver watchdog wants its own main thread). ``parallel``: py-spy
     processes at once per node (default: twice the node's cores, at most 32).
-    Returns within about
-    ``timeout`` seconds: nodes or processes that did not answer are listed in
-    ``report.missing`` with the reason.
+    ``samples``: 2 (default) reads every process twice, ``interval`` seconds
+    apart, to tell a hung job (nothing moves) from a busy one; 1 reads once.
+    Returns within about ``timeout`` seconds (plus the interval): nodes or
+    processes that did not answer are listed in ``report.missing`` with the reason.
     """
     started = time.monotonic()
     if timeout <= 0:
         raise UsageError(f"timeout must be positive, got {timeout!r}", fix="pass e.g. --timeout 30")
+    if samples not in (1, 2) or interval < 0:
+        raise UsageError(f"samples must be 1 or 2 and interval >= 0, got {samples!r}, {interval!r}",
+                         fix="pass --once for one sample, or --interval 2")
     cluster.connect(address)
     deadline = started + timeout
-    report = StackReport(captured_at=time.time(), native=native, include_idle=include_idle)
+    report = StackReport(captured_at=time.time(), native=native, include_idle=include_idle, samples=samples,
+                         interval=interval if samples > 1 else 0.0)
+    # Dead actors and recorded calls: read alongside discovery with one sample; with two, during the
+    # interval between the samples (so they cost no time and do not slow the State API's other answers).
+    clues_pool = ThreadPoolExecutor(max_workers=2)
+    try:
+        clues = _start_clues(clues_pool) if samples == 1 else None
+        found = _discover(report, timeout)
+        targets = _targets(report, found, include_self, include_idle)
+        targets = _narrow(report, targets, pids, rank)
+        report.timings["discover"] = time.monotonic() - started
+        _sample(report, targets, found, clues_pool, clues, native=native, include_idle=include_idle,
+                deadline=deadline, per_process_timeout=per_process_timeout, parallel=parallel, samples=samples,
+                interval=interval)
+    finally:
+        clues_pool.shutdown(wait=False)
+    analyse = time.monotonic()
 
-    # ---- 1. who is where: the State API names this cluster's workers and drivers,
-    # each agent lists its machine's processes (titles, children) with `ps`.
+    # ---- group and judge
+    ip_of = found["ip_of"]
+    processes = [proc for node in sorted(targets, key=lambda n: ip_of.get(n) or "") for proc in targets[node]
+                 if proc.error != NOT_PYTHON]
+    processes.sort(key=lambda p: (p.role != "driver", p.rank if p.rank is not None else 1 << 30, p.node_ip or "", p.pid))
+    report.processes = processes
+    readable = [proc for proc in processes if proc.threads]
+    context = VerdictContext(tasks=[t for t in found["tasks"] if t.get("state") not in _UNFINISHED],
+                             dead=found["dead"], calls=found["calls"], samples=samples)
+    report.verdict = build_verdict(readable, context=context)
+    report.groups = group_processes(readable)
+    report.seconds = time.monotonic() - started
+    report.timings["analyse"] = time.monotonic() - analyse
+    return report
+
+
+def _start_clues(pool: ThreadPoolExecutor) -> tuple:
+    return pool.submit(_safe, dead_actors), pool.submit(_safe, recorded_calls)
+
+
+def _sample(report: StackReport, targets: dict[str, list[ProcessStack]], found: dict[str, Any],
+            clues_pool: ThreadPoolExecutor, clues: tuple | None, *, native: bool, include_idle: bool,
+            deadline: float, per_process_timeout: float | None, parallel: int | None, samples: int,
+            interval: float) -> None:
+    """py-spy on every node at once, twice by default; fills threads, ``moved`` and the dead/call clues."""
+    first = time.monotonic()
+    tools = spy_round(report, targets, found, native, include_idle, deadline, per_process_timeout, parallel)
+    report.timings["py_spy"] = time.monotonic() - first
+    if clues is None:
+        clues = _start_clues(clues_pool)
+    if samples > 1 and any(proc.threads for procs in targets.values() for proc in procs):
+        earlier = {(proc.node_id, proc.pid): (signature(proc), proc.threads) for procs in targets.values()
+                   for proc in procs if proc.threads}
+        again = {node: [p for p in procs if (p.node_id, p.pid) in earlier] for node, procs in targets.items()}
+        again = {node: procs for node, procs in again.items() if procs}
+        cpu_before = thread_times(again)
+        time.sleep(max(0.0, interval - (time.monotonic() - first)))
+        second = time.monotonic()
+        spy_round(report, again, found, native, include_idle,
+                   second + max(5.0, deadline - first), per_process_timeout, parallel, tools=tools, second=True)
+        cpu_after = thread_times(again)
+        report.timings["py_spy_2"] = time.monotonic() - second
+        for key, (old_signature, old_threads) in earlier.items():
+            proc = next((p for p in targets.get(key[0], []) if p.pid == key[1]), None)
+            if proc is not None:
+                proc.moved = moved_between(old_signature, old_threads, proc, cpu_before.get(key), cpu_after.get(key))
+    found["dead"] = clues[0].result()[0] or []
+    found["calls"] = clues[1].result()[0] or []
+    for item in found["dead"]:
+        item["node_ip"] = item.get("node_ip") or found["ip_of"].get(item.get("node_id"))
+
+
+def _discover(report: StackReport, timeout: float) -> dict[str, Any]:
+    """Who is where: State API listings, each node's `ps`, rank clues from the node agents."""
     phase = max(1.0, timeout * 0.4)
-    with ThreadPoolExecutor(max_workers=6) as pool:
+    with ThreadPoolExecutor(max_workers=8) as pool:
         listing = pool.submit(agents.call_agents, "run_tool", PS_ARGV, phase, timeout=phase)
         versions = pool.submit(agents.call_agents, "versions", timeout=phase)
         labels_f = pool.submit(_safe, cluster.worker_labels)
+        hints_f = pool.submit(_safe, collect_hints, phase)
         workers_f = pool.submit(_safe, cluster.workers)
         tasks_f = pool.submit(_safe, _unfinished_tasks)
-        node_list = cluster.nodes(alive_only=True)
+        node_list = cluster.nodes()
         listed, tools = listing.result(), versions.result()
         labels, labels_error = labels_f.result()
+        hints, _hints_error = hints_f.result()
         workers, workers_error = workers_f.result()
         tasks, tasks_error = tasks_f.result()
     labels = labels or {}
-    tasks = tasks or []
     for what, error in (("actor labels", labels_error), ("running tasks", tasks_error)):
         if error:
             report.missing.append(Missing(reason=f"State API: no {what} ({error})"))
+    hints, notes, costs = hints or ({}, {None: "rank clues not read"}, {})
+    merge_hints(labels, hints)
+    apply_notes(labels, notes)
+    report.timings["rank_hints_per_node"] = max(costs.values(), default=0.0)
     ip_of = {node["node_id"]: node["node_ip"] for node in node_list}
-    report.nodes = len(node_list)
+    alive = [node for node in node_list if node.get("alive")]
+    report.nodes = len(alive)
     for result in tools:
         if not result.ok:
             report.missing.append(Missing(node_ip=result.node_ip, reason=f"node agent: {result.error}"))
-    py_spy = {result.node_id: (result.value or {}).get("py_spy_path") for result in tools if result.ok}
-    cores = {result.node_id: (result.value or {}).get("cpu_count") or 4 for result in tools if result.ok}
     table = {result.node_id: _parse_ps(result.value) for result in listed if result.ok}
     if workers is None:  # no State API: fall back to what each machine's `ps` shows
         report.missing.append(Missing(reason=f"State API: no worker list ({workers_error}); "
                                              "using `ps` on each node (drivers not found)"))
         workers = [{"node_id": node, "pid": pid, "worker_type": "WORKER", "ip": ip_of.get(node)}
                    for node, rows in table.items() for pid, (_ppid, title) in rows.items() if title.startswith("ray::")]
-    report.timings["discover"] = time.monotonic() - started
+    return {
+        "labels": labels, "workers": workers, "tasks": tasks or [], "table": table, "ip_of": ip_of,
+        "py_spy": {r.node_id: (r.value or {}).get("py_spy_path") for r in tools if r.ok},
+        "cores": {r.node_id: (r.value or {}).get("cpu_count") or 4 for r in tools if r.ok},
+    }
 
+
+def _targets(report: StackReport, found: dict[str, Any], include_self: bool, include_idle: bool
+             ) -> dict[str, list[ProcessStack]]:
+    """The processes to read, per node, labelled (role, actor, rank, running task)."""
+    labels, table, ip_of = found["labels"], found["table"], found["ip_of"]
     running: dict[tuple[str | None, int], dict[str, Any]] = {}
-    for task in tasks:
+    for task in found["tasks"]:
         if task.get("state") == "RUNNING" and task.get("worker_pid"):
             task["node_ip"] = ip_of.get(task.get("node_id"))
             running[(task.get("node_id"), task["worker_pid"])] = task
-
-    # ---- 2. the targets per node
     me = (os.getpid(), _my_node_id())
     targets: dict[str, list[ProcessStack]] = {}
-    for worker in workers:
+    for worker in found["workers"]:
         pid, node_id, kind = worker.get("pid"), worker.get("node_id"), worker.get("worker_type")
         if not pid or kind not in ("WORKER", "DRIVER"):
             continue  # spill/restore IO workers hold no user code
@@ -174,12 +237,17 @@ def dump_stacks(
         title = table.get(node_id, {}).get(pid, (None, ""))[1]
         process = ProcessStack(pid=pid, node_ip=node_ip, node_id=node_id, title=title[:200] or None,
                                actor_class=label.get("actor_class"), actor_name=label.get("actor_name"),
-                               actor_id=label.get("actor_id"), rank=label.get("rank"))
+                               actor_id=label.get("actor_id"), rank=label.get("rank"),
+                               rank_source=label.get("rank_source"), world_size=label.get("world_size"),
+                               local_rank=label.get("local_rank"), rank_note=label.get("rank_note"),
+                               job_id=label.get("job_id"))
         task = running.get((node_id, pid))
         if kind == "DRIVER":
             if (pid, node_id) == me and not include_self:
                 continue
             process.role, process.job_id = "driver", (worker.get("worker_id") or "")[:8] or None
+            # the driver never inherits a worker's rank
+            process.rank = process.rank_source = process.world_size = process.local_rank = None
         elif label.get("actor_id"):
             process.role = "actor"
         elif task is not None or (title.startswith("ray::") and "." in title.split()[0]):
@@ -190,14 +258,19 @@ def dump_stacks(
             process.role = "worker"
         if task is not None:
             process.task_name, process.task_id = task.get("name"), task.get("task_id")
-            process.job_id = task.get("job_id")
+            process.job_id = task.get("job_id") or process.job_id
         elif title.startswith("ray::") and "." in title.split()[0]:
             # Ray titles a busy worker ``ray::Class.method``; task events may lag behind.
             process.task_name = title.split()[0].removeprefix("ray::")
         if process.role == "idle worker" and not include_idle:
             continue
         targets.setdefault(node_id, []).append(process)
-    # Processes Ray does not name (DataLoader workers, subprocesses): children of a target.
+    _add_children(targets, table)
+    return targets
+
+
+def _add_children(targets: dict[str, list[ProcessStack]], table: dict) -> None:
+    """Processes Ray does not name (DataLoader workers, subprocesses): children of a target."""
     for node_id, procs in list(targets.items()):
         rows = table.get(node_id, {})
         parents = {proc.pid: proc for proc in procs if proc.role != "driver"}
@@ -210,9 +283,13 @@ def dump_stacks(
                 continue
             procs.append(ProcessStack(pid=pid, node_ip=owner.node_ip, node_id=node_id, role="child",
                                       parent_pid=owner.pid, title=title[:200], actor_class=owner.actor_class,
-                                      actor_name=owner.actor_name, rank=owner.rank, task_name=owner.task_name))
+                                      actor_name=owner.actor_name, rank=owner.rank, rank_source=owner.rank_source,
+                                      task_name=owner.task_name))
 
-    # ---- 3. narrow to what was asked
+
+def _narrow(report: StackReport, targets: dict[str, list[ProcessStack]], pids: list[int] | None,
+            rank: int | None) -> dict[str, list[ProcessStack]]:
+    """Only the pids / the rank asked for."""
     if pids:
         wanted = set(pids)
         targets = {node: [p for p in procs if p.pid in wanted] for node, procs in targets.items()}
@@ -227,69 +304,9 @@ def dump_stacks(
         targets = {node: [p for p in procs if p.rank == rank] for node, procs in targets.items()}
         if not any(targets.values()):
             raise WorkerNotFound(f"no worker has rank {rank} (known ranks: {known or 'none'})",
-                                 fix="ranks come from rs.set_rank / RANK in the worker, or actor names like 'trainer_rank3'")
-    targets = {node: procs for node, procs in targets.items() if procs}
-
-    # ---- 4. py-spy on every node at once
-    left = deadline - time.monotonic()
-    spy_timeout = per_process_timeout or max(1.0, min(10.0, left * 0.8))
-    per_node_args = {}
-    for node_id, procs in list(targets.items()):
-        path = py_spy.get(node_id)
-        if not path:
-            reason = (f"py-spy not found on node {ip_of.get(node_id)}: install it in the job's environment "
-                      '(pip install py-spy, or runtime_env={"pip": ["py-spy"]})')
-            report.missing.append(Missing(node_ip=ip_of.get(node_id), reason=reason))
-            for proc in procs:
-                proc.error = reason
-            continue
-        # py-spy is CPU-bound while it reads a process: more at once than ~2 per core only queues.
-        width = parallel or min(32, 2 * cores.get(node_id, 4))
-        per_node_args[node_id] = ([_py_spy_argv(path, p.pid, native) for p in procs], spy_timeout,
-                                  max(1, min(width, len(procs))))
-    if targets and not per_node_args:
-        raise ToolMissing("py-spy is not installed on any node with Ray workers",
-                          fix='pip install py-spy on every node (or runtime_env={"pip": ["py-spy"]})')
-    if per_node_args:
-        results = agents.call_agents("run_tools", timeout=max(1.0, deadline - time.monotonic()),
-                                     nodes=list(per_node_args), per_node_args=per_node_args)
-        for result in results:
-            procs = targets[result.node_id]
-            if not result.ok:
-                report.missing.append(Missing(node_ip=result.node_ip, reason=f"node agent: {result.error}"))
-                for proc in procs:
-                    proc.error = f"node agent did not answer: {result.error}"
-                continue
-            for proc, done in zip(procs, result.value):
-                proc.seconds = done.get("seconds")
-                if done.get("returncode") == 0:
-                    try:
-                        threads = parse_py_spy(json.loads(done.get("stdout") or "[]"), pid=proc.pid)
-                    except (ValueError, TypeError) as error:
-                        proc.error = f"unreadable py-spy output ({error})"
-                        continue
-                    proc.threads, proc.folded_threads = fold_threads(threads, include_idle)
-                elif proc.role == "child" and _not_python(done):
-                    proc.error = NOT_PYTHON  # a non-Python subprocess: nothing to show
-                    continue
-                else:
-                    proc.error = _spy_error(done, result.node_ip)
-                if proc.error:
-                    report.missing.append(Missing(node_ip=proc.node_ip, pid=proc.pid, reason=proc.error))
-
-    report.timings["py_spy"] = time.monotonic() - started - report.timings["discover"]
-
-    # ---- 5. group and judge
-    processes = [proc for node in sorted(targets, key=lambda n: ip_of.get(n) or "") for proc in targets[node]
-                 if proc.error != NOT_PYTHON]
-    processes.sort(key=lambda p: (p.role != "driver", p.rank if p.rank is not None else 1 << 30, p.node_ip or "", p.pid))
-    report.processes = processes
-    readable = [proc for proc in processes if proc.threads]
-    report.groups = group_processes(readable)
-    report.verdict = build_verdict(readable, [t for t in tasks if t.get("state") not in _UNFINISHED])
-    report.seconds = time.monotonic() - started
-    report.timings["analyse"] = report.seconds - report.timings["discover"] - report.timings["py_spy"]
-    return report
+                                 fix="ranks come from raysleuth, Ray Train, RANK in the worker's environment, "
+                                     "or actor names like 'trainer_rank3'")
+    return {node: procs for node, procs in targets.items() if procs}
 
 
 def _my_node_id() -> str | None:

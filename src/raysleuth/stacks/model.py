@@ -41,7 +41,8 @@ class ThreadStack:
     """True when the thread was not running (blocked in a wait, a sleep, a syscall)."""
     owns_gil: bool = False
     role: str = "background"
-    """``main`` (the main thread), ``task`` (a thread running a Ray task) or ``background``."""
+    """``main`` (the main thread), ``task`` (a thread running a Ray task), ``training`` (a thread running
+    the user's code: Ray Train's ``TrainingThread``, any thread with user frames) or ``background``."""
     frames: list[Frame] = dataclasses.field(default_factory=list)
 
 
@@ -58,6 +59,12 @@ class ProcessStack:
     actor_name: str | None = None
     actor_id: str | None = None
     rank: int | None = None
+    rank_source: str | None = None
+    """Where the rank came from: ``registered``, ``ray train``, ``environment``, ``verl environment``,
+    ``actor name``; None when no source knew it (``rank_note`` says why, when a source could not be read)."""
+    world_size: int | None = None
+    local_rank: int | None = None
+    rank_note: str | None = None
     task_name: str | None = None
     """The Ray task or actor method it runs now (State API)."""
     task_id: str | None = None
@@ -71,6 +78,13 @@ class ProcessStack:
     error: str | None = None
     seconds: float | None = None
     """How long py-spy took on this process."""
+    moved: bool | None = None
+    """Between the two samples: True when the key thread's frames changed or it ran on CPU; None with one sample."""
+    activity: str | None = None
+    """``working`` (on CPU, or its stack moved), ``waiting`` (blocked in a collective or ``ray.get``),
+    ``blocked`` (idle elsewhere, not moving), ``returned`` (idle in Ray's task loop), or None (no stack)."""
+    wait: str | None = None
+    """What it waits in, when ``waiting``: ``all_reduce (torch.distributed)``, ``ray.get``."""
 
     @property
     def label(self) -> str:
@@ -114,6 +128,12 @@ class Culprit:
     function: str | None = None
     file: str | None = None
     line: int | None = None
+    rule: str = ""
+    """The rule that named it: ``peers``, ``wait-for chain``, ``dead peer``, ``call not returned``,
+    or an extra rule's name (``collective position``)."""
+    rank_source: str | None = None
+    evidence: str | None = None
+    """The clue itself, in a line (the peers' wait, the death cause, the call that did not return)."""
 
 
 @dataclasses.dataclass
@@ -139,6 +159,18 @@ class Verdict:
     culprits: list[Culprit] = dataclasses.field(default_factory=list)
     summary: str = ""
     chains: list[list[WaitLink]] = dataclasses.field(default_factory=list)
+    state: str = "ok"
+    """``culprit`` (someone is named), ``hung`` (every rank waits, none stands apart), ``busy`` (ranks work),
+    ``ok`` (nothing waits), ``unread`` (no process could be read)."""
+    samples: int = 1
+    notes: list[str] = dataclasses.field(default_factory=list)
+    next_command: str | None = None
+    """What to run next when the job is hung or a culprit is named."""
+
+    @property
+    def problem(self) -> bool:
+        """True when the verdict found something wrong (exit code 1)."""
+        return bool(self.culprits) or self.state == "hung"
 
 
 @dataclasses.dataclass
@@ -164,7 +196,10 @@ class StackReport:
     include_idle: bool = False
     nodes: int = 0
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
-    """Seconds spent discovering processes, running py-spy, and analysing."""
+    """Seconds spent discovering processes, running py-spy (each sample), waiting between samples, analysing."""
+    samples: int = 1
+    interval: float = 0.0
+    """Seconds between the two samples (0 with one)."""
 
     @property
     def partial(self) -> bool:
@@ -182,4 +217,5 @@ class StackReport:
         """Plain JSON-serialisable dict."""
         data = dataclasses.asdict(self)
         data["partial"] = self.partial
+        data["problem"] = self.verdict.problem
         return data

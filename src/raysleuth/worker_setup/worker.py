@@ -112,7 +112,7 @@ def _install_fatal_file() -> Any:
     from raysleuth.worker_setup import fatal
 
     global _header_rank
-    logs_dir = cluster.session_logs_dir()
+    logs_dir = cluster.local_logs_dir()
     if logs_dir is None:
         return False
     _header_rank = runtime.get_rank()
