@@ -30,14 +30,14 @@ LAYER_NAMES = ["core", "instruments", "features", "orchestration", "faces"]
 # Each top-level unit (module or package) of raysleuth, and its layer (DESIGN.md "Layers").
 LAYERS: dict[str, int] = {
     "errors": CORE, "runtime": CORE, "cluster": CORE, "agents": CORE, "recorder": CORE,
-    "control": CORE, "labels": CORE, "redact": CORE,
+    "control": CORE, "labels": CORE, "redact": CORE, "native_stderr": CORE,
     "heartbeat": INSTRUMENTS, "tracing": INSTRUMENTS,
     "advise": FEATURES, "breakpoints": FEATURES, "collectives": FEATURES, "consistency": FEATURES,
     "deaths": FEATURES, "doctor": FEATURES, "explain": FEATURES, "fingerprint": FEATURES,
     "logs": FEATURES, "memory": FEATURES, "postmortem": FEATURES, "stacks": FEATURES,
     "tasks": FEATURES, "timeline": FEATURES,
     "integrations": ORCHESTRATION, "monitoring": ORCHESTRATION, "pool": ORCHESTRATION,
-    "setup": ORCHESTRATION,
+    "worker_setup": ORCHESTRATION,
     "cli": FACES, "demo": FACES, "report": FACES, "__init__": FACES, "__main__": FACES,
 }
 

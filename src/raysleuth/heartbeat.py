@@ -380,9 +380,9 @@ class Watchdog:
                     culprit = next(c for c in report.verdict.culprits if (c.node_ip, c.pid) == key)
                     culprit.reason = f"{reason}; {culprit.reason}"
                 else:
-                    from raysleuth.stacks.analysis import _culprit
+                    from raysleuth.stacks.verdict import make_culprit
 
-                    culprit = _culprit(proc, reason) if proc is not None else Culprit(
+                    culprit = make_culprit(proc, reason, "heartbeat stall") if proc is not None else Culprit(
                         pid=rank.pid or -1, node_ip=rank.node_ip, rank=rank.rank, reason=reason)
                     culprit.rank = rank.rank if culprit.rank is None else culprit.rank
                     report.verdict.culprits.insert(0, culprit)

@@ -360,10 +360,3 @@ def moved_between(old_signature: tuple, old_threads: list[ThreadStack], proc: Pr
         return cpu_after[tid] - cpu_before[tid] >= WORKING_CPU_SECONDS
     old_key = next((t for t in old_threads if t.os_thread_id == tid), None)
     return any(thread is not None and not thread.idle for thread in (old_key, now))
-
-
-def _culprit(process: ProcessStack, reason: str):
-    """A culprit for ``process`` (kept for the stall watchdog in ``heartbeat.py``)."""
-    from raysleuth.stacks.verdict import _culprit as make
-
-    return make(process, reason, "heartbeat stall")

@@ -45,7 +45,7 @@ from raysleuth.stacks.analysis import (
 )
 from raysleuth.stacks.model import Culprit, ProcessStack, Verdict, WaitLink
 
-__all__ = ["EXTRA_RULES", "VerdictContext", "build_verdict", "classify", "peer_groups"]
+__all__ = ["EXTRA_RULES", "VerdictContext", "build_verdict", "classify", "make_culprit", "peer_groups"]
 
 NEXT_WHEN_HUNG = ("raysleuth stacks --native (where in C++ each rank waits), then raysleuth logs --level ERROR "
                   "(what happened just before)")
@@ -113,7 +113,8 @@ def peer_groups(processes: list[ProcessStack]) -> dict[str, list[ProcessStack]]:
     return {name: peers for name, peers in groups.items() if len(peers) >= 2}
 
 
-def _culprit(process: ProcessStack, reason: str, rule: str, evidence: str | None = None) -> Culprit:
+def make_culprit(process: ProcessStack, reason: str, rule: str, evidence: str | None = None) -> Culprit:
+    """A culprit for ``process``, pointing at its innermost user frame, named by ``rule``."""
     thread = key_thread(process)
     mine = None
     if thread is not None:
@@ -168,13 +169,13 @@ def peers_rule(processes: list[ProcessStack], context: VerdictContext) -> list[C
             else:
                 where = f"{len(returned)} of {len(peers)} {actor_class} peers ({_who(returned)}) have returned"
             for peer in blocked:
-                culprits.append(_culprit(peer, f"{headline(peer)} while {where}", "peers", evidence=where))
+                culprits.append(make_culprit(peer, f"{headline(peer)} while {where}", "peers", evidence=where))
         elif returned and waiting and not blocked and len(returned) < len(waiting) and all(
                 "(torch.distributed" in (p.wait or "") or "(torch.autograd" in (p.wait or "") for p in waiting):
             where = (f"{len(waiting)} of {len(peers)} {actor_class} peers ({_who(waiting)}) still wait in "
                      f"{_common_wait(waiting, point=True)}")
             for peer in returned:
-                culprits.append(_culprit(peer, f"left the collective: its call ended (returned or raised) while "
+                culprits.append(make_culprit(peer, f"left the collective: its call ended (returned or raised) while "
                                                f"{where}", "peers", evidence=where))
     return culprits
 
@@ -199,7 +200,7 @@ def chain_rule(processes: list[ProcessStack], context: VerdictContext) -> list[C
             continue  # blocked in a library wait (event loop, lock, queue): it waits on something unseen
         path = next((chain for chain in chains if (chain[-1].node_ip, chain[-1].pid) == (end.node_ip, end.pid)), None)
         route = " → ".join(link.task_name or link.role for link in path) if path else end.task_name
-        culprits.append(_culprit(end, f"end of the wait-for chain {route}: {headline(end)}", "wait-for chain",
+        culprits.append(make_culprit(end, f"end of the wait-for chain {route}: {headline(end)}", "wait-for chain",
                                  evidence=route))
     return culprits
 
@@ -260,7 +261,7 @@ def unreturned_rule(processes: list[ProcessStack], context: VerdictContext, *, b
                     continue  # not among the processes read (gone, another job), or slow but moving
                 evidence = (f"rank {call.get('rank')} has not returned from {method} ({kind}) while ranks "
                             f"{sorted(c.get('rank') for c in done)} returned")
-                culprits.append(_culprit(process, f"{evidence}: {headline(process)}", "call not returned",
+                culprits.append(make_culprit(process, f"{evidence}: {headline(process)}", "call not returned",
                                          evidence=evidence))
     return culprits
 
