@@ -307,3 +307,22 @@ def test_moved_between_two_samples():
     assert not moved_between(*before, stuck, None, None)
     stuck.threads[0].idle = False
     assert moved_between(*before, stuck, None, None)
+
+
+def test_collective_positions_name_the_rank_that_skipped_while_every_rank_waits_in_all_reduce():
+    # every rank sits in all_reduce (the stacks alone say "hung"); the collective matcher knows who skipped
+    ranks = [ddp_rank(140 + r, r, ALL_REDUCE, moved=False) for r in range(3)]
+    assert build_verdict(ranks, context=VerdictContext(samples=2)).state == "hung"
+    skipped = {"rank": 1, "pid": 141, "node_ip": "10.0.0.1", "kind": "skipped", "file": "/job/ddp.py", "line": 61,
+               "reason": "rank 1 is one collective behind: ranks 0,2 called all_reduce(float32[1]) as #9 at step 4, "
+                         "rank 1 called all_reduce(float32[64,64]) — rank 1 skipped one (ddp.py:61)"}
+    ranks = [ddp_rank(140 + r, r, ALL_REDUCE, moved=False) for r in range(3)]
+    verdict = build_verdict(ranks, context=VerdictContext(samples=2, collective_positions=[skipped]))
+    assert [(c.rank, c.pid, c.rule, c.line) for c in verdict.culprits] == [(1, 141, "collective positions", 61)]
+    assert verdict.state == "culprit" and "skipped one" in verdict.culprits[0].reason
+    # the process that gloo aborted is not blamed first when the positions name another rank
+    dead = {"actor_class": "DDPRank", "rank": 2, "pid": 142, "node_ip": "10.0.0.1", "cause": "SIGABRT",
+            "on_purpose": False}
+    alive = [p for p in ranks if p.rank != 2]
+    verdict = build_verdict(alive, context=VerdictContext(samples=2, dead=[dead], collective_positions=[skipped]))
+    assert [c.rule for c in verdict.culprits][0] == "collective positions"

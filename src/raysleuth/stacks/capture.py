@@ -19,6 +19,7 @@ the groups.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +29,7 @@ from raysleuth import agents, cluster
 from raysleuth.errors import UsageError, WorkerNotFound
 from raysleuth.labels.live import apply_notes, collect_hints, merge_hints
 from raysleuth.stacks.analysis import group_processes, moved_between, signature
-from raysleuth.stacks.clues import dead_actors, recorded_calls, thread_times
+from raysleuth.stacks.clues import collective_positions, dead_actors, recorded_calls, thread_times
 from raysleuth.stacks.model import Missing, ProcessStack, StackReport
 from raysleuth.stacks.spy import NOT_PYTHON, spy_round
 from raysleuth.stacks.verdict import VerdictContext, build_verdict
@@ -106,7 +107,7 @@ def dump_stacks(
                          interval=interval if samples > 1 else 0.0)
     # Dead actors and recorded calls: read alongside discovery with one sample; with two, during the
     # interval between the samples (so they cost no time and do not slow the State API's other answers).
-    clues_pool = ThreadPoolExecutor(max_workers=2)
+    clues_pool = ThreadPoolExecutor(max_workers=3)
     try:
         clues = _start_clues(clues_pool) if samples == 1 else None
         found = _discover(report, timeout)
@@ -128,7 +129,8 @@ def dump_stacks(
     report.processes = processes
     readable = [proc for proc in processes if proc.threads]
     context = VerdictContext(tasks=[t for t in found["tasks"] if t.get("state") not in _UNFINISHED],
-                             dead=found["dead"], calls=found["calls"], samples=samples)
+                             dead=found["dead"], calls=found["calls"], samples=samples,
+                             collective_positions=found.get("collectives") or [])
     report.verdict = build_verdict(readable, context=context)
     report.groups = group_processes(readable)
     report.seconds = time.monotonic() - started
@@ -136,8 +138,11 @@ def dump_stacks(
     return report
 
 
-def _start_clues(pool: ThreadPoolExecutor) -> tuple:
-    return pool.submit(_safe, dead_actors), pool.submit(_safe, recorded_calls)
+def _start_clues(pool: ThreadPoolExecutor, samples: int = 1) -> tuple:
+    # With two samples the collectives dump is asked for during the interval (no extra time); with one, only
+    # the dumps already stored are read, so a single sample stays as fast as before.
+    positions = functools.partial(collective_positions, request=samples > 1)
+    return (pool.submit(_safe, dead_actors), pool.submit(_safe, recorded_calls), pool.submit(_safe, positions))
 
 
 def _sample(report: StackReport, targets: dict[str, list[ProcessStack]], found: dict[str, Any],
@@ -149,7 +154,7 @@ def _sample(report: StackReport, targets: dict[str, list[ProcessStack]], found: 
     tools = spy_round(report, targets, found, native, include_idle, deadline, per_process_timeout, parallel)
     report.timings["py_spy"] = time.monotonic() - first
     if clues is None:
-        clues = _start_clues(clues_pool)
+        clues = _start_clues(clues_pool, samples)
     if samples > 1 and any(proc.threads for procs in targets.values() for proc in procs):
         earlier = {(proc.node_id, proc.pid): (signature(proc), proc.threads) for procs in targets.values()
                    for proc in procs if proc.threads}
@@ -168,6 +173,7 @@ def _sample(report: StackReport, targets: dict[str, list[ProcessStack]], found: 
                 proc.moved = moved_between(old_signature, old_threads, proc, cpu_before.get(key), cpu_after.get(key))
     found["dead"] = clues[0].result()[0] or []
     found["calls"] = clues[1].result()[0] or []
+    found["collectives"] = clues[2].result()[0] or []
     for item in found["dead"]:
         item["node_ip"] = item.get("node_ip") or found["ip_of"].get(item.get("node_id"))
 

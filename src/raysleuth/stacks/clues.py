@@ -12,7 +12,7 @@ from raysleuth import agents, cluster
 from raysleuth.labels.dead import dead_worker_labels
 from raysleuth.stacks.model import ProcessStack
 
-__all__ = ["dead_actors", "recorded_calls", "thread_times"]
+__all__ = ["collective_positions", "dead_actors", "recorded_calls", "thread_times"]
 
 
 def dead_actors() -> list[dict[str, Any]]:
@@ -70,6 +70,20 @@ def recorded_calls() -> list[dict[str, Any]]:
         elif state in ("finished", "failed"):
             entry["returned"] = True
     return list(calls.values())
+
+
+def collective_positions(*, request: bool = True, wait: float = 1.5) -> list[dict[str, Any]]:
+    """The collective-positions rule's culprits (issue 15): each rank's collectives, matched by sequence number.
+
+    With ``request``, live instrumented workers are asked for a fresh dump
+    (their control thread answers while the training thread is blocked in the
+    collective) and given up to ``wait`` seconds; without, stored dumps only.
+    Jobs without raysleuth in the workers have no dumps: then nothing.
+    """
+    from raysleuth.collectives import collect_collectives
+
+    report = collect_collectives(request=request, wait=wait)
+    return [culprit.to_dict() for culprit in report.culprits]
 
 
 def thread_times(targets: dict[str, list[ProcessStack]]) -> dict[tuple, dict[int, float]]:

@@ -15,8 +15,11 @@ recorded calls); unit tested without Ray. Each culprit names its rule:
   live peers wait.
 - ``call not returned`` — a rank that has not returned from a verl call or
   a pool call while its peers of the same call returned.
-- extra rules: issue 15's collective positions plug in through
-  :data:`EXTRA_RULES` or ``build_verdict(..., extra_rules=[...])``: each is
+- ``collective positions`` — a rank whose collective sequence differs from
+  its peers' (skipped, other op/shape/dtype, behind), from the ranks' own
+  collective dumps (:mod:`raysleuth.collectives`).
+- extra rules plug in through :data:`EXTRA_RULES` or
+  ``build_verdict(..., extra_rules=[...])``: each is
   ``rule(processes, context) -> list[Culprit]`` and sets ``Culprit.rule``.
 
 With two samples, ranks that all wait at the same place in both, none
@@ -64,8 +67,8 @@ class VerdictContext:
     """Recorded calls per rank: ``kind`` (verl_call/pool_call), ``method``, ``rank``, ``returned``,
     ``submitted`` (time), ``worker_pid``."""
     samples: int = 1
-    collective_positions: Any = None
-    """Issue 15's collective sequence positions per rank, for an extra rule (None until it provides them)."""
+    collective_positions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """The collective matcher's culprits (``collectives.collective_culprits``), for the collective rule."""
     chains: list[list[WaitLink]] = dataclasses.field(default_factory=list)
     """Filled by the wait-for chain rule."""
     errors: list[str] = dataclasses.field(default_factory=list)
@@ -266,7 +269,30 @@ def unreturned_rule(processes: list[ProcessStack], context: VerdictContext, *, b
     return culprits
 
 
-BUILTIN_RULES: list[Rule] = [peers_rule, chain_rule, dead_peer_rule, unreturned_rule]
+def collective_rule(processes: list[ProcessStack], context: VerdictContext) -> list[Culprit]:
+    """Ranks that broke the collective sequence (issue 15's matcher, run on the ranks' own dumps).
+
+    ``context.collective_positions`` holds the matcher's culprits (rank,
+    reason, kind, file, line, pid, node_ip). It comes before the dead-peer
+    rule: when a sequence mismatch makes gloo abort a process, the one that
+    died is not always the one that skipped.
+    """
+    culprits = []
+    for item in context.collective_positions or []:
+        pid, node_ip = item.get("pid"), item.get("node_ip")
+        process = next((p for p in processes if p.pid == pid and (node_ip is None or p.node_ip in (None, node_ip))),
+                       None)
+        culprits.append(Culprit(
+            pid=pid or 0, node_ip=node_ip or (process.node_ip if process else None), rank=item.get("rank"),
+            reason=str(item.get("reason") or "broke the collective sequence"),
+            actor_class=process.actor_class if process else None, actor_name=process.actor_name if process else None,
+            function=item.get("function"), file=item.get("file"), line=item.get("line"), rule="collective positions",
+            rank_source=(process.rank_source if process and process.rank_source else "collectives"),
+            evidence=item.get("kind")))
+    return culprits
+
+
+BUILTIN_RULES: list[Rule] = [peers_rule, chain_rule, collective_rule, dead_peer_rule, unreturned_rule]
 
 
 # ------------------------------------------------------------------- verdict
