@@ -133,7 +133,7 @@ def tcp_problem(address: str, timeout: float = 2.0) -> str | None:
     try:
         with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout):
             return None
-    except ValueError:
+    except (ValueError, OverflowError):
         return f"{address!r} is not host:port"
     except OSError as error:
         return error.strerror or str(error)
