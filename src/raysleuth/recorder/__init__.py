@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from raysleuth import runtime
+from raysleuth import ray_private, runtime
 from raysleuth.errors import ClusterUnreachable
 from raysleuth.recorder.client import RecordClient, StoreSink, WriterSink, get_client, record, reset_client
 from raysleuth.recorder.store import EvidenceStore, Record, latest_run, list_runs, resolve_store_path
@@ -68,7 +68,7 @@ def get_writer(*, create: bool = True, home: Path | str | None = None):
             max_task_retries=0,
             max_concurrency=8,
             num_cpus=0,
-            resources={"node:__internal_head__": 0.001},
+            resources={ray_private.HEAD_NODE_RESOURCE: 0.001},
         ).remote(str(home or runtime.settings().home), cluster.session_name())
 
 
