@@ -77,6 +77,21 @@ def test_commands_read_past_bad_rows(argv):
     assert_clean(code, err)
 
 
+def test_crashes_show_every_bad_capsule(bad_home):
+    from raysleuth.recorder import open_store
+
+    store = open_store("bad-run", home=bad_home)
+    try:
+        ids = [row.id for row in store.query("crash")]
+    finally:
+        store.close()
+    assert len(ids) >= 10
+    for capsule_id in ids:
+        for extra in ((), ("--json",)):
+            code, out, err = run_cli("crashes", "show", str(capsule_id), *extra)
+            assert_clean(code, err, codes=(0,))
+
+
 def test_bad_rows_do_not_hide_the_good_ones(bad_home):
     from raysleuth.recorder import open_store
 
@@ -186,7 +201,7 @@ def test_every_command_is_generated():
     assert {"logs", "tasks", "crashes", "crashes show", "debug vscode", "watch", "memory", "timeline"} <= names
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
 @given(argv=bad_argv())
 def test_generated_bad_options_never_trace(argv):
     try:

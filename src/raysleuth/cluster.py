@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from raysleuth.errors import AuthTokenMissing, ClusterUnreachable, UsageError
+from raysleuth import ray_private
 from raysleuth.native_stderr import filtered_stderr
 
 __all__ = [
@@ -127,9 +128,7 @@ def resolve_address(address: str | None) -> str | None:
     if address not in ("auto", "local"):
         return address
     try:
-        from ray._private import services
-
-        found = services.get_ray_address_from_environment("auto", None)
+        found = ray_private.services().get_ray_address_from_environment("auto", None)
     except Exception:
         return None
     return found if found and found != "auto" else None
@@ -141,7 +140,7 @@ def tcp_problem(address: str, timeout: float = 2.0) -> str | None:
     try:
         with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout):
             return None
-    except ValueError:
+    except (ValueError, OverflowError):
         return f"{address!r} is not host:port"
     except OSError as error:
         return error.strerror or str(error)
@@ -150,9 +149,7 @@ def tcp_problem(address: str, timeout: float = 2.0) -> str | None:
 def _enable_token_mode() -> None:
     os.environ["RAY_AUTH_MODE"] = "token"
     try:
-        from ray._raylet import Config
-
-        Config.initialize("")  # Ray caches its config: make this process see token mode
+        ray_private.config_initialize("")  # Ray caches its config: make this process see token mode
     except Exception:
         pass
 
@@ -185,7 +182,7 @@ _PROBE_NOISE = re.compile(r"gcs_client\.cc.*(?:InvalidAuthToken|Unauthenticated)
 
 def _probe(address: str, token_source: str | None) -> str:
     """Ask the GCS for the session name; fail fast on auth. Returns the session name."""
-    from ray._raylet import GcsClient
+    GcsClient = ray_private.gcs_client_class()  # noqa: N806
 
     try:
         client = GcsClient(address=address)
@@ -272,7 +269,7 @@ def _info(*, started_here: bool, seconds: float) -> ClusterInfo:
     context = ray.get_runtime_context()
     dashboard = None
     try:
-        dashboard = ray._private.worker.get_dashboard_url() or None
+        dashboard = ray_private.dashboard_url()
     except Exception:
         pass
     return ClusterInfo(
@@ -362,7 +359,7 @@ def nodes(*, alive_only: bool = False) -> list[dict[str, Any]]:
             "node_ip": node.get("NodeManagerAddress"),
             "hostname": node.get("NodeManagerHostname"),
             "alive": bool(node.get("Alive")),
-            "is_head_node": "node:__internal_head__" in resources,
+            "is_head_node": ray_private.HEAD_NODE_RESOURCE in resources,
             "resources_total": {k: v for k, v in resources.items() if not k.startswith("node:")},
             "labels": node.get("Labels", {}),
             "object_store_socket": node.get("ObjectStoreSocketName"),

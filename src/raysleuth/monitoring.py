@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from raysleuth import runtime
+from raysleuth.ray_private import actor_id_hex, ray_call
 
 __all__ = [
     "ModeConfig",
@@ -193,8 +194,8 @@ def _switch(mode: str, workers: Iterable[Any] | None, log_level: str | None, tim
     for handle in handles:
         actor_id = None
         try:
-            actor_id = handle._actor_id.hex()
-            pending.append((actor_id, handle.__ray_call__.remote(_apply_in_worker, mode, log_level)))
+            actor_id = actor_id_hex(handle)
+            pending.append((actor_id, ray_call(handle, _apply_in_worker, mode, log_level)))
         except Exception as error:
             result.workers.append({"actor_id": actor_id, "ok": False, "error": f"{type(error).__name__}: {error}"})
     for actor_id, ref in pending:

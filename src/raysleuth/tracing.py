@@ -271,8 +271,9 @@ def _record_call(kind: str, target: Any, result: Any, kwargs: dict) -> None:
 
 
 def _install() -> None:
-    from ray.actor import ActorMethod
-    from ray.remote_function import RemoteFunction
+    from raysleuth.ray_private import submission_classes
+
+    RemoteFunction, ActorMethod = submission_classes()  # noqa: N806  (a clear error if Ray moved them)
 
     if "task" not in _originals:
         _originals["task"] = RemoteFunction._remote
@@ -283,8 +284,9 @@ def _install() -> None:
 
 
 def _uninstall() -> None:
-    from ray.actor import ActorMethod
-    from ray.remote_function import RemoteFunction
+    from raysleuth.ray_private import submission_classes
+
+    RemoteFunction, ActorMethod = submission_classes()  # noqa: N806
 
     original = _originals.pop("task", None)
     if original is not None:

@@ -93,7 +93,9 @@ def debugpy_endpoint(host: str) -> tuple[str, int]:
 def _ray_debugger_endpoint() -> tuple[str, int] | None:
     ray = sys.modules.get("ray")
     try:
-        worker = ray._private.worker.global_worker  # type: ignore[union-attr]
+        from raysleuth.ray_private import global_worker
+
+        worker = global_worker() if ray is not None else None
         port = worker.debugger_port
         if port:
             return worker.node_ip_address, int(port)

@@ -66,6 +66,8 @@ def _number_check(low: float, *, strict: bool):
             return value
         if value != value or value in (float("inf"), float("-inf")) or value < low or (strict and value == low):
             raise typer.BadParameter(f"{value} must be a finite number {'>' if strict else '>='} {low:g}")
+        if value >= 2**53:
+            raise typer.BadParameter(f"{value} is too large")
         return value
     return check
 

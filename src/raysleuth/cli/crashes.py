@@ -121,41 +121,50 @@ def show(
         console.print(who, markup=False)
     console.print(f"\n[red bold]{escape(str(data.get('exception_type')))}[/red bold]: {escape(str(data.get('message')))}",
                   soft_wrap=True)
-    chain = data.get("chain") or []
+    chain = _dicts(data.get("chain"))
     if len(chain) > 1:
         console.print("\n[bold]exception chain[/bold] (outermost first)")
         for link in chain:
-            console.print(f"  {link['relation']:>7}  {link['type']}: {_first(link['message'])}", markup=False, soft_wrap=True)
-    if data.get("explanations"):
+            console.print(f"  {str(link.get('relation')):>7}  {link.get('type')}: {_first(str(link.get('message')))}",
+                          markup=False, soft_wrap=True)
+    explanations = _dicts(data.get("explanations"))
+    if explanations:
         console.print("\n[bold]likely cause[/bold]")
-        for number, match in enumerate(data["explanations"]):
+        for number, match in enumerate(explanations):
             label = "root" if number == 0 else "also"
-            console.print(f"  [{'yellow' if number == 0 else 'dim'}]{label}[/]: [bold]{escape(match['title'])}[/bold]")
+            console.print(f"  [{'yellow' if number == 0 else 'dim'}]{label}[/]: [bold]{escape(str(match.get('title')))}[/bold]")
             if number == 0:
-                console.print(f"    cause: {escape(match['cause'])}", soft_wrap=True)
-                console.print(f"    [green]fix: {escape(match['fix'])}[/green]", soft_wrap=True)
+                console.print(f"    cause: {escape(str(match.get('cause')))}", soft_wrap=True)
+                console.print(f"    [green]fix: {escape(str(match.get('fix')))}[/green]", soft_wrap=True)
     console.print("\n[bold]traceback[/bold]")
-    console.print(data.get("traceback", ""), markup=False, highlight=False, soft_wrap=True)
+    console.print(str(data.get("traceback") or ""), markup=False, highlight=False, soft_wrap=True)
     console.print("[bold]frames and locals[/bold] (innermost last)")
-    for frame in data.get("frames") or []:
-        console.print(f"  {frame['file']}:{frame['line']} in [bold]{frame['function']}[/bold]", soft_wrap=True)
+    for frame in _dicts(data.get("frames")):
+        console.print(f"  {escape(str(frame.get('file')))}:{frame.get('line')} in "
+                      f"[bold]{escape(str(frame.get('function')))}[/bold]", soft_wrap=True)
         if frame.get("code"):
             console.print(f"      {frame['code']}", markup=False, soft_wrap=True)
-        for name, value in (frame.get("locals") or {}).items():
+        locals_ = frame.get("locals")
+        for name, value in (locals_.items() if isinstance(locals_, dict) else ()):
             console.print(f"      {name} = {value}", markup=False, soft_wrap=True)
-    memory = data.get("memory") or {}
-    if memory:
+    memory = data.get("memory")
+    if isinstance(memory, dict) and memory:
         console.print("\n[bold]memory[/bold]")
         for key, value in memory.items():
             console.print(f"  {key}: {_bytes(key, value)}", markup=False)
-    environment = data.get("environment") or {}
-    if environment:
+    environment = data.get("environment")
+    if isinstance(environment, dict) and environment:
         console.print("\n[bold]environment[/bold] (redacted)")
         for key, value in environment.items():
             console.print(f"  {key}={value}", markup=False, soft_wrap=True)
-    for problem in data.get("errors") or []:
+    for problem in data.get("errors") if isinstance(data.get("errors"), list) else []:
         console.print(f"[yellow]capture note: {problem}[/yellow]", soft_wrap=True)
     finish(0)
+
+
+def _dicts(value: object) -> list[dict]:
+    """The dict items of a stored list (a row another writer left may hold anything)."""
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
 
 
 def _short(text: str, limit: int = 60) -> str:

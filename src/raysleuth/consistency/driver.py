@@ -19,6 +19,7 @@ import numpy as np
 
 from raysleuth.consistency.report import ConsistencyReport, algorithms_of, compare_fingerprints, localize
 from raysleuth.fingerprint import chunk_bytes, fingerprint, named_items
+from raysleuth.ray_private import ray_call
 
 __all__ = ["SeedReport", "compare", "set_random_seed"]
 
@@ -68,7 +69,7 @@ def _rehash(handles: list[Any], posted: dict[int, dict[str, Any]], names: list[s
     """Every rank fingerprints ``names`` again with ``wsum`` (same digests on CPU and CUDA)."""
     import ray
 
-    refs = {rank: handles[rank].__ray_call__.remote(functools.partial(
+    refs = {rank: ray_call(handles[rank], functools.partial(
         _wsum_again, token=token, names=names, stats=report.atol > 0 or report.rtol > 0)) for rank in posted}
     for rank, ref in refs.items():
         try:
@@ -116,7 +117,7 @@ def compare(actor_handles: list[Any], fn: Callable[[Any], Any], atol: float = 0,
     report = ConsistencyReport(key=key, consistent=False, world_size=len(handles), timeout=timeout,
                                atol=atol, rtol=rtol, transport="ray_call")
     run = functools.partial(_run_and_fingerprint, fn=fn, token=token, stats=tolerance)
-    refs = {rank: handle.__ray_call__.remote(run) for rank, handle in enumerate(handles)}
+    refs = {rank: ray_call(handle, run) for rank, handle in enumerate(handles)}
     posted: dict[int, dict[str, Any]] = {}
     raised: dict[str, list[int]] = {}
     deadline = time.monotonic() + timeout
@@ -148,7 +149,7 @@ def compare(actor_handles: list[Any], fn: Callable[[Any], Any], atol: float = 0,
             by_rank: dict[int, list[tuple[str, int]]] = {}
             for request in requests:
                 by_rank.setdefault(request.rank, []).append((request.name, request.chunk))
-            chunk_refs = {rank: handles[rank].__ray_call__.remote(
+            chunk_refs = {rank: ray_call(handles[rank],
                 functools.partial(_ship_chunks, token=token, wanted=wanted, fps=posted[rank]))
                 for rank, wanted in by_rank.items()}
             for rank, ref in chunk_refs.items():
@@ -165,7 +166,7 @@ def compare(actor_handles: list[Any], fn: Callable[[Any], Any], atol: float = 0,
         report.error = f"{type(error).__name__}: {error}"
     finally:
         for rank in posted:
-            handles[rank].__ray_call__.remote(functools.partial(_forget, token=token))
+            ray_call(handles[rank], functools.partial(_forget, token=token))
     report.consistent = (not report.mismatches and not report.missing_ranks and not report.incomparable
                          and report.error is None)
     report.seconds = round(time.monotonic() - started, 4)
@@ -229,7 +230,7 @@ def set_random_seed(seed: int, workers: list[Any] | None = None, *, timeout: flo
     if workers:
         import ray
 
-        refs = [handle.__ray_call__.remote(functools.partial(_seed_worker, seed=seed, position=position))
+        refs = [ray_call(handle, functools.partial(_seed_worker, seed=seed, position=position))
                 for position, handle in enumerate(workers)]
         deadline = time.monotonic() + timeout
         for position, ref in enumerate(refs):

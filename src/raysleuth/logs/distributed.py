@@ -17,6 +17,7 @@ import functools
 import inspect
 import itertools
 import logging
+import os
 import sys
 import threading
 import time
@@ -255,6 +256,27 @@ def _describe(name: str, value: Any, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + f"...(+{len(text) - limit} chars)"
 
 
+def _log_line(logger: logging.Logger | None, level: int, message: str, duration: float, qualname: str) -> None:
+    """The decorator's log line, from the logger of *this* process; a failing handler never costs the span.
+
+    The logger is looked up at call time: a class decorated in the driver and
+    shipped to a Ray worker must log through the worker's rank logger (with
+    its store handler), not a plain logger unpickled by name.
+    """
+    try:
+        log = logger
+        if log is None:
+            if _debug_logger[0] != os.getpid():
+                _debug_logger[:] = [os.getpid(), get_logger("raysleuth.debug")]
+            log = _debug_logger[1]
+        log.log(level, message, extra={"duration_s": duration, "function": qualname})
+    except Exception:
+        pass
+
+
+_debug_logger: list[Any] = [None, None]  # (pid, this process's "raysleuth.debug" rank logger)
+
+
 def capture_arguments(function: Callable, args: tuple, kwargs: dict, limit: int = 200) -> dict[str, str]:
     """Each argument of a call, by parameter name: redacted, then repr'd and truncated to ``limit``."""
     try:
@@ -303,7 +325,6 @@ def debug_decorator(function: F | None = None, *, capture_args: bool = True, log
 
     def decorate(target: F) -> F:
         qualname = getattr(target, "__qualname__", getattr(target, "__name__", "function"))
-        log = logger or get_logger("raysleuth.debug")
 
         def before(args: tuple, kwargs: dict) -> dict[str, Any]:
             state: dict[str, Any] = {"start": time.time(), "perf": time.perf_counter()}
@@ -353,8 +374,8 @@ def debug_decorator(function: F | None = None, *, capture_args: bool = True, log
                         parts.append(f"gpu {(gpu_after - gpu_before) / 2**20:+.1f} MiB")
                 if error is not None:
                     parts.append(f"raised {type(error).__name__}: {redact_text(str(error)[:2000])[:200]}")
-                log.log(logging.ERROR if error is not None else level, ", ".join(parts),
-                        duration_s=duration, function=qualname)
+                _log_line(logger, logging.ERROR if error is not None else level, ", ".join(parts), duration,
+                          qualname)
                 if span is not None:  # the tracing helper's span: nesting and layout from its owner
                     span.attrs.update(attrs)
                     span.__exit__(type(error) if error is not None else None, error, None)

@@ -180,7 +180,9 @@ def record_data(record: logging.LogRecord) -> dict[str, Any]:
     clean = redact_text(message)
     data: dict[str, Any] = {
         "message": clean,
-        "template": redact_text(record.msg if isinstance(record.msg, str) else repr(record.msg)),
+        # a template's literal text is in the message: redact it only when the message had something to hide
+        "template": (record.msg if clean is message else redact_text(record.msg)) if isinstance(record.msg, str)
+        else redact_text(repr(record.msg)),
         "module": record.module,
         "lineno": record.lineno,
         "funcName": record.funcName,

@@ -211,9 +211,9 @@ def _rewrap_ray_executors(cls: type, names: set[str]) -> None:
     if ray is None or not names:
         return
     try:
-        from ray._private import worker as ray_worker
+        from raysleuth.ray_private import function_execution_table
 
-        table = ray_worker.global_worker.function_actor_manager._function_execution_info
+        table = function_execution_table()
         class_names = {base.__name__ for base in cls.__mro__}
         for info in list(table.values()):
             executor = getattr(info, "function", None)

@@ -65,6 +65,8 @@ def get_crash(capsule_id: int, run: str | None = None, *, home: Any = None) -> d
     from raysleuth.errors import UsageError
     from raysleuth.recorder import open_store
 
+    if not 0 < int(capsule_id) < 2**63:
+        raise UsageError(f"no crash capsule with id {capsule_id}", fix="ids are the positive numbers `raysleuth crashes` lists")
     store = open_store(run, home=home)
     try:
         records = store.query("crash", after_id=int(capsule_id) - 1, limit=1)

@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from raysleuth import runtime
+from raysleuth import ray_private, runtime
 from raysleuth.errors import ClusterUnreachable, StoreNotFound
 from raysleuth.recorder import spool
 from raysleuth.recorder.client import RecordClient, StoreSink, WriterSink, get_client, record, reset_client
@@ -75,7 +75,7 @@ def get_writer(*, create: bool = True, home: Path | str | None = None):
             max_task_retries=0,
             max_concurrency=8,
             num_cpus=0,
-            resources={"node:__internal_head__": 0.001},
+            resources={ray_private.HEAD_NODE_RESOURCE: 0.001},
         ).remote(str(home or runtime.settings().home), cluster.session_name())
 
 

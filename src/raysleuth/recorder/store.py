@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raysleuth.errors import StoreCorrupt, StoreNotFound
+from raysleuth.errors import StoreCorrupt, StoreNotFound, UsageError
 
 __all__ = [
     "COLUMNS",
@@ -329,6 +329,9 @@ class EvidenceStore:
             sql += f" LIMIT {int(limit)}"
         try:
             rows = self._db.execute(sql, args).fetchall()
+        except OverflowError:
+            raise UsageError("a number in the query is too large for the evidence store",
+                             fix="pass ranks, steps and ids as they appear in the records") from None
         except sqlite3.DatabaseError as error:
             raise StoreCorrupt(f"{self.path} could not be read ({error})",
                                fix="move the file aside; a new run starts a fresh one") from None

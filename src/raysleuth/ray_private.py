@@ -1,0 +1,149 @@
+"""Every private Ray name raysleuth relies on, each behind a guard, in one place.
+
+raysleuth is tested on the Ray range pinned in ``pyproject.toml``. A Ray
+upgrade that renames or removes one of these fails here with
+:class:`RayInternalsChanged`, which names the missing piece, the installed
+Ray version and the tested range, instead of a silent no-op or an
+``AttributeError`` deep in a feature. ``tests/test_ray_private.py`` checks
+each accessor against the installed Ray on its own.
+
+What raysleuth uses, and why:
+
+- ``ray._raylet.GcsClient``: the token-less GCS probe (fail fast on auth);
+- ``ray._raylet.Config.initialize``: re-read Ray's config after switching
+  this process to token mode;
+- ``ray._private.services``: find a running cluster's address;
+- ``ray._private.worker.global_worker`` and its ``debugger_port``,
+  ``function_actor_manager._function_execution_info`` (executor closures
+  of actor methods), ``get_dashboard_url``;
+- ``RemoteFunction._remote``, ``ActorMethod._remote``: detailed Ray-call
+  tracing wraps the submission paths; ``RemoteFunction._function``: crash
+  capture wraps a remote function in place;
+- ``ActorHandle.__ray_call__`` and ``ActorHandle._actor_id``: run a function
+  on a live actor instance without changing its class;
+- the ``node:__internal_head__`` resource: pin the evidence writer to the
+  head node.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from raysleuth.errors import RaySleuthError
+
+__all__ = [
+    "HEAD_NODE_RESOURCE",
+    "RayInternalsChanged",
+    "actor_id_hex",
+    "config_initialize",
+    "dashboard_url",
+    "gcs_client_class",
+    "global_worker",
+    "function_execution_table",
+    "ray_call",
+    "require",
+    "services",
+    "submission_classes",
+]
+
+#: The resource only the head node has (Ray sets it): used to pin the evidence writer there.
+HEAD_NODE_RESOURCE = "node:__internal_head__"
+
+TESTED_RAY = ">=2.60,<2.61"
+
+
+class RayInternalsChanged(RaySleuthError):
+    """A private Ray name raysleuth needs is missing from the installed Ray."""
+
+
+def _ray_version() -> str:
+    try:
+        import ray
+
+        return ray.__version__
+    except Exception:  # ray missing or broken
+        return "not importable"
+
+
+def require(module: str, *path: str) -> Any:
+    """``module.path[0].path[1]...``, or :class:`RayInternalsChanged` naming what is missing and the Ray version."""
+    dotted = ".".join((module, *path))
+    try:
+        value: Any = importlib.import_module(module)
+        for part in path:
+            value = getattr(value, part)
+    except (ImportError, AttributeError) as error:
+        raise RayInternalsChanged(
+            f"raysleuth needs Ray's private `{dotted}`, which Ray {_ray_version()} does not have "
+            f"({type(error).__name__}: {error})",
+            fix=f"install the Ray raysleuth is tested on: pip install 'ray[default]{TESTED_RAY}'",
+        ) from None
+    return value
+
+
+def gcs_client_class() -> Any:
+    """``ray._raylet.GcsClient``."""
+    return require("ray._raylet", "GcsClient")
+
+
+def config_initialize(config: str = "") -> None:
+    """``ray._raylet.Config.initialize(config)``: make this process re-read Ray's settings."""
+    require("ray._raylet", "Config", "initialize")(config)
+
+
+def services() -> Any:
+    """``ray._private.services`` (address discovery)."""
+    return require("ray._private.services")
+
+
+def global_worker() -> Any:
+    """``ray._private.worker.global_worker``: this process's Ray worker."""
+    return require("ray._private.worker", "global_worker")
+
+
+def dashboard_url() -> str | None:
+    """``ray._private.worker.get_dashboard_url()``."""
+    return require("ray._private.worker", "get_dashboard_url")() or None
+
+
+def function_execution_table() -> dict[Any, Any]:
+    """The worker's table of executors for actor methods (their closures hold the user's methods)."""
+    manager = global_worker().function_actor_manager
+    table = getattr(manager, "_function_execution_info", None)
+    if table is None:
+        raise RayInternalsChanged(
+            f"raysleuth needs Ray's private `FunctionActorManager._function_execution_info`, which Ray "
+            f"{_ray_version()} does not have",
+            fix=f"install the Ray raysleuth is tested on: pip install 'ray[default]{TESTED_RAY}'")
+    return table
+
+
+def submission_classes() -> tuple[Any, Any]:
+    """``(RemoteFunction, ActorMethod)``, each checked to have the ``_remote`` detailed tracing wraps."""
+    remote_function = require("ray.remote_function", "RemoteFunction")
+    actor_method = require("ray.actor", "ActorMethod")
+    require("ray.remote_function", "RemoteFunction", "_remote")
+    require("ray.actor", "ActorMethod", "_remote")
+    return remote_function, actor_method
+
+
+def ray_call(handle: Any, function: Any, *args: Any) -> Any:
+    """``handle.__ray_call__.remote(function, *args)``: run ``function(actor_instance, *args)`` in the actor."""
+    method = getattr(handle, "__ray_call__", None)
+    if method is None:
+        raise RayInternalsChanged(
+            f"raysleuth needs `ActorHandle.__ray_call__` to reach a live actor, which Ray {_ray_version()} "
+            f"does not have on {type(handle).__name__}",
+            fix=f"install the Ray raysleuth is tested on: pip install 'ray[default]{TESTED_RAY}'")
+    return method.remote(function, *args)
+
+
+def actor_id_hex(handle: Any) -> str:
+    """The actor id of a handle, as hex (``ActorHandle._actor_id``)."""
+    actor_id = getattr(handle, "_actor_id", None)
+    if actor_id is None or not hasattr(actor_id, "hex"):
+        raise RayInternalsChanged(
+            f"raysleuth needs `ActorHandle._actor_id`, which Ray {_ray_version()} does not have",
+            fix=f"install the Ray raysleuth is tested on: pip install 'ray[default]{TESTED_RAY}'")
+    return actor_id.hex()
