@@ -46,12 +46,13 @@ def test_close_spools_first_and_never_hangs_the_exit(tmp_path):
     start = time.monotonic()
     assert client.close(timeout=0.5) is False
     assert time.monotonic() - start < 2.0  # bounded: the user's exit is not held
-    handed = list((tmp_path / "spool" / "run-a").glob("*-closed-*.jsonl"))
-    assert len(handed) == 1  # named so the writer and the CLI know no live client will send it
+    handed = sorted((tmp_path / "spool" / "run-a").glob("*-closed-*.jsonl"))
+    # the spool and the write-ahead file, named so the writer and the CLI know no live client will send them
+    assert [path.name.endswith(".wal.jsonl") for path in handed] == [False, True]
     store = open_run(tmp_path, "run-a")
     assert spool.ingest_spools(tmp_path, store, "run-a") == 40
-    assert sorted(r.data["n"] for r in store.query("log")) == list(range(40))
-    assert not handed[0].exists()
+    assert sorted(r.data["n"] for r in store.query("log")) == list(range(40))  # each once
+    assert not any(path.exists() for path in handed)
     sink.release.set()
 
 

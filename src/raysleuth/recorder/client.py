@@ -177,6 +177,7 @@ class RecordClient:
         self.write_ahead = True
         self._wal_path = self.spool_path.with_name(self.spool_path.name[: -len(".jsonl")] + ".wal.jsonl")
         self._wal_fd: int | None = None
+        self._wal_headed = False
         self._wal_lock = threading.Lock()
         self._inflight: list | None = None
         self._last_header: dict[str, Any] | None = None
@@ -224,8 +225,9 @@ class RecordClient:
                     self._wal_path.parent.mkdir(parents=True, exist_ok=True)
                     self._wal_fd = os.open(self._wal_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
                 text = json.dumps(list(row), default=repr, separators=(",", ":")) + "\n"
-                if os.fstat(self._wal_fd).st_size == 0:
+                if not self._wal_headed:
                     text = json.dumps({"header": self.header()}, default=repr, separators=(",", ":")) + "\n" + text
+                    self._wal_headed = True
                 os.write(self._wal_fd, text.encode("utf-8"))
             except Exception:
                 self.write_ahead = False  # read-only home, disk full: the normal path still delivers
@@ -240,10 +242,11 @@ class RecordClient:
                     return  # rows written ahead may still be queued
                 if remove:
                     os.close(self._wal_fd)
-                    self._wal_fd = None
+                    self._wal_fd, self._wal_headed = None, False
                     self._wal_path.unlink(missing_ok=True)
                 else:
                     os.ftruncate(self._wal_fd, 0)
+                    self._wal_headed = False
         except Exception:
             pass
 
@@ -285,8 +288,10 @@ class RecordClient:
         self._last_header = header
         return header
 
-    def _take_batch(self) -> list:
-        batch = []
+    def _take_batch(self, track: bool = False) -> list:
+        batch: list = []
+        if track:
+            self._inflight = batch  # visible to an exit while rows move out of the buffer
         buffer = self._buffer
         while buffer and len(batch) < self.batch_size:
             batch.append(buffer.popleft())
@@ -304,8 +309,7 @@ class RecordClient:
                         self._spool(header, self._take_batch())
                     return False
                 while self._buffer:
-                    batch = self._take_batch()
-                    self._inflight = batch  # what an exit must save if it comes now
+                    batch = self._take_batch(track=True)  # what an exit must save if it comes now
                     try:
                         self.sink.deliver(header, batch)
                         self.stats.delivered += len(batch)
@@ -391,8 +395,8 @@ class RecordClient:
             pending = list(self._inflight or ()) + self._take_all()
             if pending:
                 self._spool(header, pending)  # on disk first: a kill from here on loses nothing
-            self._clear_write_ahead(remove=True)  # its rows are delivered or in the spool now
             if not self.spool_path.exists():
+                self._clear_write_ahead(remove=True)  # everything it holds was delivered
                 return True
             result: list[bool] = []
 
@@ -407,8 +411,9 @@ class RecordClient:
             worker.start()
             worker.join(max(0.0, deadline - time.monotonic()))
             if result and result[0] and not self.spool_path.exists():
+                self._clear_write_ahead(remove=True)
                 return True
-            self._hand_over()
+            self._hand_over()  # the spool and the write-ahead file (duplicates are stored once)
             return False
         except Exception as error:  # never break the user's exit
             self.stats.last_error = repr(error)
@@ -422,11 +427,19 @@ class RecordClient:
 
     def _hand_over(self) -> None:
         """Name the spool file so the writer and the CLI know no live client will send it."""
+        host = os.uname().nodename
         try:
-            host = os.uname().nodename
-            target = self.spool_path.with_name(f"{host}-closed-{self.client_id}.jsonl")
             if self.spool_path.exists():
-                os.replace(self.spool_path, target)
+                os.replace(self.spool_path, self.spool_path.with_name(f"{host}-closed-{self.client_id}.jsonl"))
+        except OSError:
+            pass
+        try:
+            with self._wal_lock:
+                if self._wal_fd is not None:
+                    os.close(self._wal_fd)
+                    self._wal_fd, self._wal_headed = None, False
+                if self._wal_path.exists():
+                    os.replace(self._wal_path, self._wal_path.with_name(f"{host}-closed-{self.client_id}.wal.jsonl"))
         except OSError:
             pass
 
