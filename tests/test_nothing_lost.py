@@ -11,9 +11,8 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 
-from raysleuth.recorder import RecordClient, StoreSink, choose_run, deliver_spooled, spool
+from raysleuth.recorder import RecordClient, choose_run, deliver_spooled, spool
 from raysleuth.recorder.store import MIGRATIONS, SCHEMA_VERSION, EvidenceStore, open_run
 
 HERE = Path(__file__).parent

@@ -2,7 +2,10 @@
 
 - :mod:`raysleuth.recorder.store` — the database (schema, migrations, queries).
 - :mod:`raysleuth.recorder.writer` — the writer actor's body.
-- :mod:`raysleuth.recorder.client` — the worker-side batching client.
+- :mod:`raysleuth.recorder.client` — the worker-side batching client;
+  :mod:`~raysleuth.recorder.sinks` where it delivers;
+  :mod:`~raysleuth.recorder.process` this process's client and its exits;
+  :mod:`~raysleuth.recorder.spool` what waits on disk.
 
 Features call :func:`record` to add evidence and :func:`open_store` to read
 it back (the CLI reads the file directly, with or without a cluster).
@@ -18,7 +21,9 @@ from pathlib import Path
 from raysleuth import runtime
 from raysleuth.errors import ClusterUnreachable, StoreNotFound
 from raysleuth.recorder import spool
-from raysleuth.recorder.client import RecordClient, StoreSink, WriterSink, get_client, record, reset_client
+from raysleuth.recorder.client import RecordClient
+from raysleuth.recorder.process import get_client, record, reset_client
+from raysleuth.recorder.sinks import StoreSink, WriterSink
 from raysleuth.recorder.store import DB_NAME, EvidenceStore, Record, latest_run, list_runs, resolve_store_path, run_dir
 from raysleuth.recorder.writer import NAMESPACE, WRITER_NAME, EvidenceWriter
 
