@@ -182,3 +182,35 @@ os.kill(os.getpid(), signal.SIGKILL)
     spool.ingest_spools(tmp_path, store, "run-k")
     kept = sorted(r.data["message"] for r in store.query("log"))
     assert kept == ["the error", "warning 0", "warning 1", "warning 2"]
+
+
+def _logged(home: Path, name: str, wanted: int, timeout: float = 60.0) -> list:
+    from raysleuth.recorder import open_store
+
+    deadline = time.monotonic() + timeout
+    while True:
+        store = open_store()
+        records = store.query("log", name=name)
+        store.close()
+        if len(records) >= wanted or time.monotonic() > deadline:
+            return records
+        time.sleep(0.5)
+
+
+def test_an_actor_that_exits_or_is_killed_at_once_keeps_its_evidence(ray_cluster):
+    """exit (Ray runs Python's exit): every record; ray.kill (Ray runs nothing): WARNING and above."""
+    import ray
+
+    from victims.chatty_ranks import ChattyRank
+
+    Chatty = ray.remote(num_cpus=0)(ChattyRank)
+    leaving = Chatty.remote(5, 8, "victims.exit_graceful")
+    killed = Chatty.remote(6, 8, "victims.exit_killed")
+    for actor in (leaving, killed):
+        ray.get([actor.train_step.remote(1, 0.5), actor.warn.remote("about to go")], timeout=120)
+    leaving.__ray_terminate__.remote()  # the actor's own exit, right after logging
+    ray.kill(killed)  # no Python runs in the killed process
+    graceful = _logged(ray_cluster.home, "victims.exit_graceful", 2)
+    assert sorted(r.level for r in graceful) == ["INFO", "WARNING"] and {r.rank for r in graceful} == {5}
+    hard = _logged(ray_cluster.home, "victims.exit_killed", 1)
+    assert [r.level for r in hard if r.level == "WARNING"] == ["WARNING"]  # written ahead, then ingested
