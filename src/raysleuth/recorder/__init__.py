@@ -158,9 +158,11 @@ def deliver_spooled(home: Path | str | None = None, run: str | None = None) -> i
 
 
 def _deliver_run_spool(home: Path, run_id: str) -> int:
+    files = spool.abandoned(home, run_id)
+    if not files:
+        return 0  # only live clients' files: they deliver their own; never create a run for nothing
     path = run_dir(home, run_id) / DB_NAME
     existed = path.is_file()
-    files = list(spool.spool_dir(home, run_id).glob("*.jsonl"))
     newest_spool = max((f.stat().st_mtime for f in files), default=0.0)
     store = EvidenceStore(path)
     try:
@@ -175,18 +177,7 @@ def _deliver_run_spool(home: Path, run_id: str) -> int:
             tmp = marker.with_name(f".latest.{os.getpid()}")
             tmp.write_text(run_id)
             os.replace(tmp, marker)
-    elif not existed and not stored:
-        _remove_empty(path)
     return stored
-
-
-def _remove_empty(path: Path) -> None:
-    for suffix in ("", "-wal", "-shm"):
-        Path(str(path) + suffix).unlink(missing_ok=True)
-    try:
-        path.parent.rmdir()
-    except OSError:
-        pass
 
 
 def _connected_session() -> str | None:
