@@ -166,3 +166,11 @@ def test_memory_command_says_not_enough_data_never_ok(tmp_path, capsys):
     assert " ok " not in out and "no leak" not in out
     code = main(["memory", "--run", "short", "--home", str(tmp_path), "--json"])
     assert code == 1 and json.loads(capsys.readouterr().out)["verdict"] == "not enough data"
+
+
+def test_a_cache_that_settles_after_warm_up_is_not_a_leak():
+    """A healthy job: +15% in its first third (allocator pools, caches filling), then flat."""
+    t = np.arange(60.0)
+    y = np.where(t < 20, 500 + t * 3.75, 575) * MiB  # 500 -> 575 MiB, done by a third of the window
+    verdict = detect_leak(t, y)
+    assert verdict.status == "ok", verdict.reason

@@ -11,9 +11,8 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 
-from raysleuth.recorder import RecordClient, StoreSink, choose_run, deliver_spooled, spool
+from raysleuth.recorder import RecordClient, choose_run, deliver_spooled, spool
 from raysleuth.recorder.store import MIGRATIONS, SCHEMA_VERSION, EvidenceStore, open_run
 
 HERE = Path(__file__).parent
@@ -46,12 +45,13 @@ def test_close_spools_first_and_never_hangs_the_exit(tmp_path):
     start = time.monotonic()
     assert client.close(timeout=0.5) is False
     assert time.monotonic() - start < 2.0  # bounded: the user's exit is not held
-    handed = list((tmp_path / "spool" / "run-a").glob("*-closed-*.jsonl"))
-    assert len(handed) == 1  # named so the writer and the CLI know no live client will send it
+    handed = sorted((tmp_path / "spool" / "run-a").glob("*-closed-*.jsonl"))
+    # the spool and the write-ahead file, named so the writer and the CLI know no live client will send them
+    assert [path.name.endswith(".wal.jsonl") for path in handed] == [False, True]
     store = open_run(tmp_path, "run-a")
     assert spool.ingest_spools(tmp_path, store, "run-a") == 40
-    assert sorted(r.data["n"] for r in store.query("log")) == list(range(40))
-    assert not handed[0].exists()
+    assert sorted(r.data["n"] for r in store.query("log")) == list(range(40))  # each once
+    assert not any(path.exists() for path in handed)
     sink.release.set()
 
 
@@ -182,3 +182,35 @@ os.kill(os.getpid(), signal.SIGKILL)
     spool.ingest_spools(tmp_path, store, "run-k")
     kept = sorted(r.data["message"] for r in store.query("log"))
     assert kept == ["the error", "warning 0", "warning 1", "warning 2"]
+
+
+def _logged(home: Path, name: str, wanted: int, timeout: float = 60.0) -> list:
+    from raysleuth.recorder import open_store
+
+    deadline = time.monotonic() + timeout
+    while True:
+        store = open_store()
+        records = store.query("log", name=name)
+        store.close()
+        if len(records) >= wanted or time.monotonic() > deadline:
+            return records
+        time.sleep(0.5)
+
+
+def test_an_actor_that_exits_or_is_killed_at_once_keeps_its_evidence(ray_cluster):
+    """exit (Ray runs Python's exit): every record; ray.kill (Ray runs nothing): WARNING and above."""
+    import ray
+
+    from victims.chatty_ranks import ChattyRank
+
+    Chatty = ray.remote(num_cpus=0)(ChattyRank)
+    leaving = Chatty.remote(5, 8, "victims.exit_graceful")
+    killed = Chatty.remote(6, 8, "victims.exit_killed")
+    for actor in (leaving, killed):
+        ray.get([actor.train_step.remote(1, 0.5), actor.warn.remote("about to go")], timeout=120)
+    leaving.__ray_terminate__.remote()  # the actor's own exit, right after logging
+    ray.kill(killed)  # no Python runs in the killed process
+    graceful = _logged(ray_cluster.home, "victims.exit_graceful", 2)
+    assert sorted(r.level for r in graceful) == ["INFO", "WARNING"] and {r.rank for r in graceful} == {5}
+    hard = _logged(ray_cluster.home, "victims.exit_killed", 1)
+    assert [r.level for r in hard if r.level == "WARNING"] == ["WARNING"]  # written ahead, then ingested

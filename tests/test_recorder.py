@@ -100,7 +100,10 @@ def test_writer_killed_mid_stream_loses_nothing(ray_cluster):
     ray.get(writer.info.remote())
     actor = Chatty.remote(3)
     ref = actor.run.remote(400, 0.01)
-    time.sleep(1.0)
+    deadline = time.monotonic() + 60  # a loaded machine starts actors slowly: kill only once it streams
+    while time.monotonic() < deadline and not any(
+            c.get("actor_class") == "Chatty" for c in ray.get(writer.clients.remote(), timeout=30)):
+        time.sleep(0.1)
     ray.kill(writer, no_restart=False)  # the writer dies; Ray restarts it
     result = ray.get(ref, timeout=120)
     assert result["ok"], result

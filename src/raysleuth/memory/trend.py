@@ -18,8 +18,10 @@ none of which asks it to be a straight line in time:
 - **recent**: the last third grows steadily and ends above everything
   before it (a leak that started late in a long window).
 
-Each kind of growth must be large (``min_growth_bytes`` and
-``min_growth_fraction`` of the starting level). Too few samples after the
+Each kind of growth must be large: ``min_growth_bytes``, and
+``min_growth_fraction`` of the starting level for steady growth,
+``min_climb_fraction`` for a climb or a recent rise (a healthy job's
+caches settle within that). Too few samples after the
 warm-up is **not enough data** (``status``), never "ok". The Theil–Sen
 line (slope, R²) is still reported as evidence.
 """
@@ -105,6 +107,9 @@ class LeakPolicy:
     """Growth must reach this many bytes..."""
     min_growth_fraction: float = 0.05
     """...and this fraction of the level at the window's start."""
+    min_climb_fraction: float = 0.25
+    """A climb that stopped, or growth only at the end, must reach this fraction: a healthy job's caches and
+    allocator pools settle within it, a leak that paused does not."""
 
 
 @dataclasses.dataclass
@@ -155,9 +160,10 @@ def kendall_tau(values: Sequence[float]) -> tuple[float, float]:
     return s / pairs, float(z)
 
 
-def _growth_is_large(growth: float, start: float, policy: LeakPolicy) -> bool:
+def _growth_is_large(growth: float, start: float, policy: LeakPolicy, fraction_needed: float | None = None) -> bool:
     fraction = growth / start if start > 0 else (1.0 if growth > 0 else 0.0)
-    return growth >= policy.min_growth_bytes and fraction >= policy.min_growth_fraction
+    needed = policy.min_growth_fraction if fraction_needed is None else fraction_needed
+    return growth >= policy.min_growth_bytes and fraction >= needed
 
 
 def _judge(ys: list[float], policy: LeakPolicy) -> dict[str, Any]:
@@ -180,13 +186,14 @@ def _judge(ys: list[float], policy: LeakPolicy) -> dict[str, Any]:
     steady_enough = _growth_is_large(growth, start, policy) or (tau >= 0.9 and growth >= policy.min_growth_bytes)
     settled = max(recent) - min(recent) < max(policy.min_growth_bytes, policy.min_growth_fraction * end)
     pattern = None
-    if settled and _growth_is_large(floor_growth, base, policy):
+    climb = policy.min_climb_fraction
+    if settled and _growth_is_large(floor_growth, base, policy, climb):
         pattern = "climb"  # grew, then held: the end of the window is flat
     elif tau >= policy.min_tau and z >= 2.5 and steady_enough and floor_growth > 0:
         pattern = "steady"
-    elif _growth_is_large(floor_growth, base, policy):
+    elif _growth_is_large(floor_growth, base, policy, climb):
         pattern = "climb"
-    elif recent_tau >= policy.min_tau and _growth_is_large(recent_growth, max(earlier or [start]), policy):
+    elif recent_tau >= policy.min_tau and _growth_is_large(recent_growth, max(earlier or [start]), policy, climb):
         pattern = "recent"
     return {"start": start, "end": end, "tau": tau, "floor": floor_growth, "recent": recent_growth,
             "pattern": pattern}

@@ -2,7 +2,10 @@
 
 - :mod:`raysleuth.recorder.store` — the database (schema, migrations, queries).
 - :mod:`raysleuth.recorder.writer` — the writer actor's body.
-- :mod:`raysleuth.recorder.client` — the worker-side batching client.
+- :mod:`raysleuth.recorder.client` — the worker-side batching client;
+  :mod:`~raysleuth.recorder.sinks` where it delivers;
+  :mod:`~raysleuth.recorder.process` this process's client and its exits;
+  :mod:`~raysleuth.recorder.spool` what waits on disk.
 
 Features call :func:`record` to add evidence and :func:`open_store` to read
 it back (the CLI reads the file directly, with or without a cluster).
@@ -18,7 +21,9 @@ from pathlib import Path
 from raysleuth import ray_private, runtime
 from raysleuth.errors import ClusterUnreachable, StoreNotFound
 from raysleuth.recorder import spool
-from raysleuth.recorder.client import RecordClient, StoreSink, WriterSink, get_client, record, reset_client
+from raysleuth.recorder.client import RecordClient
+from raysleuth.recorder.process import get_client, record, reset_client
+from raysleuth.recorder.sinks import StoreSink, WriterSink
 from raysleuth.recorder.store import DB_NAME, EvidenceStore, Record, latest_run, list_runs, resolve_store_path, run_dir
 from raysleuth.recorder.writer import NAMESPACE, WRITER_NAME, EvidenceWriter
 
@@ -154,9 +159,11 @@ def deliver_spooled(home: Path | str | None = None, run: str | None = None) -> i
 
 
 def _deliver_run_spool(home: Path, run_id: str) -> int:
+    files = spool.abandoned(home, run_id)
+    if not files:
+        return 0  # only live clients' files: they deliver their own; never create a run for nothing
     path = run_dir(home, run_id) / DB_NAME
     existed = path.is_file()
-    files = list(spool.spool_dir(home, run_id).glob("*.jsonl"))
     newest_spool = max((f.stat().st_mtime for f in files), default=0.0)
     store = EvidenceStore(path)
     try:
@@ -171,18 +178,7 @@ def _deliver_run_spool(home: Path, run_id: str) -> int:
             tmp = marker.with_name(f".latest.{os.getpid()}")
             tmp.write_text(run_id)
             os.replace(tmp, marker)
-    elif not existed and not stored:
-        _remove_empty(path)
     return stored
-
-
-def _remove_empty(path: Path) -> None:
-    for suffix in ("", "-wal", "-shm"):
-        Path(str(path) + suffix).unlink(missing_ok=True)
-    try:
-        path.parent.rmdir()
-    except OSError:
-        pass
 
 
 def _connected_session() -> str | None:

@@ -35,12 +35,13 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 from raysleuth import runtime
 from raysleuth.recorder import spool
+from raysleuth.recorder.sinks import Sink
 
-__all__ = ["ClientStats", "RecordClient", "StoreSink", "WriterSink", "get_client", "record", "reset_client"]
+__all__ = ["ClientStats", "RecordClient", "register_lazy_data"]
 
 log = logging.getLogger("raysleuth.recorder")
 
@@ -50,84 +51,6 @@ URGENT_LEVELS = frozenset({"WARNING", "ERROR", "CRITICAL"})
 
 #: At exit, how long a client tries to deliver what it spooled before leaving it to the writer/CLI.
 EXIT_DELIVERY_S = float(os.environ.get("RAYSLEUTH_EXIT_DELIVERY_S", "2.0"))
-
-
-class Sink(Protocol):
-    """Where batches go. ``deliver`` raises when the batch was not stored."""
-
-    def deliver(self, header: dict[str, Any], rows: list) -> None: ...
-
-
-class StoreSink:
-    """Deliver straight into a local :class:`EvidenceStore`."""
-
-    def __init__(self, store) -> None:
-        self.store = store
-
-    def deliver(self, header: dict[str, Any], rows: list) -> None:
-        self.store.write_batch(header, rows)
-
-
-class WriterSink:
-    """Deliver to the run's writer actor (looked up, or created, on demand).
-
-    A delivery waits in short ``ray.get`` slices, so :meth:`cancel` (called
-    before ``ray.shutdown()``) stops it within a slice: no thread of ours is
-    left inside a Ray call when Ray's core worker goes away (that ends the
-    whole process).
-    """
-
-    def __init__(self, timeout: float = 10.0) -> None:
-        self.timeout = timeout
-        self._handle = None
-        self._cancelled = threading.Event()
-        self._active = 0
-        self._active_lock = threading.Condition()
-
-    def deliver(self, header: dict[str, Any], rows: list) -> None:
-        import ray
-
-        from raysleuth.recorder import get_writer
-
-        with self._active_lock:
-            if self._cancelled.is_set():
-                raise ConnectionError("Ray is shutting down in this process: kept in the spool")
-            self._active += 1
-        try:
-            if self._handle is None:
-                self._handle = get_writer()
-            ref = self._handle.write.remote(header, rows)
-            deadline = time.monotonic() + self.timeout
-            while True:
-                if self._cancelled.is_set():
-                    raise ConnectionError("Ray is shutting down in this process: kept in the spool")
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"the evidence writer did not answer within {self.timeout:.0f}s")
-                try:
-                    ray.get(ref, timeout=min(0.1, remaining))
-                    return
-                except ray.exceptions.GetTimeoutError:
-                    continue
-        except Exception:
-            self._handle = None  # look it up again next time: it may have been replaced
-            raise
-        finally:
-            with self._active_lock:
-                self._active -= 1
-                self._active_lock.notify_all()
-
-    def cancel(self, wait: float = 1.0) -> bool:
-        """Refuse new deliveries and wait (bounded) until none is inside a Ray call; True when none is."""
-        self._cancelled.set()
-        deadline = time.monotonic() + wait
-        with self._active_lock:
-            while self._active:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                self._active_lock.wait(remaining)
-        return True
 
 
 @dataclass
@@ -177,6 +100,7 @@ class RecordClient:
         self.write_ahead = True
         self._wal_path = self.spool_path.with_name(self.spool_path.name[: -len(".jsonl")] + ".wal.jsonl")
         self._wal_fd: int | None = None
+        self._wal_headed = False
         self._wal_lock = threading.Lock()
         self._inflight: list | None = None
         self._last_header: dict[str, Any] | None = None
@@ -248,8 +172,9 @@ class RecordClient:
                     self._wal_path.parent.mkdir(parents=True, exist_ok=True)
                     self._wal_fd = os.open(self._wal_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
                 text = json.dumps(list(row), default=repr, separators=(",", ":")) + "\n"
-                if os.fstat(self._wal_fd).st_size == 0:
+                if not self._wal_headed:
                     text = json.dumps({"header": self.header()}, default=repr, separators=(",", ":")) + "\n" + text
+                    self._wal_headed = True
                 os.write(self._wal_fd, text.encode("utf-8"))
             except Exception:
                 self.write_ahead = False  # read-only home, disk full: the normal path still delivers
@@ -264,10 +189,11 @@ class RecordClient:
                     return  # rows written ahead may still be queued
                 if remove:
                     os.close(self._wal_fd)
-                    self._wal_fd = None
+                    self._wal_fd, self._wal_headed = None, False
                     self._wal_path.unlink(missing_ok=True)
                 else:
                     os.ftruncate(self._wal_fd, 0)
+                    self._wal_headed = False
         except Exception:
             pass
 
@@ -309,8 +235,10 @@ class RecordClient:
         self._last_header = header
         return header
 
-    def _take_batch(self) -> list:
-        batch = []
+    def _take_batch(self, track: bool = False) -> list:
+        batch: list = []
+        if track:
+            self._inflight = batch  # visible to an exit while rows move out of the buffer
         buffer = self._buffer
         while buffer and len(batch) < self.batch_size:
             row = buffer.popleft()
@@ -331,8 +259,7 @@ class RecordClient:
                         self._spool(header, self._take_batch())
                     return False
                 while self._buffer:
-                    batch = self._take_batch()
-                    self._inflight = batch  # what an exit must save if it comes now
+                    batch = self._take_batch(track=True)  # what an exit must save if it comes now
                     try:
                         self.sink.deliver(header, batch)
                         self.stats.delivered += len(batch)
@@ -418,8 +345,8 @@ class RecordClient:
             pending = list(self._inflight or ()) + self._take_all()
             if pending:
                 self._spool(header, pending)  # on disk first: a kill from here on loses nothing
-            self._clear_write_ahead(remove=True)  # its rows are delivered or in the spool now
             if not self.spool_path.exists():
+                self._clear_write_ahead(remove=True)  # everything it holds was delivered
                 return True
             result: list[bool] = []
 
@@ -434,8 +361,9 @@ class RecordClient:
             worker.start()
             worker.join(max(0.0, deadline - time.monotonic()))
             if result and result[0] and not self.spool_path.exists():
+                self._clear_write_ahead(remove=True)
                 return True
-            self._hand_over()
+            self._hand_over()  # the spool and the write-ahead file (duplicates are stored once)
             return False
         except Exception as error:  # never break the user's exit
             self.stats.last_error = repr(error)
@@ -449,11 +377,19 @@ class RecordClient:
 
     def _hand_over(self) -> None:
         """Name the spool file so the writer and the CLI know no live client will send it."""
+        host = os.uname().nodename
         try:
-            host = os.uname().nodename
-            target = self.spool_path.with_name(f"{host}-closed-{self.client_id}.jsonl")
             if self.spool_path.exists():
-                os.replace(self.spool_path, target)
+                os.replace(self.spool_path, self.spool_path.with_name(f"{host}-closed-{self.client_id}.jsonl"))
+        except OSError:
+            pass
+        try:
+            with self._wal_lock:
+                if self._wal_fd is not None:
+                    os.close(self._wal_fd)
+                    self._wal_fd, self._wal_headed = None, False
+                if self._wal_path.exists():
+                    os.replace(self._wal_path, self._wal_path.with_name(f"{host}-closed-{self.client_id}.wal.jsonl"))
         except OSError:
             pass
 
@@ -464,150 +400,3 @@ _lazy_data: dict[str, Callable[[tuple], dict[str, Any]]] = {}
 def register_lazy_data(kind: str, build: Callable[[tuple], dict[str, Any]]) -> None:
     """Rows of ``kind`` whose data is a plain tuple get their dict from ``build(tuple)`` when taken."""
     _lazy_data[kind] = build
-
-
-_client: RecordClient | None = None
-_client_pid: int | None = None
-_client_lock = threading.Lock()
-
-
-def _default_sink() -> tuple[Sink, str]:
-    """The sink for this process and the run it delivers to."""
-    import sys
-
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
-        from raysleuth import cluster
-
-        try:
-            run_id = cluster.session_name()
-        except Exception:
-            run_id = "local"
-        _flush_before_ray_shutdown(ray)
-        return WriterSink(), run_id
-    from raysleuth.recorder.store import open_run
-
-    return StoreSink(open_run(runtime.settings().home, "local")), "local"
-
-
-def _flush_before_ray_shutdown(ray) -> None:
-    """Make ``ray.shutdown()`` in this process hand over its evidence first (bounded).
-
-    Without this a driver that records and then shuts Ray down at once loses
-    what was queued: the writer is out of reach a moment later. The client is
-    closed (spooled, delivered for at most EXIT_DELIVERY_S) and forgotten, so
-    a later ``ray.init`` starts a client for the new run.
-    """
-    original = ray.shutdown
-    if getattr(original, "_raysleuth_flushes", False):
-        return
-
-    def shutdown(*args: Any, **kwargs: Any):
-        client = _client
-        if client is not None and _client_pid == os.getpid() and isinstance(client.sink, WriterSink):
-            try:
-                client.close()
-                client.sink.cancel(wait=1.0)
-            except Exception:
-                pass
-            reset_client(None)
-        try:
-            return original(*args, **kwargs)
-        finally:
-            runtime.forget_identity()  # a later ray.init is another job: its records carry its own job id
-
-    shutdown.__doc__ = original.__doc__
-    shutdown.__wrapped__ = original  # type: ignore[attr-defined]
-    shutdown._raysleuth_flushes = True  # type: ignore[attr-defined]
-    ray.shutdown = shutdown
-
-
-def _forget_client_after_fork() -> None:
-    global _client, _client_pid
-    _client, _client_pid = None, None  # the child makes its own (the thread did not survive the fork)
-
-
-os.register_at_fork(after_in_child=_forget_client_after_fork)
-
-
-def get_client() -> RecordClient:
-    """This process's client (created on first use, again after a fork)."""
-    global _client, _client_pid
-    client = _client
-    if client is not None:
-        return client
-    with _client_lock:
-        if _client is None or _client_pid != os.getpid():
-            sink, run_id = _default_sink()
-            _client = RecordClient(sink, run_id=run_id)
-            _client_pid = os.getpid()
-            if isinstance(sink, WriterSink):
-                _save_on_sigterm()
-        return _client
-
-
-#: At SIGTERM, how long a worker tries to deliver before Ray's own handler ends it.
-SIGTERM_DELIVERY_S = 0.5
-_sigterm_hooked = False
-
-
-def _save_on_sigterm() -> None:
-    """Chain a SIGTERM handler that spools (then briefly delivers) before Ray's handler runs.
-
-    When a job ends, Ray sends its workers SIGTERM and they leave at once,
-    without atexit: measured on Ray 2.60, a worker is gone a few ms after
-    the signal. Python only lets the main thread set handlers; elsewhere (a
-    Ray Train training thread) this is skipped and atexit is the only net.
-    """
-    global _sigterm_hooked
-    import signal
-
-    if _sigterm_hooked or threading.current_thread() is not threading.main_thread():
-        return
-    try:
-        previous = signal.getsignal(signal.SIGTERM)
-
-        saving = threading.Event()
-
-        def on_sigterm(signum, frame):
-            # Ray sends SIGTERM twice in a row: a second one must not interrupt the first's save
-            # (Ray's handler raises SystemExit wherever the main thread is), so it is ignored here
-            # and the first one chains to Ray's handler when the evidence is on disk.
-            if saving.is_set():
-                return
-            saving.set()
-            client = _client
-            if client is not None and _client_pid == os.getpid():
-                try:
-                    client.close(timeout=SIGTERM_DELIVERY_S)
-                except Exception:
-                    pass
-            if callable(previous):
-                previous(signum, frame)
-            elif previous == signal.SIG_DFL:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                os.kill(os.getpid(), signal.SIGTERM)
-
-        signal.signal(signal.SIGTERM, on_sigterm)
-        _sigterm_hooked = True
-    except Exception:  # not the main interpreter, or signals unavailable: atexit still runs
-        pass
-
-
-def reset_client(client: RecordClient | None = None) -> RecordClient | None:
-    """Replace the process client (tests, or after ``ray.init``); returns the old one."""
-    global _client, _client_pid
-    with _client_lock:
-        old, _client = _client, client
-        _client_pid = os.getpid() if client is not None else None
-    return old
-
-
-def record(kind: str, data: Any = None, **columns: Any) -> None:
-    """Queue one record of evidence in this process's client. Never raises."""
-    if runtime.settings().mode == "off":
-        return
-    try:
-        get_client().record(kind, data, **columns)
-    except Exception:
-        pass

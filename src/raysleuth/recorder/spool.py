@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["append", "ingest_spools", "read_spool", "spool_dir", "spool_path", "take_delivered"]
+__all__ = ["abandoned", "append", "ingest_spools", "read_spool", "spool_dir", "spool_path", "take_delivered"]
 
 #: A file from another host is taken as abandoned once it is this old (seconds).
 FOREIGN_AGE_S = 60.0
@@ -128,6 +128,14 @@ def _owner_gone(path: Path) -> bool:
     return False
 
 
+def abandoned(home: Path, run_id: str) -> list[Path]:
+    """The run's spool files whose process is gone (or that their client handed over)."""
+    folder = spool_dir(home, run_id)
+    if not folder.is_dir():
+        return []
+    return [path for path in sorted(folder.glob("*.jsonl")) if _owner_gone(path)]
+
+
 def ingest_spools(home: Path, store, run_id: str, *, only_abandoned: bool = True) -> int:
     """Deliver the run's spool files into ``store`` (an open, writable EvidenceStore).
 
@@ -138,9 +146,7 @@ def ingest_spools(home: Path, store, run_id: str, *, only_abandoned: bool = True
     if not folder.is_dir():
         return 0
     stored = 0
-    for path in sorted(folder.glob("*.jsonl")):
-        if only_abandoned and not _owner_gone(path):
-            continue
+    for path in abandoned(home, run_id) if only_abandoned else sorted(folder.glob("*.jsonl")):
         try:
             size = path.stat().st_size
             for header, rows in read_spool(path, size):
