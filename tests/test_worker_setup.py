@@ -200,3 +200,18 @@ def test_run_without_a_command_is_a_usage_error():
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "command not found" in err
 
+
+
+def test_the_jobs_own_setup_hook_runs_after_raysleuths(tmp_path):
+    (tmp_path / "jobhooks.py").write_text(
+        "import os, sys\n"
+        "def configure():\n"
+        "    done = 'raysleuth.worker_setup.worker' in sys.modules\n"
+        "    open(os.environ['HOOK_MARK'], 'w').write('after raysleuth' if done else 'before raysleuth')\n")
+    mark = tmp_path / "mark.txt"
+    done = subprocess.run([sys.executable, "-c", "import raysleuth; raysleuth.setup_worker()"],
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, str(tmp_path)]),
+                                   RAYSLEUTH_USER_SETUP_HOOK="jobhooks.configure", HOOK_MARK=str(mark)),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert mark.read_text() == "after raysleuth"
