@@ -68,7 +68,7 @@ def test_runtime_env_hook_runs_a_previous_hook_first(monkeypatch):
     monkeypatch.delenv("RAYSLEUTH_MODE", raising=False)
     merged = runtime_env_hook({"env_vars": {"A": "1"}})
     assert merged["env_vars"]["A"] == "1" and merged["env_vars"]["FROM_PREVIOUS_HOOK"] == "yes"
-    assert merged["worker_process_setup_hook"] == SETUP_HOOK
+    assert merged["worker_process_setup_hook"].__name__ == "raysleuth_setup_worker"
 
 
 def previous_hook(runtime_env):
@@ -200,3 +200,38 @@ def test_run_without_a_command_is_a_usage_error():
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "command not found" in err
 
+
+
+def test_the_jobs_own_setup_hook_runs_after_raysleuths(tmp_path):
+    (tmp_path / "jobhooks.py").write_text(
+        "import os, sys\n"
+        "def configure():\n"
+        "    done = 'raysleuth.worker_setup.worker' in sys.modules\n"
+        "    open(os.environ['HOOK_MARK'], 'w').write('after raysleuth' if done else 'before raysleuth')\n")
+    mark = tmp_path / "mark.txt"
+    done = subprocess.run([sys.executable, "-c", "import raysleuth; raysleuth.setup_worker()"],
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, str(tmp_path)]),
+                                   RAYSLEUTH_USER_SETUP_HOOK="jobhooks.configure", HOOK_MARK=str(mark)),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert mark.read_text() == "after raysleuth"
+
+
+def test_the_hook_raysleuth_run_ships_tolerates_a_node_without_raysleuth(tmp_path):
+    import cloudpickle
+
+    from raysleuth.worker_setup.hook import tolerant_setup_hook
+
+    merged = runtime_env_hook({"env_vars": {"A": "1"}})
+    hook = merged["worker_process_setup_hook"]
+    assert callable(hook) and merged["env_vars"]["A"] == "1"
+    payload = tmp_path / "hook.pkl"
+    payload.write_bytes(cloudpickle.dumps(hook))  # what Ray exports to the cluster: the code itself
+    (tmp_path / "raysleuth.py").write_text("raise ImportError('raysleuth is not installed here')\n")
+    code = ("import pickle, sys; sys.path.insert(0, sys.argv[2]); hook = pickle.loads(open(sys.argv[1], 'rb').read()); "
+            "hook(); print('worker runs on')")
+    done = subprocess.run([sys.executable, "-c", code, str(payload), str(tmp_path)], capture_output=True, text=True,
+                          timeout=60, env={key: value for key, value in os.environ.items() if key != "PYTHONPATH"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "worker runs on"
+    assert tolerant_setup_hook().__module__ == "__main__"  # pickled by value, never by reference

@@ -75,6 +75,16 @@ def test_each_worker_says_what_was_installed(light):
         assert event.data["mode"] == "light"
 
 
+def test_warnings_are_shipped_and_memory_is_sampled(light):
+    store = light.store()
+    logs = [record for record in store.query("log") if record.name == "reward.cache"]
+    assert [(record.level, record.data["message"]) for record in logs] == \
+        [("WARNING", "prefetch failed; scoring without the cache")]
+    assert logs[0].actor_class == "RewardModel"
+    samples = store.query("memory")
+    assert samples and all(sample.data["source"] == "watch" and sample.data["rss_bytes"] > 0 for sample in samples)
+
+
 def test_the_segfault_leaves_a_fatal_signal_file_with_stack_and_rank(light):
     dead = []
     for path in light.fatal_files():

@@ -1,7 +1,8 @@
 """Victim job with no raysleuth in it: every way a Ray worker's code can fail.
 
 A task raises, an actor's ``__init__`` raises, an async actor method raises,
-a thread started by an actor dies of an uncaught exception, and a rollout
+a thread started by an actor dies of an uncaught exception (and the actor
+logs a warning about it), and a rollout
 worker (given its rank the way verl does, through ``runtime_env`` env vars)
 segfaults. The driver checks that each error reaches it as the job wrote it
 and prints one line per check, so runs with and without instrumentation
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import logging
 import sys
 import threading
 
@@ -47,6 +49,7 @@ class RewardModel:
         thread = threading.Thread(target=prefetch, name="prefetcher")
         thread.start()
         thread.join()
+        logging.getLogger("reward.cache").warning("prefetch failed; scoring without the cache")
         return "prefetch finished"
 
 

@@ -13,6 +13,9 @@ them).
 the job set. A job that has its own ``worker_process_setup_hook`` keeps it:
 raysleuth's runs first, then the job's. A previous ``RAY_RUNTIME_ENV_HOOK``
 (given to ``raysleuth run`` in the environment) still runs, before ours.
+Under ``raysleuth run`` the hook travels by value (:func:`tolerant_setup_hook`),
+so a node where raysleuth is not installed runs the job uninstrumented
+instead of failing every worker start.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ __all__ = [
     "add_setup_hook",
     "forwarded_environment",
     "runtime_env_hook",
+    "tolerant_setup_hook",
 ]
 
 SETUP_HOOK = "raysleuth.setup_worker"
@@ -55,11 +59,38 @@ def _mode(env: Mapping[str, str]) -> str:
     return (env.get("RAYSLEUTH_MODE") or "light").strip().lower()
 
 
-def add_setup_hook(runtime_env: Mapping[str, Any] | None, env: Mapping[str, str]) -> dict[str, Any] | None:
+_TOLERANT_HOOK_SOURCE = """
+def raysleuth_setup_worker(job_hook=None):
+    try:
+        import raysleuth
+    except ImportError:
+        raysleuth = None  # not installed on this node: the worker runs uninstrumented
+    if raysleuth is not None:
+        raysleuth.setup_worker()
+    if job_hook is not None:
+        job_hook()
+"""
+
+
+def tolerant_setup_hook() -> Any:
+    """A setup hook that Ray ships by value: on a node without raysleuth the worker starts uninstrumented.
+
+    Given as a module path (``raysleuth.setup_worker``), a node that cannot
+    import raysleuth fails every worker start; this function is defined in
+    ``__main__``'s name so cloudpickle sends its code, not a reference.
+    """
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    exec(compile(_TOLERANT_HOOK_SOURCE, "<raysleuth setup hook>", "exec"), namespace)  # noqa: S102 - our own code
+    return namespace["raysleuth_setup_worker"]
+
+
+def add_setup_hook(runtime_env: Mapping[str, Any] | None, env: Mapping[str, str], *,
+                   hook: Any = SETUP_HOOK) -> dict[str, Any] | None:
     """``runtime_env`` with raysleuth's worker setup hook and settings added; the job's own values win.
 
     Pure. With ``RAYSLEUTH_MODE=off`` in ``env`` nothing is added (the
-    input comes back as it was). ``env`` is the driver's environment.
+    input comes back as it was). ``env`` is the driver's environment;
+    ``hook`` the setup to give Ray (a module path, or :func:`tolerant_setup_hook`).
     """
     if _mode(env) == "off":
         return None if runtime_env is None else dict(runtime_env)
@@ -67,12 +98,13 @@ def add_setup_hook(runtime_env: Mapping[str, Any] | None, env: Mapping[str, str]
     env_vars = dict(result.get("env_vars") or {})
     existing = result.get("worker_process_setup_hook")
     if existing is None or existing == SETUP_HOOK:
-        result["worker_process_setup_hook"] = SETUP_HOOK
+        result["worker_process_setup_hook"] = hook
     elif isinstance(existing, str):
         env_vars.setdefault(USER_SETUP_HOOK, existing)
-        result["worker_process_setup_hook"] = SETUP_HOOK
+        result["worker_process_setup_hook"] = hook
     elif callable(existing):
-        result["worker_process_setup_hook"] = functools.partial(_setup_then, existing)
+        result["worker_process_setup_hook"] = functools.partial(
+            hook if callable(hook) else _setup_then, existing)
     for name, value in forwarded_environment(env).items():
         env_vars.setdefault(name, value)
     if env_vars:
@@ -104,6 +136,6 @@ def runtime_env_hook(runtime_env: Mapping[str, Any] | None) -> dict[str, Any] | 
     if previous and previous != ENV_HOOK:
         runtime_env = _load(previous)(runtime_env)  # the user's hook: its errors are the user's
     try:
-        return add_setup_hook(runtime_env, os.environ)
+        return add_setup_hook(runtime_env, os.environ, hook=tolerant_setup_hook())
     except Exception:
         return None if runtime_env is None else dict(runtime_env)
