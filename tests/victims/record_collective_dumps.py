@@ -34,11 +34,11 @@ def job_environment(mode: str = "full") -> dict[str, str]:
 
 
 def start_job(fault: str, address: str, *, mode: str = "full", pause: float = 0.3, linger: float = 120.0,
-              world_size: int = 3, steps: int = 8) -> subprocess.Popen:
+              world_size: int = 3, steps: int = 8, backend: str = "gloo") -> subprocess.Popen:
     """Start the victim job's driver (returns at once; :func:`job_started` reads its first line)."""
     return subprocess.Popen(
         [sys.executable, "-m", "victims.collective_faults", fault, "--address", address, "--pause", str(pause),
-         "--linger", str(linger), "--world-size", str(world_size), "--steps", str(steps)],
+         "--linger", str(linger), "--world-size", str(world_size), "--steps", str(steps), "--backend", backend],
         env=job_environment(mode), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=str(ROOT))
 
 
