@@ -85,7 +85,7 @@ def start(fault: str, world_size: int = 3, fault_rank: int = 1, runtime_env: dic
     if backend == "nccl":
         options["num_gpus"] = 1
     workers = [DDPWorker.options(**options).remote(rank, world_size, port, backend) for rank in range(world_size)]
-    pids = ray.get([worker.pid.remote() for worker in workers], timeout=180)
+    pids = ray.get([worker.pid.remote() for worker in workers], timeout=600)
     refs = [worker.train.remote(fault, fault_rank, steps, pause) for worker in workers]
     return workers, pids, refs
 
