@@ -37,18 +37,20 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def load_batch(step: int, stuck: bool) -> torch.Tensor:
+def load_batch(step: int, stuck: bool, device: torch.device) -> torch.Tensor:
     if stuck:
         time.sleep(3600)  # a data loader that never returns
-    return torch.full((64, 64), float(step))
+    return torch.full((64, 64), float(step), device=device)
 
 
 @ray.remote(num_cpus=0)
 class DDPWorker:
-    def __init__(self, rank: int, world_size: int, port: int) -> None:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    def __init__(self, rank: int, world_size: int, port: int, backend: str = "gloo") -> None:
+        self.device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")  # Ray sets the GPU
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                                device_id=self.device if backend == "nccl" else None)
         self.rank = rank
-        self.weights = torch.zeros(64, 64)
+        self.weights = torch.zeros(64, 64, device=self.device)
 
     def pid(self) -> int:
         return os.getpid()
@@ -56,7 +58,7 @@ class DDPWorker:
     def train(self, fault: str = "healthy", fault_rank: int = 1, steps: int = STEPS, pause: float = 0.0) -> int:
         for step in range(steps):
             faulty = self.rank == fault_rank and step == FAULT_STEP
-            batch = load_batch(step, stuck=faulty and fault == "stuck")
+            batch = load_batch(step, faulty and fault == "stuck", self.device)
             grad = batch * 0.01
             dist.all_reduce(grad)
             self.weights -= grad
@@ -76,12 +78,14 @@ class DDPWorker:
 
 
 def start(fault: str, world_size: int = 3, fault_rank: int = 1, runtime_env: dict | None = None,
-          steps: int = STEPS, pause: float = 0.0):
+          steps: int = STEPS, pause: float = 0.0, backend: str = "gloo"):
     """Start the workers and their training calls; returns (workers, pids, train refs)."""
     port = free_port()
     options = {"runtime_env": runtime_env} if runtime_env else {}
-    workers = [DDPWorker.options(**options).remote(rank, world_size, port) for rank in range(world_size)]
-    pids = ray.get([worker.pid.remote() for worker in workers], timeout=180)
+    if backend == "nccl":
+        options["num_gpus"] = 1
+    workers = [DDPWorker.options(**options).remote(rank, world_size, port, backend) for rank in range(world_size)]
+    pids = ray.get([worker.pid.remote() for worker in workers], timeout=600)
     refs = [worker.train.remote(fault, fault_rank, steps, pause) for worker in workers]
     return workers, pids, refs
 
@@ -98,10 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fault-rank", type=int, default=1)
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--pause", type=float, default=0.0)
+    parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
     parser.add_argument("--linger", type=float, default=0.0, help="seconds to stay up after training")
     args = parser.parse_args(argv)
     ray.init(address=args.address, log_to_driver=False)
-    workers, pids, refs = start(args.fault, args.world_size, args.fault_rank, steps=args.steps, pause=args.pause)
+    workers, pids, refs = start(args.fault, args.world_size, args.fault_rank, steps=args.steps, pause=args.pause,
+                                backend=args.backend)
     print("training", ray.get_runtime_context().get_job_id(), " ".join(map(str, pids)), flush=True)
     code = 0
     try:

@@ -34,12 +34,15 @@ def job_environment(mode: str = "full") -> dict[str, str]:
 
 
 def start_job(fault: str, address: str, *, mode: str = "full", pause: float = 0.3, linger: float = 120.0,
-              world_size: int = 3, steps: int = 8) -> subprocess.Popen:
+              world_size: int = 3, steps: int = 8, backend: str = "gloo") -> subprocess.Popen:
     """Start the victim job's driver (returns at once; :func:`job_started` reads its first line)."""
-    return subprocess.Popen(
+    log = tempfile.NamedTemporaryFile("w+", prefix=f"victim-{fault}-", suffix=".log", delete=False)
+    driver = subprocess.Popen(
         [sys.executable, "-m", "victims.collective_faults", fault, "--address", address, "--pause", str(pause),
-         "--linger", str(linger), "--world-size", str(world_size), "--steps", str(steps)],
-        env=job_environment(mode), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=str(ROOT))
+         "--linger", str(linger), "--world-size", str(world_size), "--steps", str(steps), "--backend", backend],
+        env=job_environment(mode), stdout=subprocess.PIPE, stderr=log, text=True, cwd=str(ROOT))
+    driver.log_path = log.name
+    return driver
 
 
 def job_started(driver: subprocess.Popen) -> tuple[str, list[int]]:
@@ -49,7 +52,9 @@ def job_started(driver: subprocess.Popen) -> tuple[str, list[int]]:
         if len(line) >= 2 and line[0] == "training":
             return line[1], [int(p) for p in line[2:]]
     driver.kill()
-    raise RuntimeError(f"victim job ended before training (exit {driver.wait()})")
+    code = driver.wait()
+    tail = Path(driver.log_path).read_text(errors="replace")[-1500:]
+    raise RuntimeError(f"victim job ended before training (exit {code}): {tail}")
 
 
 def main(faults: list[str]) -> None:
