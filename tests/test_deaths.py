@@ -104,7 +104,8 @@ def test_exception_in_init(deaths):
 
 def test_a_task_worker_that_died_is_classified_too(deaths):
     death = deaths["task"]
-    assert death is not None and death.actor_id is None
+    workers = [(d.task, d.cause, d.pid) for d in deaths["report"].deaths if d.actor_id is None]
+    assert death is not None and death.actor_id is None, workers
     assert (death.cause, death.signal, death.function) == ("fatal_signal", "SIGSEGV", "read_native_buffer")
     assert any("preprocessing shard 7" in line for line in death.last_stdout)
 
@@ -119,7 +120,8 @@ def test_tasks_dead_cli_gives_rank_cause_and_evidence(deaths, capsys):
     segfault = mine[deaths["ids"][1]]
     assert segfault["rank"] == 1 and segfault["cause"] == "fatal_signal" and segfault["function"] == "read_native_buffer"
     dead_actor = next(item for item in payload["dead_actors"] if item["actor_id"] == deaths["ids"][0])
-    assert dead_actor["death_cause"] == "sigkill" and dead_actor["rank"] == 0 and dead_actor["evidence"]
+    assert dead_actor["cause"] == "sigkill" and dead_actor["rank"] == 0 and dead_actor["evidence"]
+    assert dead_actor["death_cause"] == "worker_died"  # Ray's own reason, kept beside the classified one
     assert main(["tasks", "--dead", "--no-record"]) == 1
     out = capsys.readouterr().out
     assert "fatal_signal" in out and "read_native_buffer" in out and "rank 1" in out

@@ -118,6 +118,8 @@ def _subjects(actors, workers, tasks, node_ips, job_id) -> list[dict[str, Any]]:
             last_call[task["actor_id"]] = task
         if task.get("worker_pid"):
             last_call[(task.get("node_id"), task.get("worker_pid"))] = task
+        if task.get("worker_id"):  # worker_pid is often empty on a call whose worker died
+            last_call[task["worker_id"]] = task
     subjects = []
     for actor in actors:
         if job_id and actor.get("job_id") != job_id:
@@ -134,7 +136,7 @@ def _subjects(actors, workers, tasks, node_ips, job_id) -> list[dict[str, Any]]:
             continue
         if worker.get("exit_type") not in DIED_EXIT_TYPES:
             continue
-        task = last_call.get(key)
+        task = last_call.get(key) or last_call.get(worker.get("worker_id"))
         if job_id and task is not None and task.get("job_id") != job_id:
             continue
         subjects.append({"actor": None, "worker": worker, "task": task, "actor_id": None, "pid": worker.get("pid"),
