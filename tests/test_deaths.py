@@ -21,12 +21,30 @@ import pytest
 HERE = Path(__file__).parent
 
 
+def _wait_for_capsule(tag: str, timeout: float = 60.0) -> None:
+    from raysleuth.recorder import open_store
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            store = open_store()
+            try:
+                if any(tag in record.data.get("message", "") for record in store.query("crash")):
+                    return
+            finally:
+                store.close()
+        except Exception:
+            pass
+        time.sleep(0.3)
+
+
 @pytest.fixture(scope="module")
 def deaths(ray_cluster):
     import ray
 
     from raysleuth.deaths import find_deaths, record_deaths
     from victims import dying_workers as dw
+    from victims.crashing_actor import RemoteOverCapture
 
     tag = uuid.uuid4().hex[:6]
     worker_node, head = ray_cluster.worker_node_id, ray_cluster.head_node_id
@@ -50,7 +68,12 @@ def deaths(ray_cluster):
         ray.get(failing.pid.remote(), timeout=120)
     with pytest.raises(ray.exceptions.WorkerCrashedError):
         ray.get(task, timeout=120)
-    ids = {rank: handle._actor_id.hex() for rank, handle in {**workers, 5: failing}.items()}
+    crashing = RemoteOverCapture.remote(6)  # @rs.capture_crashes: its exception leaves a capsule
+    with pytest.raises(RuntimeError):
+        ray.get(crashing.step.remote(1, tag), timeout=120)
+    _wait_for_capsule(tag)
+    ray.kill(crashing)  # what a controller does to a worker group after one rank raised
+    ids = {rank: handle._actor_id.hex() for rank, handle in {**workers, 5: failing, 6: crashing}.items()}
     deadline = time.time() + 60
     while True:  # Ray records a death a moment after the caller sees it
         report = find_deaths()
@@ -100,6 +123,13 @@ def test_exception_in_init(deaths):
     death = deaths["by_rank"][5]
     assert (death.rank, death.cause, death.exception_type) == (5, "init_failed", "FileNotFoundError")
     assert "rank 5" in death.exception_message
+
+
+def test_python_exception_then_ray_kill_names_the_exception(deaths):
+    death = deaths["by_rank"][6]
+    assert (death.rank, death.rank_source) == (6, "registered")
+    assert death.cause == "python_exception" and death.exception_type == "RuntimeError"
+    assert any("ray.kill" in line for line in death.evidence)
 
 
 def test_a_task_worker_that_died_is_classified_too(deaths):
