@@ -82,7 +82,7 @@ def deaths(ray_cluster):
         if (all(actor_id in found for actor_id in ids.values()) and tasks) or time.time() > deadline:
             break
         time.sleep(1)
-    record_deaths(report)
+    assert record_deaths(report) >= len(ids)
     return {"by_rank": {rank: found.get(actor_id) for rank, actor_id in ids.items()}, "report": report, "ids": ids,
             "home": ray_cluster.home, "task": tasks[0] if tasks else None}
 
@@ -160,10 +160,14 @@ def test_tasks_dead_cli_gives_rank_cause_and_evidence(deaths, capsys):
 def test_crashes_lists_deaths_beside_capsules_from_the_store(deaths, capsys):
     from raysleuth.cli import main
 
+    from raysleuth.deaths import record_deaths
+
+    assert record_deaths(deaths["report"]) == 0  # each death is recorded once
     capsys.readouterr()
     main(["crashes", "--json", "--home", str(deaths["home"])])
     listed = json.loads(capsys.readouterr().out)
     recorded = {item["actor_id"]: item for item in listed if item["kind"] == "death"}
+    assert len([item for item in listed if item.get("actor_id") == deaths["ids"][3]]) == 1
     assert recorded[deaths["ids"][3]]["cause"] == "exit" and recorded[deaths["ids"][3]]["rank"] == 3
     death_id = recorded[deaths["ids"][1]]["id"]
     assert main(["crashes", "show", str(death_id), "--home", str(deaths["home"])]) == 0
