@@ -216,6 +216,7 @@ def test_report_crash_section_shows_deaths(deaths, tmp_path):
 def test_memory_monitor_kill_on_its_own_cluster(tmp_path):
     """Ray's memory monitor, forced with a threshold just above this machine's current use."""
     env = {**os.environ, "RAYSLEUTH_HOME": str(tmp_path / "home"), "RAY_ADDRESS": ""}
+    env.setdefault("RAY_raylet_start_wait_time_s", "180")  # a loaded machine registers raylets slowly
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(HERE.parent / "src"), env.get("PYTHONPATH", "")])
     done = subprocess.run([sys.executable, "-m", "victims.memory_monitor_death"], capture_output=True, text=True,
                           timeout=400, env=env, cwd=str(tmp_path))
