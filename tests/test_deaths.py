@@ -21,12 +21,30 @@ import pytest
 HERE = Path(__file__).parent
 
 
+def _wait_for_capsule(tag: str, timeout: float = 60.0) -> None:
+    from raysleuth.recorder import open_store
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            store = open_store()
+            try:
+                if any(tag in record.data.get("message", "") for record in store.query("crash")):
+                    return
+            finally:
+                store.close()
+        except Exception:
+            pass
+        time.sleep(0.3)
+
+
 @pytest.fixture(scope="module")
 def deaths(ray_cluster):
     import ray
 
     from raysleuth.deaths import find_deaths, record_deaths
     from victims import dying_workers as dw
+    from victims.crashing_actor import RemoteOverCapture
 
     tag = uuid.uuid4().hex[:6]
     worker_node, head = ray_cluster.worker_node_id, ray_cluster.head_node_id
@@ -50,7 +68,12 @@ def deaths(ray_cluster):
         ray.get(failing.pid.remote(), timeout=120)
     with pytest.raises(ray.exceptions.WorkerCrashedError):
         ray.get(task, timeout=120)
-    ids = {rank: handle._actor_id.hex() for rank, handle in {**workers, 5: failing}.items()}
+    crashing = RemoteOverCapture.remote(6)  # @rs.capture_crashes: its exception leaves a capsule
+    with pytest.raises(RuntimeError):
+        ray.get(crashing.step.remote(1, tag), timeout=120)
+    _wait_for_capsule(tag)
+    ray.kill(crashing)  # what a controller does to a worker group after one rank raised
+    ids = {rank: handle._actor_id.hex() for rank, handle in {**workers, 5: failing, 6: crashing}.items()}
     deadline = time.time() + 60
     while True:  # Ray records a death a moment after the caller sees it
         report = find_deaths()
@@ -59,7 +82,7 @@ def deaths(ray_cluster):
         if (all(actor_id in found for actor_id in ids.values()) and tasks) or time.time() > deadline:
             break
         time.sleep(1)
-    record_deaths(report)
+    assert record_deaths(report) >= len(ids)
     return {"by_rank": {rank: found.get(actor_id) for rank, actor_id in ids.items()}, "report": report, "ids": ids,
             "home": ray_cluster.home, "task": tasks[0] if tasks else None}
 
@@ -102,9 +125,17 @@ def test_exception_in_init(deaths):
     assert "rank 5" in death.exception_message
 
 
+def test_python_exception_then_ray_kill_names_the_exception(deaths):
+    death = deaths["by_rank"][6]
+    assert (death.rank, death.rank_source) == (6, "registered")
+    assert death.cause == "python_exception" and death.exception_type == "RuntimeError"
+    assert any("ray.kill" in line for line in death.evidence)
+
+
 def test_a_task_worker_that_died_is_classified_too(deaths):
     death = deaths["task"]
-    assert death is not None and death.actor_id is None
+    workers = [(d.task, d.cause, d.pid) for d in deaths["report"].deaths if d.actor_id is None]
+    assert death is not None and death.actor_id is None, workers
     assert (death.cause, death.signal, death.function) == ("fatal_signal", "SIGSEGV", "read_native_buffer")
     assert any("preprocessing shard 7" in line for line in death.last_stdout)
 
@@ -119,7 +150,8 @@ def test_tasks_dead_cli_gives_rank_cause_and_evidence(deaths, capsys):
     segfault = mine[deaths["ids"][1]]
     assert segfault["rank"] == 1 and segfault["cause"] == "fatal_signal" and segfault["function"] == "read_native_buffer"
     dead_actor = next(item for item in payload["dead_actors"] if item["actor_id"] == deaths["ids"][0])
-    assert dead_actor["death_cause"] == "sigkill" and dead_actor["rank"] == 0 and dead_actor["evidence"]
+    assert dead_actor["cause"] == "sigkill" and dead_actor["rank"] == 0 and dead_actor["evidence"]
+    assert dead_actor["death_cause"] == "worker_died"  # Ray's own reason, kept beside the classified one
     assert main(["tasks", "--dead", "--no-record"]) == 1
     out = capsys.readouterr().out
     assert "fatal_signal" in out and "read_native_buffer" in out and "rank 1" in out
@@ -128,10 +160,14 @@ def test_tasks_dead_cli_gives_rank_cause_and_evidence(deaths, capsys):
 def test_crashes_lists_deaths_beside_capsules_from_the_store(deaths, capsys):
     from raysleuth.cli import main
 
+    from raysleuth.deaths import record_deaths
+
+    assert record_deaths(deaths["report"]) == 0  # each death is recorded once
     capsys.readouterr()
     main(["crashes", "--json", "--home", str(deaths["home"])])
     listed = json.loads(capsys.readouterr().out)
     recorded = {item["actor_id"]: item for item in listed if item["kind"] == "death"}
+    assert len([item for item in listed if item.get("actor_id") == deaths["ids"][3]]) == 1
     assert recorded[deaths["ids"][3]]["cause"] == "exit" and recorded[deaths["ids"][3]]["rank"] == 3
     death_id = recorded[deaths["ids"][1]]["id"]
     assert main(["crashes", "show", str(death_id), "--home", str(deaths["home"])]) == 0
@@ -180,6 +216,7 @@ def test_report_crash_section_shows_deaths(deaths, tmp_path):
 def test_memory_monitor_kill_on_its_own_cluster(tmp_path):
     """Ray's memory monitor, forced with a threshold just above this machine's current use."""
     env = {**os.environ, "RAYSLEUTH_HOME": str(tmp_path / "home"), "RAY_ADDRESS": ""}
+    env.setdefault("RAY_raylet_start_wait_time_s", "180")  # a loaded machine registers raylets slowly
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(HERE.parent / "src"), env.get("PYTHONPATH", "")])
     done = subprocess.run([sys.executable, "-m", "victims.memory_monitor_death"], capture_output=True, text=True,
                           timeout=400, env=env, cwd=str(tmp_path))

@@ -206,3 +206,13 @@ def test_fatal_file_header_gives_the_rank():
     assert fatal_file_rank("# raysleuth fatal-signal file pid=12 rank=3 actor_id=- job_id=01000000\n") == 3
     assert fatal_file_rank("# raysleuth fatal-signal file pid=12 rank=- actor_id=- job_id=-\n# rank=5\n") == 5
     assert fatal_file_rank("# raysleuth fatal-signal file pid=12 rank=- actor_id=- job_id=-\n") is None
+
+
+def test_node_agent_reads_ray_train_ranks_from_the_logs_folder(tmp_path):
+    from raysleuth.agents import ray_train_lines
+
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "ray-train-sys-worker-abc.log").write_text((DATA / "ray-train-sys-worker.log").read_text())
+    ranks = ray_train_ranks(ray_train_lines(50, logs_dir=str(tmp_path)))
+    assert [entry["rank"] for entry in ranks.values()] == [1]
+    assert ray_train_lines(50, logs_dir=str(tmp_path / "missing")) == []

@@ -194,6 +194,10 @@ class NodeAgent:
         """Last lines of each pid's Ray worker ``.err``/``.out`` logs and raysleuth fatal file on this node."""
         return worker_logs(pids, lines)
 
+    def ray_train_lines(self, lines: int = 50) -> list[str]:
+        """Lines naming a ``world_rank`` from Ray Train's worker logs on this node (``logs/train/``)."""
+        return ray_train_lines(lines)
+
 
 RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "WG_PREFIX",
                   "RAY_LOCAL_WORLD_SIZE")
@@ -640,3 +644,18 @@ def worker_logs(pids: list[int], lines: int = 200, logs_dir: str | None = None) 
             entry[key] = text if key == "fatal" else text.splitlines()[-lines:]
         result[pid] = entry
     return result
+
+
+def ray_train_lines(lines: int = 50, logs_dir: str | None = None) -> list[str]:
+    """The last ``lines`` lines with a ``world_rank`` of each ``ray-train-sys-worker-*.log`` (JSON lines)."""
+    from raysleuth import cluster
+
+    folder = os.path.join(logs_dir or cluster.local_logs_dir() or "", "train")
+    try:
+        names = [name for name in os.listdir(folder) if name.startswith("ray-train-sys-worker")]
+    except OSError:
+        return []
+    found: list[str] = []
+    for text in read_files([os.path.join(folder, name) for name in names], tail_bytes=lines * 1200).values():
+        found += [line for line in (text or "").splitlines() if '"world_rank"' in line][-lines:]
+    return found

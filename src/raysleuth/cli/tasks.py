@@ -54,10 +54,7 @@ def tasks(
     report = find_tasks(address, pending=pending or everything, stuck=stuck or everything,
                         failed=failed or everything, dead=dead or everything, older_than=older_than,
                         stuck_factor=stuck_factor, stuck_floor_s=stuck_floor, job_id=job, stack=stack)
-    if record and report.deaths:
-        from raysleuth.deaths import DeathReport, record_deaths
-
-        record_deaths(DeathReport(deaths=report.deaths))
+    _record(report, record)
     if json_:
         emit_json(report.to_dict())
         finish(1 if report.problem else 0)
@@ -113,6 +110,13 @@ def tasks(
     if not shown_any:
         console.print("[green]nothing pending, stuck, failed or dead[/green]")
     finish(1 if report.problem else 0)
+
+
+def _record(report, record: bool) -> None:
+    if record and report.deaths:
+        from raysleuth.deaths import DeathReport, record_deaths
+
+        record_deaths(DeathReport(deaths=report.deaths))
 
 
 def print_deaths(deaths, *, lines: int = 3) -> None:

@@ -186,22 +186,48 @@ def find_deaths(address: str | None = None, *, job_id: str | None = None, lines:
     return report
 
 
+def _key(actor_id: str | None, node: str | None, pid: int | None) -> str:
+    return actor_id or f"{node}:{pid}"
+
+
+def _recorded_keys() -> set[str]:
+    try:
+        from raysleuth.recorder import open_store
+
+        store = open_store()
+    except Exception:
+        return set()
+    try:
+        return {_key(record.actor_id, record.node_id, record.pid) for record in store.query("death")}
+    except Exception:
+        return set()
+    finally:
+        store.close()
+
+
 def record_deaths(report: DeathReport) -> int:
-    """Store each death as a ``death`` record with the dead worker's identity (once per worker). Never raises."""
+    """Store each death as a ``death`` record with the dead worker's identity, once per worker. Never raises.
+
+    Written without a client id: the writer's client registry (live ranks by pid) must not learn the
+    pids of dead processes, which the OS may give to new ones.
+    """
     try:
         import ray
 
         from raysleuth.recorder import get_writer
 
         writer = get_writer()
+        known = _recorded_keys()
         refs = []
         for death in report.deaths:
-            header = {"client_id": f"death:{death.actor_id or f'{death.node_id}:{death.pid}'}",
+            if _key(death.actor_id, death.node_id, death.pid) in known:
+                continue
+            header = {"client_id": None,
                       "node_id": death.node_id, "node_ip": death.node_ip, "pid": death.pid,
                       "actor_id": death.actor_id, "actor_name": death.actor_name, "actor_class": death.actor_class,
                       "world_size": death.world_size}
             row = ("death", death.died_at or time.time(), death.rank, None, None, death.cause, "ERROR",
-                   death.to_dict(), 0)
+                   death.to_dict(), None)
             refs.append(writer.write.remote(header, [row]))
         return sum(ray.get(refs, timeout=30)) if refs else 0
     except Exception:

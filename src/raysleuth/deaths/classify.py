@@ -248,8 +248,11 @@ def _python_exception(evidence, cause, reason, message, pid) -> Verdict | None:
         return None
     capsule = capsules[-1]
     kind = capsule.get("exception_type") or "an exception"
+    found = [f"crash capsule {capsule.get('id', '')} ({capsule.get('method') or 'worker'})".replace("  ", " ")]
+    if message:
+        found.append(f"then Ray: {message.splitlines()[0][:200]}")
     return Verdict(cause="python_exception", summary=f"a Python exception: {kind}: {str(capsule.get('message', ''))[:200]}",
-                   evidence=[f"crash capsule {capsule.get('id', '')} ({capsule.get('method') or 'worker'})".replace("  ", " ")],
+                   evidence=found,
                    exception_type=capsule.get("exception_type"), exception_message=capsule.get("message"),
                    function=capsule.get("method"))
 

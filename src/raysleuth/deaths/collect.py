@@ -3,18 +3,23 @@
 - Ray's State API (through :mod:`raysleuth.cluster`): dead actors with their
   ``death_cause``, dead workers with ``exit_type``/``exit_detail``, the call
   each was running, the node's state.
-- The worker's own ``.err``/``.out`` logs, read through Ray's log API by actor
-  id (or pid and node), **in parallel** (one thread per log, bounded), and
-  raysleuth's zero-code fatal-signal file ``raysleuth-fatal-<pid>.log`` where
-  the node's log listing has one.
+- The worker's own ``.err``/``.out`` logs and raysleuth's zero-code
+  fatal-signal file ``raysleuth-fatal-<pid>.log``: read on each node by the
+  node agent, one call per node for all its dead pids, nodes in parallel
+  (it also looks in ``logs/old/``, where Ray's log monitor moves dead
+  workers' files and where Ray's log API no longer finds them). Pids the
+  agent cannot serve fall back to Ray's log API by actor id or pid, on
+  ``parallel`` threads.
 - The node agent: kernel-log OOM kills where permitted and the memory
   cgroup's ``oom_kill`` count (only asked when a worker vanished without output).
 - The evidence store: the worker's last memory samples, crash capsules,
   and its peers' last heartbeats.
 
 Every source may fail; what could not be read is said in the evidence.
-Scale: logs are one State API call each (about 2 per dead worker) run on
-``parallel`` threads; past a few thousand deaths, read only the newest.
+Scale: one agent call per node regardless of the number of deaths (100
+dead actors: under half a second, ``bench/bench_deaths.py``); the State API
+listings are capped at its limit, and past a few thousand deaths per node
+the agent's reply (200 lines per log) becomes the cost: read fewer lines.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ def _log(key: tuple, tail: int) -> tuple[tuple, list[str] | None, str | None]:
 def fetch_logs(keys: list[tuple], *, tail: int = 200, parallel: int = 16) -> dict[tuple, tuple[list[str] | None, str | None]]:
     """Read many logs at once: ``key -> (lines or None, problem)``.
 
-    A key is ``("actor", actor_id, None, suffix)``, ``("pid", pid, node_id,
+    A key is ``("actor", actor_id, node_id, suffix)``, ``("pid", pid, node_id,
     suffix)`` or ``("file", filename, node_id, None)``.
     """
     if not keys:
@@ -118,6 +123,8 @@ def _subjects(actors, workers, tasks, node_ips, job_id) -> list[dict[str, Any]]:
             last_call[task["actor_id"]] = task
         if task.get("worker_pid"):
             last_call[(task.get("node_id"), task.get("worker_pid"))] = task
+        if task.get("worker_id"):  # worker_pid is often empty on a call whose worker died
+            last_call[task["worker_id"]] = task
     subjects = []
     for actor in actors:
         if job_id and actor.get("job_id") != job_id:
@@ -134,7 +141,7 @@ def _subjects(actors, workers, tasks, node_ips, job_id) -> list[dict[str, Any]]:
             continue
         if worker.get("exit_type") not in DIED_EXIT_TYPES:
             continue
-        task = last_call.get(key)
+        task = last_call.get(key) or last_call.get(worker.get("worker_id"))
         if job_id and task is not None and task.get("job_id") != job_id:
             continue
         subjects.append({"actor": None, "worker": worker, "task": task, "actor_id": None, "pid": worker.get("pid"),

@@ -98,10 +98,20 @@ def _store_records(kinds: tuple[str, ...] = ("heartbeat", "crash", "log", "memor
 
 
 def _train_logs(node_ids: set[str]) -> dict[str, dict[str, Any]]:
-    """Ray Train worker ranks from the train logs of the given nodes (missing nodes are skipped)."""
+    """Ray Train worker ranks from the train logs of the given nodes: through the node agents,
+    else Ray's log API (nodes that answer neither are skipped)."""
     from raysleuth import cluster
 
     found: dict[str, dict[str, Any]] = {}
+    try:
+        from raysleuth.agents import call_agents
+
+        for result in call_agents("ray_train_lines", timeout=20, nodes=sorted(node_ids)):
+            if result.ok:
+                found.update(ray_train_ranks(result.value or []))
+                node_ids = node_ids - {result.node_id}
+    except Exception:
+        pass
     for node_id in node_ids:
         try:
             files = cluster.list_log_files(node_id=node_id, glob_filter="*ray-train-sys-worker*")

@@ -136,9 +136,10 @@ class DeadActor:
     num_restarts: int = 0
     fix: str | None = None
     rank_source: str | None = None
+    cause: str | None = None
+    """The classified cause (:data:`raysleuth.deaths.CAUSES`); ``death_cause`` stays Ray's own reason."""
     evidence: list[str] = dataclasses.field(default_factory=list)
-    """What decided ``death_cause`` (:mod:`raysleuth.deaths`)."""
-    ray_reason: str | None = None
+    """What decided ``cause`` (:mod:`raysleuth.deaths`)."""
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -314,8 +315,7 @@ def _classify_deaths(report: TaskReport, job_id: str | None) -> None:
         death = by_actor.get(item.actor_id)
         if death is None:
             continue
-        item.ray_reason = item.death_cause
-        item.death_cause, item.summary, item.evidence = death.cause, death.summary, death.evidence
+        item.cause, item.summary, item.evidence = death.cause, death.summary, death.evidence
         item.fix = death.fix or item.fix
         if death.rank is not None:
             item.rank, item.rank_source = death.rank, death.rank_source
