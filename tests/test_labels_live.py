@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 from raysleuth.agents import rank_hints, read_train_logs
-from raysleuth.labels.live import merge_hints, resolve_rank
+from raysleuth.agents import AgentResult
+from raysleuth.labels.live import hints_from_results, merge_hints, resolve_rank
 
 DATA = Path(__file__).parent / "data" / "ray_train_logs"
 
@@ -42,6 +43,15 @@ def test_merge_never_gives_a_driver_a_rank():
     merged = merge_hints(labels, hints, drivers={("10.0.0.1", 5)})
     assert merged[("10.0.0.1", 5)]["rank"] is None and merged[("10.0.0.1", 5)]["role"] == "driver"
     assert (merged[("10.0.0.1", 6)]["rank"], merged[("10.0.0.1", 6)]["rank_source"]) == (2, "environment")
+
+
+def test_two_nodes_on_one_machine_keep_both_nodes_workers():
+    head = AgentResult("n1", "10.0.0.1", True, {"processes": {"5": {"environment": {"RANK": "0"}}}, "seconds": 0.004})
+    worker = AgentResult("n2", "10.0.0.1", True, {"processes": {"6": {"environment": {"RANK": "1"}}}, "seconds": 0.007})
+    lost = AgentResult("n3", "10.0.0.3", False, error="timed out")
+    hints, notes, costs = hints_from_results([head, worker, lost])
+    assert sorted(hints["10.0.0.1"]) == [5, 6] and costs["10.0.0.1"] == 0.007
+    assert "timed out" in notes["10.0.0.3"]
 
 
 def test_ray_train_structured_logs(tmp_path):

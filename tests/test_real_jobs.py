@@ -4,12 +4,15 @@ Each victim (tests/victims/real_jobs.py) is its own driver process, as users
 run jobs; ranks come from where those jobs put them (runtime_env RANK, Ray
 Train's records, verl's environment). Each test asserts the culprit's rank,
 the rule that named it and the exit code; healthy jobs must name no one.
+Every victim starts at once when the module starts (start-up is most of
+their cost) and each test scopes `stacks` to its own victim's pids.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import time
@@ -27,12 +30,20 @@ class Victim:
     """A victim driver process and its Ray job."""
 
     def __init__(self, address: str, kind: str, *args: str) -> None:
+        self.kind = kind
         self.proc = subprocess.Popen([sys.executable, "-m", "victims.real_jobs", kind, "--address", address, *args],
                                      cwd=str(HERE), env=dict(os.environ), stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, text=True)
-        line = self.proc.stdout.readline()
-        assert line.startswith("ready"), f"victim {kind} did not start: {line!r}"
-        self.job_id = line.split()[1]
+        self.job_id: str | None = None
+
+    def ready(self, timeout: float = 300) -> Victim:
+        """Wait for the victim's ``ready <job id>`` line."""
+        if self.job_id is None:
+            readable, _, _ = select.select([self.proc.stdout], [], [], timeout)
+            line = self.proc.stdout.readline() if readable else ""
+            assert line.startswith("ready"), f"victim {self.kind} did not start: {line!r}"
+            self.job_id = line.split()[1]
+        return self
 
     def actors(self, class_name: str | None = None) -> list[dict]:
         return [a for a in cluster.actors(state="ALIVE") if a.get("job_id") == self.job_id
@@ -54,6 +65,34 @@ class Victim:
     def stop(self) -> None:
         self.proc.kill()
         self.proc.wait(timeout=30)
+
+
+SPECS = {
+    "gloo_stuck": ("gloo", "--workers", "3", "--stuck-rank", "1"),
+    "gloo_raise": ("gloo", "--workers", "3", "--raise-rank", "2"),
+    "gloo_swap": ("gloo", "--workers", "3", "--swap-rank", "2"),
+    "gloo_healthy": ("gloo", "--workers", "3", "--seconds", "900"),
+    "ps_dead": ("ps", "--workers", "3", "--die-rank", "1"),
+    "train_stuck": ("train", "--workers", "2", "--stuck-rank", "1"),
+    "train_healthy": ("train", "--workers", "2", "--seconds", "900"),
+    "verl_stuck": ("verl", "--workers", "2", "--stuck-rank", "1"),
+    "verl_healthy": ("verl", "--workers", "2", "--seconds", "900"),
+}
+
+
+@pytest.fixture(scope="module")
+def victims(ray_cluster):
+    started = {}
+    for name, spec in SPECS.items():
+        if spec[0] == "verl":
+            try:
+                import verl.single_controller.ray  # noqa: F401
+            except ImportError:
+                continue
+        started[name] = Victim(ray_cluster.address, *spec)
+    yield started
+    for victim in started.values():
+        victim.stop()
 
 
 def stacks(address: str, victim: Victim, *extra: str, capsys) -> tuple[int, dict]:
@@ -88,8 +127,8 @@ def driver_of(data: dict, victim: Victim) -> dict:
     return next(p for p in data["processes"] if p["pid"] == victim.proc.pid)
 
 
-def test_gloo_rank_stuck_before_the_collective(ray_cluster, capsys):
-    victim = Victim(ray_cluster.address, "gloo", "--workers", "3", "--stuck-rank", "1")
+def test_gloo_rank_stuck_before_the_collective(ray_cluster, victims, capsys):
+    victim = victims["gloo_stuck"].ready()
     try:
         victim.wait_for("DDPRank", 3)
         code, data = poll(ray_cluster.address, victim, lambda code, data: data["verdict"]["culprits"], capsys)
@@ -104,8 +143,8 @@ def test_gloo_rank_stuck_before_the_collective(ray_cluster, capsys):
         victim.stop()
 
 
-def test_gloo_rank_whose_call_raised_left_its_peers_waiting(ray_cluster, capsys):
-    victim = Victim(ray_cluster.address, "gloo", "--workers", "3", "--raise-rank", "2")
+def test_gloo_rank_whose_call_raised_left_its_peers_waiting(ray_cluster, victims, capsys):
+    victim = victims["gloo_raise"].ready()
     try:
         victim.wait_for("DDPRank", 3)
         code, data = poll(ray_cluster.address, victim, lambda code, data: data["verdict"]["culprits"], capsys)
@@ -117,8 +156,8 @@ def test_gloo_rank_whose_call_raised_left_its_peers_waiting(ray_cluster, capsys)
         victim.stop()
 
 
-def test_gloo_deadlock_where_every_rank_waits_is_hung(ray_cluster, capsys):
-    victim = Victim(ray_cluster.address, "gloo", "--workers", "3", "--swap-rank", "2")
+def test_gloo_deadlock_where_every_rank_waits_is_hung(ray_cluster, victims, capsys):
+    victim = victims["gloo_swap"].ready()
     try:
         victim.wait_for("DDPRank", 3)
         code, data = poll(ray_cluster.address, victim, lambda code, data: data["verdict"]["state"] == "hung", capsys)
@@ -134,8 +173,8 @@ def test_gloo_deadlock_where_every_rank_waits_is_hung(ray_cluster, capsys):
         victim.stop()
 
 
-def test_healthy_gloo_job_with_its_driver_blocked_in_ray_get(ray_cluster, capsys):
-    victim = Victim(ray_cluster.address, "gloo", "--workers", "3", "--seconds", "300")
+def test_healthy_gloo_job_with_its_driver_blocked_in_ray_get(ray_cluster, victims, capsys):
+    victim = victims["gloo_healthy"].ready()
     try:
         victim.wait_for("DDPRank", 3)
         time.sleep(3)  # past start-up: the ranks train
@@ -150,8 +189,8 @@ def test_healthy_gloo_job_with_its_driver_blocked_in_ray_get(ray_cluster, capsys
         victim.stop()
 
 
-def test_parameter_server_rank_that_died(ray_cluster, capsys):
-    victim = Victim(ray_cluster.address, "ps", "--workers", "3", "--die-rank", "1")
+def test_parameter_server_rank_that_died(ray_cluster, victims, capsys):
+    victim = victims["ps_dead"].ready()
     try:
         code, data = poll(ray_cluster.address, victim, lambda code, data: data["verdict"]["culprits"], capsys)
         assert code == 1, data["verdict"]
@@ -163,8 +202,8 @@ def test_parameter_server_rank_that_died(ray_cluster, capsys):
         victim.stop()
 
 
-def test_ray_train_rank_stuck_and_healthy(ray_cluster, capsys):
-    victim = Victim(ray_cluster.address, "train", "--workers", "2", "--stuck-rank", "1")
+def test_ray_train_rank_stuck_and_healthy(ray_cluster, victims, capsys):
+    victim = victims["train_stuck"].ready()
     try:
         victim.wait_for("RayTrainWorker", 2)
         code, data = poll(ray_cluster.address, victim, lambda code, data: data["verdict"]["culprits"], capsys)
@@ -176,7 +215,7 @@ def test_ray_train_rank_stuck_and_healthy(ray_cluster, capsys):
         assert any(t["name"].startswith("TrainingThread(") for t in worker["threads"])
     finally:
         victim.stop()
-    healthy = Victim(ray_cluster.address, "train", "--workers", "2", "--seconds", "300")
+    healthy = victims["train_healthy"].ready()
     try:
         healthy.wait_for("RayTrainWorker", 2)
         poll(ray_cluster.address, healthy, lambda code, data: len(ranks_of(data, "RayTrainWorker")) == 2
@@ -189,9 +228,9 @@ def test_ray_train_rank_stuck_and_healthy(ray_cluster, capsys):
         healthy.stop()
 
 
-def test_verl_group_of_two_rank_never_returns(ray_cluster, capsys):
+def test_verl_group_of_two_rank_never_returns(ray_cluster, victims, capsys):
     pytest.importorskip("verl.single_controller.ray")
-    victim = Victim(ray_cluster.address, "verl", "--workers", "2", "--stuck-rank", "1")
+    victim = victims["verl_stuck"].ready()
     try:
         code, data = poll(ray_cluster.address, victim, lambda code, data: data["verdict"]["culprits"], capsys)
         assert code == 1, data["verdict"]
@@ -200,7 +239,7 @@ def test_verl_group_of_two_rank_never_returns(ray_cluster, capsys):
         assert driver_of(data, victim)["rank"] is None  # the driver is not "rank 0"
     finally:
         victim.stop()
-    healthy = Victim(ray_cluster.address, "verl", "--workers", "2", "--seconds", "300")
+    healthy = victims["verl_healthy"].ready()
     try:
         time.sleep(3)
         for _ in range(2):

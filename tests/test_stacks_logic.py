@@ -326,3 +326,18 @@ def test_collective_positions_name_the_rank_that_skipped_while_every_rank_waits_
     alive = [p for p in ranks if p.rank != 2]
     verdict = build_verdict(alive, context=VerdictContext(samples=2, dead=[dead], collective_positions=[skipped]))
     assert [c.rule for c in verdict.culprits][0] == "collective positions"
+
+
+def test_idle_in_rays_loop_is_returned_unless_an_event_loop_awaits():
+    from raysleuth.stacks.verdict import classify
+
+    loop = thread(170, [frame("BaseEventLoop.run_forever", "/usr/lib/python3.11/asyncio/base_events.py", 608,
+                              "asyncio/base_events.py")], name="AsyncIO Thread: default", os_thread_id=171)
+    raw = [thread(170, RAY_BOTTOM[1:]), loop]
+    stale = ProcessStack(pid=170, role="actor", actor_class="ToyWorker", task_name="ToyWorker.ping")
+    stale.threads = parse_py_spy(raw[:1], pid=170)
+    assert classify(stale) == "returned"  # the State API still names a call that already finished
+    assert headline(stale) == "idle in Ray's task loop (nothing running)"
+    awaiting = ProcessStack(pid=170, role="actor", actor_class="Controller", task_name="Controller.run",
+                            event_loop=True, threads=parse_py_spy(raw, pid=170))
+    assert classify(awaiting) == "waiting" and "awaits (async actor)" in headline(awaiting)

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["SOURCES", "apply_notes", "collect_hints", "merge_hints", "resolve_rank", "worker_labels"]
+__all__ = ["SOURCES", "apply_notes", "collect_hints", "hints_from_results", "merge_hints", "resolve_rank",
+           "worker_labels"]
 
 SOURCES = ("registered", "ray train", "verl environment", "environment", "actor name")
 """Rank sources, most specific first."""
@@ -101,24 +102,33 @@ def merge_hints(labels: dict[tuple[str | None, int], dict[str, Any]],
     return labels
 
 
+def hints_from_results(results: list[Any]) -> tuple[dict, dict[str | None, str], dict[str | None, float]]:
+    """Pure: the agents' answers (:class:`raysleuth.agents.AgentResult`) as hints, notes and costs per node ip.
+
+    Several nodes may share one ip (one machine, ``ray.cluster_utils``):
+    their workers are merged, pids being unique per machine.
+    """
+    hints: dict[str | None, dict[int, dict[str, Any]]] = {}
+    notes: dict[str | None, str] = {}
+    costs: dict[str | None, float] = {}
+    for result in results:
+        if result.ok:
+            hints.setdefault(result.node_ip, {}).update(
+                {int(pid): hint for pid, hint in ((result.value or {}).get("processes") or {}).items()})
+            costs[result.node_ip] = max(costs.get(result.node_ip, 0.0), (result.value or {}).get("seconds") or 0.0)
+        else:
+            notes[result.node_ip] = f"node agent did not answer: {result.error}"
+    return hints, notes, costs
+
+
 def collect_hints(timeout: float = 10.0) -> tuple[dict, dict[str | None, str], dict[str | None, float]]:
     """Every node agent's rank hints at once: (hints per node ip, notes per node ip, agent seconds per node ip)."""
     from raysleuth import agents
 
-    hints: dict[str | None, dict[int, dict[str, Any]]] = {}
-    notes: dict[str | None, str] = {}
-    costs: dict[str | None, float] = {}
     try:
-        for result in agents.call_agents("rank_hints", timeout=timeout):
-            if result.ok:
-                hints[result.node_ip] = {int(pid): hint for pid, hint in
-                                         ((result.value or {}).get("processes") or {}).items()}
-                costs[result.node_ip] = (result.value or {}).get("seconds") or 0.0
-            else:
-                notes[result.node_ip] = f"node agent did not answer: {result.error}"
+        return hints_from_results(agents.call_agents("rank_hints", timeout=timeout))
     except Exception as error:  # no agents at all: the State API's view is what we have
-        notes[None] = f"node agents unavailable ({type(error).__name__}: {str(error)[:120]})"
-    return hints, notes, costs
+        return {}, {None: f"node agents unavailable ({type(error).__name__}: {str(error)[:120]})"}, {}
 
 
 def apply_notes(labels: dict[tuple[str | None, int], dict[str, Any]], notes: dict[str | None, str]) -> None:

@@ -32,6 +32,7 @@ from raysleuth.stacks.model import Frame, ProcessStack, StackGroup, ThreadStack,
 
 __all__ = [
     "group_processes",
+    "has_event_loop",
     "has_user_frames",
     "headline",
     "is_library",
@@ -111,6 +112,11 @@ def fold_threads(threads: list[ThreadStack], include_idle: bool) -> tuple[list[T
         return threads, 0
     kept = [thread for thread in threads if thread.role != "background" or not thread.idle]
     return kept, len(threads) - len(kept)
+
+
+def has_event_loop(thread: ThreadStack) -> bool:
+    """True when the thread runs an asyncio event loop (``asyncio/base_events.py``)."""
+    return any(_short(frame).endswith("asyncio/base_events.py") for frame in thread.frames)
 
 
 def has_user_frames(thread: ThreadStack) -> bool:
@@ -237,7 +243,7 @@ def headline(process: ProcessStack) -> str:
     if thread is None:
         return "no Python threads"
     if is_ray_idle(thread):
-        if process.task_name:  # an async or threaded actor: its call waits off the main thread
+        if process.task_name and process.event_loop:  # an async actor: its call waits off the main thread
             return f"idle in Ray's task loop while {process.task_name} awaits (async actor)"
         return "idle in Ray's task loop (nothing running)"
     frames = frames_that_matter(thread)

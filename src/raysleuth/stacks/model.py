@@ -78,6 +78,8 @@ class ProcessStack:
     error: str | None = None
     seconds: float | None = None
     """How long py-spy took on this process."""
+    event_loop: bool = False
+    """A thread runs an asyncio event loop (an async actor: its calls await off the main thread)."""
     moved: bool | None = None
     """Between the two samples: True when the key thread's frames changed or it ran on CPU; None with one sample."""
     activity: str | None = None

@@ -8,7 +8,7 @@ from typing import Any
 
 from raysleuth import agents
 from raysleuth.errors import ToolMissing
-from raysleuth.stacks.analysis import fold_threads, parse_py_spy
+from raysleuth.stacks.analysis import fold_threads, has_event_loop, parse_py_spy
 from raysleuth.stacks.model import Missing, ProcessStack, StackReport
 
 __all__ = ["NOT_PYTHON", "not_python", "spy_round"]
@@ -97,6 +97,7 @@ def _read_one(report: StackReport, proc: ProcessStack, done: dict[str, Any], nod
                 proc.error = f"unreadable py-spy output ({error})"
             return
         proc.seconds = done.get("seconds")
+        proc.event_loop = any(has_event_loop(thread) for thread in threads)  # before idle threads are folded
         proc.threads, proc.folded_threads = fold_threads(threads, include_idle)
         return
     if second:

@@ -94,8 +94,8 @@ def classify(process: ProcessStack) -> str | None:
     wait = wait_point(thread)
     if process.moved or not thread.idle:
         activity = "working"
-    elif is_ray_idle(thread) and not process.task_name:
-        activity = "returned"
+    elif is_ray_idle(thread) and not (process.task_name and process.event_loop):
+        activity = "returned"  # (a finished call's task name may lag in the State API)
     elif is_ray_idle(thread):
         activity = "waiting"  # an async actor's call awaits off the main thread
         wait = wait or "an awaited call"
