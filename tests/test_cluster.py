@@ -78,7 +78,9 @@ def test_state_listings(ray_cluster):
 
     actor = Named.options(name="trainer_rank7").remote()
     ray.get(actor.ping.remote())
-    labels = cluster.worker_labels()
+    from raysleuth.labels.live import registered_labels
+
+    labels = registered_labels()
     mine = [entry for entry in labels.values() if entry.get("actor_name") == "trainer_rank7"]
     assert mine and mine[0]["rank"] == 7 and mine[0]["actor_class"] == "Named"
     listing = cluster.actors(state="ALIVE")

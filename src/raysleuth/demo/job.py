@@ -26,7 +26,6 @@ import dataclasses
 import os
 import threading
 import time
-from typing import Any
 
 import raysleuth as rs
 

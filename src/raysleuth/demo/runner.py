@@ -10,7 +10,6 @@ an optional callback (the CLI prints it); nothing here prints.
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path

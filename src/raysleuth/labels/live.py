@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["SOURCES", "apply_notes", "collect_hints", "hints_from_results", "merge_hints", "resolve_rank",
+__all__ = ["SOURCES", "apply_notes", "collect_hints", "hints_from_results", "merge_hints", "registered_labels",
+           "resolve_rank",
            "worker_labels"]
 
 SOURCES = ("registered", "ray train", "verl environment", "environment", "actor name")
@@ -139,15 +140,64 @@ def apply_notes(labels: dict[tuple[str | None, int], dict[str, Any]], notes: dic
             label["rank_note"] = note
 
 
+def registered_labels() -> dict[tuple[str | None, int], dict[str, Any]]:
+    """Per worker ``(node_ip, pid)``: rank, actor class and name, node, job, as the State API and the writer know.
+
+    Ranks come from what instruments registered with the writer, else from
+    actor names (pids repeat across nodes, hence the node in the key). A
+    driver never takes a rank from the writer: the rank column of what a
+    driver records on behalf of workers (a verl call to rank 1) is theirs.
+    :func:`worker_labels` adds Ray Train's records and the processes'
+    start-up environment.
+    """
+    from raysleuth import cluster
+
+    labels: dict[tuple[str | None, int], dict[str, Any]] = {}
+    node_ips = {node["node_id"]: node["node_ip"] for node in cluster.nodes()}
+    for actor in cluster.actors(state="ALIVE"):
+        pid = actor.get("pid")
+        if not pid:
+            continue
+        node_ip = node_ips.get(actor.get("node_id"))
+        rank = cluster.rank_from_name(actor.get("name"))
+        labels[(node_ip, pid)] = {
+            "pid": pid,
+            "node_ip": node_ip,
+            "node_id": actor.get("node_id"),
+            "actor_id": actor.get("actor_id"),
+            "actor_class": (actor.get("class_name") or "").rsplit(".", 1)[-1] or None,
+            "actor_name": actor.get("name") or None,
+            "job_id": actor.get("job_id"),
+            "rank": rank,
+            "rank_source": "actor name" if rank is not None else None,
+        }
+    try:
+        import ray
+
+        from raysleuth.recorder import get_writer
+
+        for client in ray.get(get_writer(create=False).clients.remote(), timeout=5):
+            if client.get("role") == "driver":
+                continue  # the driver never inherits a worker's rank
+            key = (client.get("node_ip"), client.get("pid"))
+            entry = labels.setdefault(key, {"pid": client.get("pid"), "node_ip": client.get("node_ip")})
+            if client.get("rank") is not None:
+                entry["rank"] = client["rank"]
+                entry["rank_source"] = "registered"
+                if client.get("world_size"):
+                    entry["world_size"] = client["world_size"]
+    except Exception:
+        pass  # no writer yet: names are all we have
+    return labels
+
+
 def worker_labels(*, timeout: float = 10.0, with_hints: bool = True) -> dict[tuple[str | None, int], dict[str, Any]]:
     """Per running worker ``(node_ip, pid)``: rank and identity from every source (see the module doc).
 
     Never raises for a node that does not answer: its processes keep what
     the State API knows, and ``rank_note`` says the agent was not reached.
     """
-    from raysleuth import cluster
-
-    labels = cluster.worker_labels()
+    labels = registered_labels()
     if not with_hints:
         return labels
     hints, notes, _costs = collect_hints(timeout)

@@ -303,14 +303,14 @@ def find_worker(*, rank: int | None = None, pid: int | None = None, actor_id: st
     """The live actor of a rank, pid or actor id: its actor id, pid, node and rank.
 
     Ranks come from the evidence store (what instruments recorded), else from
-    the actor names (``cluster.worker_labels``). Raises :class:`WorkerNotFound`.
+    the actor names (``labels.live.registered_labels``). Raises :class:`WorkerNotFound`.
     """
-    from raysleuth import cluster
+    from raysleuth.labels.live import registered_labels
 
     if rank is None and pid is None and actor_id is None:
         raise UsageError("--ray needs a worker", fix="add --rank R, --pid P or --actor-id ID")
     found = _rank_from_store(rank, pid, actor_id, run, home)
-    labels = cluster.worker_labels()
+    labels = registered_labels()
     if found is None:
         for label in labels.values():
             if ((rank is not None and label.get("rank") == rank) or (pid is not None and label.get("pid") == pid)

@@ -14,18 +14,17 @@ it back (the CLI reads the file directly, with or without a cluster).
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from raysleuth import ray_private, runtime
-from raysleuth.errors import ClusterUnreachable, StoreNotFound
+from raysleuth import runtime
+from raysleuth.errors import StoreNotFound
 from raysleuth.recorder import spool
 from raysleuth.recorder.client import RecordClient
 from raysleuth.recorder.process import get_client, record, reset_client
 from raysleuth.recorder.sinks import StoreSink, WriterSink
 from raysleuth.recorder.store import DB_NAME, EvidenceStore, Record, latest_run, list_runs, resolve_store_path, run_dir
-from raysleuth.recorder.writer import NAMESPACE, WRITER_NAME, EvidenceWriter
+from raysleuth.recorder.writer import NAMESPACE, WRITER_NAME, EvidenceWriter, get_writer
 
 __all__ = [
     "EvidenceStore",
@@ -49,39 +48,6 @@ __all__ = [
     "resolve_store_path",
 ]
 
-_writer_lock = threading.Lock()
-
-
-def get_writer(*, create: bool = True, home: Path | str | None = None):
-    """The run's writer actor handle, created on the head node when missing.
-
-    Needs a connected Ray. The run id is the Ray session name, so one Ray
-    session is one run.
-    """
-    import ray
-
-    from raysleuth import cluster
-
-    if not ray.is_initialized():
-        raise ClusterUnreachable("not connected to Ray", fix="call ray.init() or raysleuth.cluster.connect() first")
-    try:
-        return ray.get_actor(WRITER_NAME, namespace=NAMESPACE)
-    except ValueError:
-        if not create:
-            raise
-    with _writer_lock:
-        actor_class = ray.remote(EvidenceWriter)
-        return actor_class.options(
-            name=WRITER_NAME,
-            namespace=NAMESPACE,
-            lifetime="detached",
-            get_if_exists=True,
-            max_restarts=-1,
-            max_task_retries=0,
-            max_concurrency=8,
-            num_cpus=0,
-            resources={ray_private.HEAD_NODE_RESOURCE: 0.001},
-        ).remote(str(home or runtime.settings().home), cluster.session_name())
 
 
 @dataclass

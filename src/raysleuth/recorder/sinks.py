@@ -48,7 +48,7 @@ class WriterSink:
     def deliver(self, header: dict[str, Any], rows: list) -> None:
         import ray
 
-        from raysleuth.recorder import get_writer
+        from raysleuth.recorder.writer import get_writer
 
         with self._active_lock:
             if self._cancelled.is_set():

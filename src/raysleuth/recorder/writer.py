@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from raysleuth import ray_private, runtime
+from raysleuth.errors import ClusterUnreachable
 from raysleuth.recorder import spool
 from raysleuth.recorder.store import EvidenceStore, open_run
 
@@ -137,3 +139,38 @@ class EvidenceWriter:
         """Forget a topic."""
         with self._lock:
             self.mailboxes.pop(topic, None)
+
+
+_writer_lock = threading.Lock()
+
+
+def get_writer(*, create: bool = True, home: Path | str | None = None):
+    """The run's writer actor handle, created on the head node when missing.
+
+    Needs a connected Ray. The run id is the Ray session name, so one Ray
+    session is one run.
+    """
+    import ray
+
+    from raysleuth import cluster
+
+    if not ray.is_initialized():
+        raise ClusterUnreachable("not connected to Ray", fix="call ray.init() or raysleuth.cluster.connect() first")
+    try:
+        return ray.get_actor(WRITER_NAME, namespace=NAMESPACE)
+    except ValueError:
+        if not create:
+            raise
+    with _writer_lock:
+        actor_class = ray.remote(EvidenceWriter)
+        return actor_class.options(
+            name=WRITER_NAME,
+            namespace=NAMESPACE,
+            lifetime="detached",
+            get_if_exists=True,
+            max_restarts=-1,
+            max_task_retries=0,
+            max_concurrency=8,
+            num_cpus=0,
+            resources={ray_private.HEAD_NODE_RESOURCE: 0.001},
+        ).remote(str(home or runtime.settings().home), cluster.session_name())

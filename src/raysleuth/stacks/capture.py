@@ -27,7 +27,7 @@ from typing import Any
 
 from raysleuth import agents, cluster
 from raysleuth.errors import UsageError, WorkerNotFound
-from raysleuth.labels.live import apply_notes, collect_hints, merge_hints
+from raysleuth.labels.live import apply_notes, collect_hints, merge_hints, registered_labels
 from raysleuth.stacks.analysis import group_processes, moved_between, signature
 from raysleuth.stacks.clues import collective_positions, dead_actors, recorded_calls, thread_times
 from raysleuth.stacks.model import Missing, ProcessStack, StackReport
@@ -184,7 +184,7 @@ def _discover(report: StackReport, timeout: float) -> dict[str, Any]:
     with ThreadPoolExecutor(max_workers=8) as pool:
         listing = pool.submit(agents.call_agents, "run_tool", PS_ARGV, phase, timeout=phase)
         versions = pool.submit(agents.call_agents, "versions", timeout=phase)
-        labels_f = pool.submit(_safe, cluster.worker_labels)
+        labels_f = pool.submit(_safe, registered_labels)
         hints_f = pool.submit(_safe, collect_hints, phase)
         workers_f = pool.submit(_safe, cluster.workers)
         tasks_f = pool.submit(_safe, _unfinished_tasks)

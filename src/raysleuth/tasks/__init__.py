@@ -279,7 +279,9 @@ def find_tasks(
             return rank
         if labels is None:
             try:
-                labels = cluster.worker_labels()
+                from raysleuth.labels.live import registered_labels
+
+                labels = registered_labels()
             except Exception:
                 labels = {}
         entry = labels.get((node_ips.get(node_id), pid)) if pid else None
