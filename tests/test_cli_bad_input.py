@@ -4,6 +4,11 @@ Runs the real CLI (``raysleuth.cli.main``) in-process, without Ray: the
 cluster address points at a closed port, so commands that need a cluster
 fail fast with their one line. A traceback shows up here as an exception
 out of ``main`` (or a line of ``Traceback`` on stderr).
+
+When an earlier module of the same pytest run connected this process to
+the session cluster, the commands would act on that cluster (``watch``
+would follow it forever, ``debug arm`` would arm it): then the module runs
+itself in a fresh interpreter instead (``test_in_a_fresh_interpreter``).
 """
 
 from __future__ import annotations
@@ -32,8 +37,31 @@ def bad_home(tmp_path_factory) -> Path:
     return home
 
 
+_CHILD = "RAYSLEUTH_BAD_INPUT_CHILD"
+
+
+def _connected() -> bool:
+    ray = sys.modules.get("ray")
+    return bool(ray is not None and ray.is_initialized())
+
+
+def test_in_a_fresh_interpreter(tmp_path):
+    """Only when this process is connected to Ray: run this module where it is not."""
+    if not _connected():
+        pytest.skip("not connected to Ray: the tests below run in this process")
+    env = {**os.environ, _CHILD: "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:]
+
+
 @pytest.fixture(autouse=True)
-def _isolated(bad_home, tmp_path, monkeypatch):
+def _isolated(bad_home, tmp_path, monkeypatch, request):
+    if request.node.name == "test_in_a_fresh_interpreter":
+        return
+    if _connected():
+        pytest.skip("this process is connected to Ray: test_in_a_fresh_interpreter runs these in a fresh one")
     monkeypatch.setenv("RAYSLEUTH_HOME", str(bad_home))
     monkeypatch.setenv("RAY_ADDRESS", NO_CLUSTER)
     monkeypatch.setenv("RAYSLEUTH_WRITER_TIMEOUT", "3")

@@ -57,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     except RaySleuthError as error:
         _one_line(str(error))
         return error.exit_code
+    except OSError as error:  # a path given on the command line the system refuses (too long, no access)
+        where = f": {str(error.filename)[:200]}" if error.filename else ""
+        _one_line(f"{error.strerror or error}{where}")
+        return 2
     except Exception as error:
         if _is(error, "Abort"):
             err_console.print("[red]interrupted[/red]")

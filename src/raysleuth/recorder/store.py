@@ -152,13 +152,12 @@ def resolve_store_path(home: Path, run: str | None = None) -> Path:
     """The database path of ``run`` (an id, a path, or ``None`` for the latest)."""
     if run:
         candidate = Path(run).expanduser()
-        if candidate.is_file():
-            return candidate
-        if (candidate / DB_NAME).is_file():
-            return candidate / DB_NAME
-        path = run_dir(home, run) / DB_NAME
-        if path.is_file():
-            return path
+        for path in (candidate, candidate / DB_NAME, run_dir(home, run) / DB_NAME):
+            try:
+                if path.is_file():
+                    return path
+            except (OSError, ValueError):  # a name too long, a NUL: not a run
+                continue
         known = ", ".join(list_runs(home)[-5:]) or "none"
         raise StoreNotFound(
             f"no evidence for run {run!r} under {home}",
