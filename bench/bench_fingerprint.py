@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from raysleuth.fingerprint import fingerprint  # noqa: E402
+from raysleuth.fingerprints import fingerprint  # noqa: E402
 from _targets import exit_code, target  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 GiB = 1024**3

@@ -40,7 +40,7 @@ from raysleuth.recorder.store import EvidenceStore  # noqa: E402
 from _targets import exit_code, target  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 try:
-    from raysleuth.heartbeat import heartbeat
+    from raysleuth.progress import heartbeat
 except ImportError:  # the heartbeat feature is not installed: record one by hand
     def heartbeat(step=None):
         rs.record("heartbeat", {"step": step}, step=step)

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from raysleuth.consistency.report import ConsistencyReport, compare_fingerprints
-from raysleuth.fingerprint import fingerprint
+from raysleuth.fingerprints import fingerprint
 
-fp_module = sys.modules["raysleuth.fingerprint"]
+fp_module = sys.modules["raysleuth.fingerprints"]
 DATA = np.arange(100_000, dtype=np.float32)
 
 
@@ -57,7 +57,7 @@ def test_default_fingerprint_is_bitwise_only_and_stats_on_request():
 
 
 def test_fingerprint_stays_callable_after_compare_is_touched():
-    script = ("import numpy as np, raysleuth as rs\nrs.compare\nimport raysleuth.consistency, raysleuth.redact\n"
+    script = ("import numpy as np, raysleuth as rs\nrs.compare\nimport raysleuth.consistency, raysleuth.redaction\n"
               "print(rs.fingerprint(np.ones(3)).algorithm, rs.redact('api_key', 'x'))")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
@@ -115,7 +115,7 @@ class Holder:
         self.weight = np.arange(50_000, dtype=np.float32)
 
     def drop_xxhash(self) -> str:
-        import raysleuth.fingerprint as module
+        import raysleuth.fingerprints as module
 
         module._xxhash = None  # this rank's environment lacks xxhash
         return fingerprint(self.weight).algorithm

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from raysleuth.consistency.report import ConsistencyReport, compare_fingerprints, localize
-from raysleuth.fingerprint import (
+from raysleuth.fingerprints import (
     chunk_bytes,
     decode_values,
     fingerprint,

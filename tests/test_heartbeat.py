@@ -9,7 +9,7 @@ import pytest
 
 import raysleuth as rs
 from raysleuth.errors import UsageError
-from raysleuth.heartbeat import StallTracker, describe
+from raysleuth.stall import StallTracker, describe
 
 
 def beats(rank, steps, start, every=1.0, pid=100):

@@ -12,7 +12,7 @@ import importlib
 
 import pytest
 
-from raysleuth.redact import REDACTED, redact, redact_text, redact_value, redacted_repr, relevant_environment
+from raysleuth.redaction import REDACTED, redact, redact_text, redact_value, redacted_repr, relevant_environment
 
 HEX40 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b"
 HEX32 = "5d41402abc4b2a76b9719d911017c592"
@@ -197,13 +197,6 @@ def test_structure_keeps_shape_and_non_secrets():
     assert out == {"api_key": REDACTED, "lr": 0.1, "nested": {"password": REDACTED, "layers": [1, 2]}}
     assert config["api_key"] == "s"  # the caller's object is not touched
     assert redact("x", ["--hf-token", "t", "--lr", "1"]) == ["--hf-token", REDACTED, "--lr", "1"]
-
-
-def test_postmortem_redact_is_the_same_module():
-    old = importlib.import_module("raysleuth.postmortem.redact")
-    new = importlib.import_module("raysleuth.redact")
-    assert old.redact is new.redact and old.redact_text is new.redact_text
-    assert old._redacted_repr is new.redacted_repr
 
 
 # ------------------------------------------------------------------ the writers of evidence use it

@@ -198,7 +198,7 @@ def watch(
 ) -> None:
     """Follow rs.heartbeat/rs.step; on a stall take stacks, store them, print the verdict (exit 1)."""
     from raysleuth.cli._app import connect, home_path
-    from raysleuth.heartbeat import Watchdog
+    from raysleuth.stall import Watchdog
 
     connect(address)
     dog = Watchdog(stall, address=address, home=str(home_path(home)), interval=interval, stacks_timeout=timeout,

@@ -2,7 +2,7 @@
 
 Ranks that silently diverge (a wrong seed, a missed gradient all-reduce, a
 failed weight sync, a data shard read twice) are found by comparing
-fingerprints (:mod:`raysleuth.fingerprint`), never tensors: each rank
+fingerprints (:mod:`raysleuth.fingerprints`), never tensors: each rank
 fingerprints its tensors on their device, the ranks meet through the
 evidence writer's mailboxes (or ``torch.distributed``), and only the chunk
 that disagrees is shipped to name the first differing element and the exact

@@ -18,7 +18,7 @@ from raysleuth import runtime
 from raysleuth.consistency.exchange import Exchange, open_exchange
 from raysleuth.consistency.report import ConsistencyReport, algorithms_of, compare_fingerprints, localize
 from raysleuth.errors import UsageError
-from raysleuth.fingerprint import Fingerprint, chunk_bytes, fingerprint, named_items
+from raysleuth.fingerprints import Fingerprint, chunk_bytes, fingerprint, named_items
 
 __all__ = [
     "check_data_consistency",

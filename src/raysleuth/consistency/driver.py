@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from raysleuth.consistency.report import ConsistencyReport, algorithms_of, compare_fingerprints, localize
-from raysleuth.fingerprint import chunk_bytes, fingerprint, named_items
+from raysleuth.fingerprints import chunk_bytes, fingerprint, named_items
 from raysleuth.ray_private import ray_call
 
 __all__ = ["SeedReport", "compare", "set_random_seed"]

@@ -10,7 +10,7 @@ from typing import Any
 from raysleuth import runtime
 from raysleuth.consistency.checks import resolve_rank
 from raysleuth.consistency.exchange import open_exchange
-from raysleuth.fingerprint import TensorStats, fingerprint
+from raysleuth.fingerprints import TensorStats, fingerprint
 
 __all__ = ["ShardInfo", "TensorInspection", "inspect_distributed_tensor"]
 

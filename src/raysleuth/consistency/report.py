@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from raysleuth.fingerprint import Fingerprint, decode_values, first_difference
+from raysleuth.fingerprints import Fingerprint, decode_values, first_difference
 
 __all__ = ["ChunkRequest", "ConsistencyReport", "Mismatch", "algorithms_of", "compare_fingerprints", "localize"]
 

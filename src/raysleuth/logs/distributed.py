@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from raysleuth import runtime
-from raysleuth.redact import REDACTED, redact_text, redact_value, redacted_repr
+from raysleuth.redaction import REDACTED, redact_text, redact_value, redacted_repr
 from raysleuth.logs.aggregate import AggregatedLine, LogItem, aggregate
 from raysleuth.logs.loggers import get_logger
 

@@ -24,7 +24,7 @@ import weakref
 from typing import Any
 
 from raysleuth import runtime
-from raysleuth.redact import REDACTED, looks_like_secret_name, redact, redact_text, redacted_repr
+from raysleuth.redaction import REDACTED, looks_like_secret_name, redact, redact_text, redacted_repr
 
 __all__ = [
     "RANK_FORMAT",

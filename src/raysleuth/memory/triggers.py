@@ -49,7 +49,7 @@ from typing import Any, Callable
 from raysleuth import runtime
 from raysleuth.memory.sampling import _torch_cuda, read_sample, watch
 from raysleuth.recorder import record
-from raysleuth.redact import redact_text
+from raysleuth.redaction import redact_text
 
 __all__ = ["ThresholdTrigger", "capture_capsule", "memory_breakpoint", "on_threshold", "top_holders"]
 

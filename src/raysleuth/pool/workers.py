@@ -14,7 +14,7 @@ from raysleuth import cluster, runtime
 from raysleuth.errors import CaptureTimeout, UsageError, WorkerNotFound
 from raysleuth.pool.allocator import AllocationPlan, SmartResourceAllocator, check_starts_together
 from raysleuth.pool.instrument import InstrumentOptions, InstrumentedWorker, install_here, instrument
-from raysleuth.redact import redact_text
+from raysleuth.redaction import redact_text
 
 __all__ = ["PoolWorker", "RayResourcePool"]
 

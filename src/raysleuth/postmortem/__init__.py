@@ -21,7 +21,7 @@ breakpoint wait limit.
 :func:`redact` is the one place that decides what is a secret; the logs and
 decorators reuse it.
 
-Layout: :mod:`~raysleuth.postmortem.redact` (secrets), :mod:`~raysleuth.postmortem.capsule`
+Layout: :mod:`~raysleuth.redaction` (secrets), :mod:`~raysleuth.postmortem.capsule`
 (building and writing a capsule), :mod:`~raysleuth.postmortem.capture` (decorators and hooks),
 :mod:`~raysleuth.postmortem.query` (reading capsules back).
 """
@@ -29,7 +29,7 @@ Layout: :mod:`~raysleuth.postmortem.redact` (secrets), :mod:`~raysleuth.postmort
 from raysleuth.postmortem.capsule import CrashCapsule, build_capsule, capture_exception
 from raysleuth.postmortem.capture import capture_crashes, install_crash_capture, install_crash_capture_on_instance
 from raysleuth.postmortem.query import CrashSummary, get_crash, list_crashes
-from raysleuth.redact import (
+from raysleuth.redaction import (
     REDACTED,
     looks_like_secret_name,
     looks_like_token,

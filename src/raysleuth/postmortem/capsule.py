@@ -13,7 +13,7 @@ from collections import deque
 from typing import Any
 
 from raysleuth import runtime
-from raysleuth.redact import _redacted_repr, redact_text, relevant_environment
+from raysleuth.redaction import _redacted_repr, redact_text, relevant_environment
 
 log = logging.getLogger("raysleuth.postmortem")
 

@@ -315,15 +315,7 @@ class RecordClient:
         deadline = time.monotonic() + timeout
         if self._thread is None and not self._buffer and not self.spool_path.exists():
             return True
-        result: list[bool] = []
-
-        def attempt() -> None:
-            result.append(self._deliver_pending())
-
-        worker = threading.Thread(target=attempt, daemon=True)
-        worker.start()
-        worker.join(max(0.0, deadline - time.monotonic()))
-        return bool(result and result[0])
+        return _within(deadline, self._deliver_pending, "raysleuth-recorder-flush")
 
     def close(self, timeout: float | None = None) -> bool:
         """Save what is left to the spool, deliver it for at most ``timeout`` s, stop the thread.
@@ -348,19 +340,15 @@ class RecordClient:
             if not self.spool_path.exists():
                 self._clear_write_ahead(remove=True)  # everything it holds was delivered
                 return True
-            result: list[bool] = []
+            def attempt() -> bool:
+                if not self._deliver_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                    return False
+                try:
+                    return self._deliver_spool(header)
+                finally:
+                    self._deliver_lock.release()
 
-            def attempt() -> None:
-                if self._deliver_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
-                    try:
-                        result.append(self._deliver_spool(header))
-                    finally:
-                        self._deliver_lock.release()
-
-            worker = threading.Thread(target=attempt, name="raysleuth-recorder-exit", daemon=True)
-            worker.start()
-            worker.join(max(0.0, deadline - time.monotonic()))
-            if result and result[0] and not self.spool_path.exists():
+            if _within(deadline, attempt, "raysleuth-recorder-exit") and not self.spool_path.exists():
                 self._clear_write_ahead(remove=True)
                 return True
             self._hand_over()  # the spool and the write-ahead file (duplicates are stored once)
@@ -400,3 +388,12 @@ _lazy_data: dict[str, Callable[[tuple], dict[str, Any]]] = {}
 def register_lazy_data(kind: str, build: Callable[[tuple], dict[str, Any]]) -> None:
     """Rows of ``kind`` whose data is a plain tuple get their dict from ``build(tuple)`` when taken."""
     _lazy_data[kind] = build
+
+
+def _within(deadline: float, work: Callable[[], bool], name: str) -> bool:
+    """Run ``work`` on a daemon thread and wait for it until ``deadline`` (monotonic); False if it did not finish."""
+    result: list[bool] = []
+    worker = threading.Thread(target=lambda: result.append(bool(work())), name=name, daemon=True)
+    worker.start()
+    worker.join(max(0.0, deadline - time.monotonic()))
+    return bool(result and result[0])

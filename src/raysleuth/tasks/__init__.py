@@ -24,7 +24,7 @@ from collections import defaultdict
 from typing import Any
 
 from raysleuth import cluster
-from raysleuth.redact import redact_text
+from raysleuth.redaction import redact_text
 from raysleuth.tasks.classify import (
     PENDING_STATES,
     RUNNING_STATES,

@@ -1,67 +1,16 @@
-"""What is a secret, and how evidence is written without it: the one redaction module.
+"""The text rules of redaction: which names are secret, which values look like tokens, ``redact_text``.
 
-Every writer of evidence passes what it keeps through here: crash capsules
-(locals, messages, tracebacks, environment), ``@rs.debug_decorator``
-arguments and span attributes, shipped log messages, failed-task error
-texts, memory-capsule source lines.
-
-Where the line is drawn
------------------------
-The decision works first on **structure**, then on **value shape**.
-
-Redacted (the value, never the name around it):
-
-- a value whose *name* says secret: variables, dict keys, keyword
-  arguments, environment variables, argv flags (``--hf-token X``,
-  ``--api-key=X``), ``(name, value)`` pairs, ``name=value`` and
-  ``"name": "value"`` in free text. A name is secret when one of its words
-  (split at ``_ - .`` and camelCase) is ``password passwd passphrase secret
-  credential(s) cookie auth authorization apikey ...``, or it ends in
-  ``token``/``key`` with a secret-ish sense (``hf_token``, ``api_key``,
-  ``access_key``; not ``pad_token``, ``max_tokens``, ``sort_key``,
-  ``key_states``);
-- ``Authorization: Basic|Bearer|Token <credential>`` and a lone
-  ``Bearer <credential>``;
-- the password of a URL (``scheme://user:PASSWORD@host``), and a URL's
-  user part when it is token-shaped (``https://ghp_...@github.com``);
-- known token shapes anywhere in text: OpenAI/Anthropic ``sk-``, Hugging
-  Face ``hf_``, GitHub ``ghp_ gho_ ghs_ ghu_ ghr_ github_pat_``, GitLab
-  ``glpat-``, Slack ``xox?-``, AWS ``AKIA/ASIA`` key ids, Google ``AIza``
-  keys and ``ya29.`` tokens, Stripe ``sk_live_``/``rk_live_``, npm
-  ``npm_``, PyPI ``pypi-``, JWTs, PEM private-key blocks;
-- a run of 32 or more hex digits inside text (mixing letters and digits),
-  unless it is named as an identifier (below);
-- a whole string value that is one long hex word, or one long base64 word
-  mixing upper case, lower case and digits.
-
-Kept (the look-alikes): tensor and array reprs, numbers, paths and file
-names (hex inside a path or a file name, e.g. Ray's
-``worker-<hex>-<pid>.out``), UUIDs, and hex named as an identifier: after
-``commit``, ``sha``, ``rev``, ``digest``, ``checksum``, ``hash``, an
-``...id``/``..._id`` name (``actor_id=``, ``run_id:``, ``task id``), or a
-Ray id repr (``ObjectRef(...)``, ``ActorID(...)``, ``TaskID(...)``,
-``NodeID(...)``), or a name itself saying identifier (``commit``,
-``actor_id``). A secret behind a name that says identifier *and* a shape
-that says token (``"run_id": "hf_..."``) is still redacted: known token
-shapes always win.
-
-Not attempted: secrets with no name and no known shape (a 20-character
-random password in a positional argument) cannot be told from data.
+Pure, no I/O; :mod:`raysleuth.redaction` (the package) applies them to
+structures, reprs and the environment. The line between a secret and a
+look-alike is drawn in the package's docstring.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import reprlib
-import sys
-from collections.abc import Mapping
 from typing import Any
 
-__all__ = [
-    "REDACTED", "looks_like_secret_name", "looks_like_token", "redact", "redact_text", "redact_value",
-    "redacted_repr", "relevant_environment", "safe_repr",
-]
+__all__ = ["REDACTED", "looks_like_secret_name", "looks_like_token", "names_identifier", "redact_text"]
 
 REDACTED = "<redacted>"
 
@@ -132,7 +81,7 @@ def looks_like_secret_name(name: Any) -> bool:
     return False
 
 
-def _names_identifier(name: Any) -> bool:
+def names_identifier(name: Any) -> bool:
     if not name or not isinstance(name, str):
         return False
     words = _words(name)
@@ -272,166 +221,3 @@ def redact_text(text: Any) -> Any:
         return _HEX_RUN.sub(_sub_hex, text)
     except Exception:
         return REDACTED
-
-
-# --------------------------------------------------------------- structure
-
-def redact_value(value: Any, name: Any = None, _depth: int = 0) -> Any:
-    """``value`` with secrets replaced, looking into dicts, lists, tuples, argv lists and pairs.
-
-    Containers come back as new containers of the same kind (at most 200
-    items each, 6 levels deep); other objects come back unchanged (their
-    ``repr`` is redacted as text by :func:`redacted_repr`).
-    """
-    if looks_like_secret_name(name):
-        return REDACTED
-    if isinstance(value, str):
-        if _names_identifier(name):  # a commit, an actor id: kept unless it has a known token shape
-            return _KNOWN_TOKEN.sub(REDACTED, value)
-        if looks_like_token(value):
-            return REDACTED
-        return redact_text(value)
-    if isinstance(value, bytes):
-        return redact_value(value.decode("utf-8", "replace"), name, _depth) if len(value) < 4096 else value
-    if _depth >= 6:
-        return value
-    try:
-        if isinstance(value, Mapping):
-            return {key: redact_value(item, key if isinstance(key, str) else None, _depth + 1)
-                    for key, item in list(value.items())[:200]}
-        if isinstance(value, (list, tuple)):
-            return _redact_sequence(value, _depth)
-    except Exception:
-        return REDACTED
-    return value
-
-
-def _redact_sequence(value: list | tuple, depth: int) -> list | tuple:
-    items = list(value[:200])
-    if len(items) == 2 and isinstance(items[0], str) and looks_like_secret_name(items[0]):
-        out = [items[0], REDACTED]  # a (name, value) pair
-    else:
-        out = []
-        secret_next = False
-        for item in items:
-            if secret_next:
-                out.append(REDACTED)
-                secret_next = False
-                continue
-            if isinstance(item, str) and item.startswith("-") and "=" not in item and looks_like_secret_name(item):
-                secret_next = True  # argv: "--hf-token", "X"
-                out.append(item)
-                continue
-            out.append(redact_value(item, None, depth + 1))
-    if isinstance(value, tuple):
-        try:
-            return type(value)(*out) if hasattr(value, "_fields") else tuple(out)
-        except Exception:
-            return tuple(out)
-    return out
-
-
-# ------------------------------------------------------------------- reprs
-
-_repr = reprlib.Repr()
-_repr.maxstring = 240
-_repr.maxother = 240
-_repr.maxlist = _repr.maxtuple = _repr.maxset = _repr.maxfrozenset = _repr.maxdeque = 20
-_repr.maxdict = 20
-_repr.maxlevel = 3
-
-
-def _array_summary(value: Any) -> str | None:
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        try:
-            if isinstance(value, torch.Tensor):
-                return f"Tensor(shape={tuple(value.shape)}, dtype={value.dtype}, device={value.device})"
-        except Exception:
-            return None
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        try:
-            if isinstance(value, numpy.ndarray):
-                return f"ndarray(shape={value.shape}, dtype={value.dtype})"
-        except Exception:
-            return None
-    return None
-
-
-def safe_repr(value: Any, limit: int = 300) -> str:
-    """A bounded ``repr`` that never raises (tensors and arrays summarised, long text cut). Not redacted."""
-    try:
-        text = _array_summary(value) or _repr.repr(value)
-    except Exception as error:
-        text = f"<repr failed: {type(error).__name__}>"
-    if len(text) > limit:
-        text = text[: limit - 3] + "..."
-    return text
-
-
-def redacted_repr(name: Any, value: Any, limit: int = 300) -> str:
-    """The text to keep for ``name = value``: structure redacted, then the repr redacted as text."""
-    if looks_like_secret_name(name):
-        return REDACTED
-    if value is None or isinstance(value, (bool, int, float)):  # numbers hold no secret: the hot path of logs
-        return repr(value)
-    try:
-        cleaned = redact_value(value, name)
-    except Exception:
-        return REDACTED
-    if cleaned is REDACTED or cleaned == REDACTED:
-        return REDACTED
-    text = safe_repr(cleaned, limit)
-    if _names_identifier(name) and isinstance(value, str):
-        return text
-    return redact_text(text)
-
-
-_redacted_repr = redacted_repr  # the name capsule.py used
-
-
-def redact(name: Any, value: Any) -> Any:
-    """The value to keep for ``name``: ``<redacted>`` when the name or the value looks secret.
-
-    Strings that are not secrets as a whole still have secret pieces
-    replaced; dicts, lists and tuples are redacted inside; other values are
-    returned unchanged unless the name is secret.
-    """
-    return redact_value(value, name)
-
-
-# ------------------------------------------------------------ environment
-
-_ENV_NAMES = frozenset({
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "ROLE_RANK",
-    "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING", "OMP_NUM_THREADS", "PYTHONPATH", "VIRTUAL_ENV",
-    "HOSTNAME", "PYTORCH_CUDA_ALLOC_CONF", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-})
-_ENV_PREFIXES = ("RAY_", "RAYSLEUTH_", "NCCL_", "MASTER_", "TORCH_", "TORCHELASTIC_", "VERL_", "VLLM_",
-                 "HF_", "HUGGING_FACE_", "CUDA_", "TORCHINDUCTOR_", "GLOO_", "PYTORCH_")
-
-
-def relevant_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment variables that matter for a distributed crash, redacted."""
-    env = os.environ if env is None else env
-    kept = {}
-    for name in sorted(env):
-        if name in _ENV_NAMES or name.startswith(_ENV_PREFIXES):
-            value = redact(name, env[name])
-            kept[name] = value if len(value) <= 500 else value[:497] + "..."
-    return kept
-
-
-class _CallableModule(type(sys)):
-    """``raysleuth.redact`` is both this module and the function ``rs.redact(name, value)``.
-
-    Importing the submodule binds it on the package, shadowing the lazily
-    exported function; calling the module calls the function.
-    """
-
-    def __call__(self, name: Any, value: Any) -> Any:
-        return redact(name, value)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -537,18 +537,3 @@ def decode_values(raw: bytes, dtype: str) -> np.ndarray | None:
         return values.to(torch.float64).numpy()
     except (RuntimeError, TypeError):
         return None
-
-
-class _CallableModule(type(sys)):
-    """``raysleuth.fingerprint`` is both this module and the function ``rs.fingerprint``.
-
-    Importing the submodule (``rs.compare`` does) binds it on the package,
-    shadowing the lazily exported function; calling the module calls the
-    function, so ``rs.fingerprint(t)`` works either way.
-    """
-
-    def __call__(self, tensor: Any, **options: Any) -> Fingerprint:
-        return fingerprint(tensor, **options)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -1,17 +1,13 @@
-"""Heartbeats in the workers, and the stall watchdog that reads them.
-
-In a worker::
-
-    rs.heartbeat(step)            # a timestamp into the batching client
-    with rs.step(n):              # sets the current step, heartbeats on entry
-        ...
+"""The stall watchdog: follows every rank's ``heartbeat`` records and names the ranks that stopped.
 
 On the driver (or from ``raysleuth watch``), :class:`Watchdog` follows the
-``heartbeat`` records in the evidence store. A rank whose step has not
-advanced for ``stall`` seconds while its peers advanced (or when every rank
-stopped) is *stalled*: the watchdog takes a cluster-wide stacks snapshot,
-stores it as ``stack_report`` evidence, and hands a :class:`StallEvent` to
-``on_stall``.
+``heartbeat`` records in the evidence store (written by ``rs.heartbeat`` /
+``rs.step`` in :mod:`raysleuth.progress`, or by the collective wrapper of
+the zero-code setup). A rank whose step has not advanced for ``stall``
+seconds while its peers advanced (or when every rank stopped) is
+*stalled*: the watchdog takes a cluster-wide stacks snapshot, stores it as
+``stack_report`` evidence, and hands a :class:`StallEvent` to ``on_stall``.
+Ranks that returned from their loop have finished, not stalled.
 
 Stall detection (:class:`StallTracker`) is pure: it takes heartbeat rows
 and a clock, so it is unit tested without Ray.
@@ -24,177 +20,20 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-from raysleuth import runtime
-from raysleuth.errors import UsageError
+from raysleuth.stall.detect import (
+    RankProgress, StallEvent, StallTracker, describe, describe_finish, runs_own_code,
+)
 
-__all__ = ["RankProgress", "StallEvent", "StallTracker", "Watchdog", "heartbeat", "step", "watchdog"]
+__all__ = ["RankProgress", "StallEvent", "StallTracker", "Watchdog", "describe", "watchdog"]
 
-log = logging.getLogger("raysleuth.heartbeat")
-
-
-def heartbeat(step: int | None = None) -> None:
-    """Say "this rank is alive at ``step``" (cheap; never blocks or raises)."""
-    try:
-        if step is not None:
-            runtime.set_step(step)
-        else:
-            step = runtime.current_step()
-        from raysleuth.recorder import record
-
-        record("heartbeat", {"step": step}, step=step)
-    except Exception:
-        pass
-
-
-@contextlib.contextmanager
-def step(n: int) -> Iterator[int]:
-    """Run one training step: sets the current step (tags records) and heartbeats."""
-    token = None
-    try:
-        token = runtime.set_step(n)
-    except Exception:
-        pass
-    heartbeat(n)
-    try:
-        yield n
-    finally:
-        if token is not None:
-            with contextlib.suppress(Exception):
-                runtime._step.reset(token)  # the process-wide last step stays n
+log = logging.getLogger("raysleuth.watchdog")
 
 
 # ------------------------------------------------------------- detection
 
-_LIBRARY_PARTS = ("site-packages", "dist-packages", "/lib/python3", "raysleuth/", "<frozen")
-
-
-def _runs_own_code(proc: Any) -> bool:
-    """A thread of this process is in code of its own (not Ray's, a library's or the stdlib's)."""
-    for thread in getattr(proc, "threads", None) or []:
-        if str(getattr(thread, "name", "")).startswith("TrainingThread"):
-            return True  # Ray Train's thread running the user's train function
-        for frame in getattr(thread, "frames", None) or []:
-            path = str(getattr(frame, "file", "") or "")
-            if path and not any(part in path for part in _LIBRARY_PARTS):
-                return True
-    return False
-
-
-@dataclasses.dataclass
-class RankProgress:
-    """What the watchdog knows about one rank."""
-
-    rank: int
-    step: int | None
-    last_beat: float
-    """Time of the newest heartbeat."""
-    last_progress: float
-    """Time the step last advanced (first heartbeat counts)."""
-    pid: int | None = None
-    node_ip: str | None = None
-    actor_class: str | None = None
-
-    def stalled_for(self, now: float) -> float:
-        """Seconds since the step last advanced."""
-        return max(0.0, now - self.last_progress)
-
-
-@dataclasses.dataclass
-class StallEvent:
-    """Ranks that stopped making progress, with the stacks taken at that moment."""
-
-    time: float
-    stalled: list[RankProgress]
-    peers: list[RankProgress]
-    all_stopped: bool
-    summary: str
-    report: Any = None
-    """The :class:`raysleuth.stacks.StackReport` taken at the stall (``None`` if it failed)."""
-    error: str | None = None
-    """Why no stack report could be taken."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-serialisable dict."""
-        data = dataclasses.asdict(self)
-        data["report"] = self.report.to_dict() if self.report is not None else None
-        return data
-
-
-class StallTracker:
-    """Follows heartbeats per rank and says which ranks are stalled."""
-
-    def __init__(self, stall: float) -> None:
-        if stall <= 0:
-            raise UsageError(f"stall must be a positive number of seconds, got {stall!r}", fix="e.g. --stall 120")
-        self.stall = stall
-        self.ranks: dict[int, RankProgress] = {}
-        self.reported: set[int] = set()
-
-    def update(self, beats: Iterable[dict[str, Any]]) -> None:
-        """Feed heartbeat rows: dicts with rank, step, time (pid, node_ip, actor_class optional)."""
-        for beat in beats:
-            rank = beat.get("rank")
-            if rank is None:
-                continue
-            when, step_now = float(beat["time"]), beat.get("step")
-            known = self.ranks.get(rank)
-            pid = beat.get("pid")
-            if known is not None and pid is not None and known.pid is not None and pid != known.pid \
-                    and when >= known.last_beat:
-                # A new process took this rank (a restart, or the next job in the same run): its
-                # steps start again, so the old process's progress says nothing about it.
-                self.reported.discard(rank)
-                known = None
-            if known is None:
-                self.ranks[rank] = RankProgress(rank=rank, step=step_now, last_beat=when, last_progress=when,
-                                                pid=beat.get("pid"), node_ip=beat.get("node_ip"),
-                                                actor_class=beat.get("actor_class"))
-                continue
-            known.last_beat = max(known.last_beat, when)
-            known.pid, known.node_ip = beat.get("pid") or known.pid, beat.get("node_ip") or known.node_ip
-            if step_now is not None and (known.step is None or step_now > known.step):
-                known.step, known.last_progress = step_now, when
-                self.reported.discard(rank)  # it moved again: report it anew if it stalls later
-
-    def check(self, now: float) -> tuple[list[RankProgress], list[RankProgress], bool]:
-        """(newly stalled ranks, the others, every rank stopped)."""
-        if not self.ranks:
-            return [], [], False
-        late = [r for r in self.ranks.values() if r.stalled_for(now) >= self.stall]
-        fresh = [r for r in late if r.rank not in self.reported]
-        others = [r for r in self.ranks.values() if r not in late]
-        return sorted(fresh, key=lambda r: r.rank), sorted(others, key=lambda r: r.rank), len(late) == len(self.ranks)
-
-    def mark_reported(self, ranks: Iterable[RankProgress]) -> None:
-        """Do not report these ranks again until they advance."""
-        self.reported.update(r.rank for r in ranks)
-
-
-def _describe_finish(ranks: list[RankProgress]) -> str:
-    steps = sorted({rank.step for rank in ranks if rank.step is not None})
-    at = f" at step {steps[0]}" if len(steps) == 1 else (f" at steps {steps[0]}-{steps[-1]}" if steps else "")
-    return (f"finished: every rank stopped{at} and none is running a call or its own code "
-            f"(the training loop returned; the actors are still alive)")
-
-
-def describe(stalled: list[RankProgress], peers: list[RankProgress], all_stopped: bool, now: float) -> str:
-    """One line: ``rank 2 stalled at step 5 for 12s while peers reached step 40``."""
-    ranks = ", ".join(str(r.rank) for r in stalled)
-    worst = max(r.stalled_for(now) for r in stalled)
-    steps = sorted({r.step for r in stalled if r.step is not None})
-    at = f" at step {steps[0]}" if len(steps) == 1 else (f" at steps {steps}" if steps else "")
-    word = "rank" if len(stalled) == 1 else "ranks"
-    if all_stopped:
-        return f"every rank stopped: {word} {ranks}{at}, no progress for {worst:.0f}s"
-    best = max((r.step for r in peers if r.step is not None), default=None)
-    peers_text = f" while peers reached step {best}" if best is not None else " while peers progressed"
-    return f"{word} {ranks} stalled{at} for {worst:.0f}s{peers_text}"
-
-
-# --------------------------------------------------------------- watchdog
 
 
 class Watchdog:
@@ -273,7 +112,7 @@ class Watchdog:
             if finished:  # these ranks returned from their loop: not a stall (peers may finish a moment later)
                 self._done.update({rank.rank: rank for rank in stalled})
                 if set(self._done) >= set(self.tracker.ranks):
-                    self.finished = _describe_finish(list(self._done.values()))
+                    self.finished = describe_finish(list(self._done.values()))
                     self._record_finished(list(self._done.values()), self.finished)
                 return None
         else:
@@ -348,7 +187,7 @@ class Watchdog:
                 report = dump_stacks(self.address, timeout=self.stacks_timeout, include_self=self.include_self)
             except Exception:
                 return False, None
-            if any(proc.pid in pids and _runs_own_code(proc) for proc in report.processes):
+            if any(proc.pid in pids and runs_own_code(proc) for proc in report.processes):
                 return False, report
         return True, report
 
@@ -446,20 +285,3 @@ class Watchdog:
 def watchdog(stall: float = 120.0, on_stall: Callable[[StallEvent], Any] | None = None, **options: Any) -> Watchdog:
     """Start a stall watchdog in this process (usually the driver); returns it (``.stop()``, ``.events``)."""
     return Watchdog(stall, on_stall, **options).start()
-
-
-class _CallableModule(type(contextlib)):
-    """``raysleuth.heartbeat`` is both this module and the function ``rs.heartbeat``.
-
-    Importing a submodule binds it on the package (``raysleuth.heartbeat``),
-    shadowing the lazily exported function; calling the module calls the
-    function, so ``rs.heartbeat(step)`` works either way.
-    """
-
-    def __call__(self, step: int | None = None) -> None:
-        heartbeat(step)
-
-
-import sys as _sys  # noqa: E402
-
-_sys.modules[__name__].__class__ = _CallableModule
