@@ -140,40 +140,34 @@ def apply_mode(mode: str, *, log_level: str | None = None) -> list[str]:
     except Exception:
         pass
     # memory sampler
+    from raysleuth import memory
+
     try:
-        from raysleuth import memory
-    except ImportError:
-        memory = None
-    if memory is not None:
-        try:
-            if config.memory_interval_s is not None and hasattr(memory, "watch"):
-                sampler = memory.watch(interval=config.memory_interval_s)
-                if sampler is not None and hasattr(sampler, "interval"):
-                    sampler.interval = config.memory_interval_s  # a slower mode slows it down too
-                applied.append(f"memory sampler {config.memory_interval_s:g}s")
-            elif config.memory_interval_s is None and hasattr(memory, "stop"):
-                memory.stop()
-                applied.append("memory sampler stopped")
-        except Exception as error:
-            log.debug("memory sampler switch failed: %r", error)
+        if config.memory_interval_s is not None:
+            sampler = memory.watch(interval=config.memory_interval_s)
+            if sampler is not None and hasattr(sampler, "interval"):
+                sampler.interval = config.memory_interval_s  # a slower mode slows it down too
+            applied.append(f"memory sampler {config.memory_interval_s:g}s")
+        else:
+            memory.stop()
+            applied.append("memory sampler stopped")
+    except Exception as error:
+        log.debug("memory sampler switch failed: %r", error)
     # detailed Ray-call tracing
+    from raysleuth import tracing
+
     try:
-        from raysleuth import tracing
-    except ImportError:
-        tracing = None
-    if tracing is not None and hasattr(tracing, "enable_detailed_tracing"):
-        try:
-            if config.detailed_tracing and _tracing_context is None:
-                _tracing_context = tracing.enable_detailed_tracing()
-                _tracing_context.__enter__()
-                applied.append("detailed tracing on")
-            elif not config.detailed_tracing and _tracing_context is not None:
-                context, _tracing_context = _tracing_context, None
-                context.__exit__(None, None, None)
-                applied.append("detailed tracing off")
-        except Exception as error:
-            _tracing_context = None
-            log.debug("detailed tracing switch failed: %r", error)
+        if config.detailed_tracing and _tracing_context is None:
+            _tracing_context = tracing.enable_detailed_tracing()
+            _tracing_context.__enter__()
+            applied.append("detailed tracing on")
+        elif not config.detailed_tracing and _tracing_context is not None:
+            context, _tracing_context = _tracing_context, None
+            context.__exit__(None, None, None)
+            applied.append("detailed tracing off")
+    except Exception as error:
+        _tracing_context = None
+        log.debug("detailed tracing switch failed: %r", error)
     return applied
 
 

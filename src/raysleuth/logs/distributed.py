@@ -333,13 +333,9 @@ def debug_decorator(function: F | None = None, *, capture_args: bool = True, log
                     state["args"] = capture_arguments(target, args, kwargs, max_arg_chars)
                 if memory_monitoring:
                     state["memory"] = _memory_now()
-                try:
-                    from raysleuth.tracing import Span
-                except ImportError:
-                    state["span_id"] = next(_span_ids)
-                    state["phase_token"] = runtime.set_phase(qualname)
-                else:
-                    state["span"] = Span(qualname, None, {}).__enter__()
+                from raysleuth.tracing import Span
+
+                state["span"] = Span(qualname, None, {}).__enter__()
             except Exception:
                 pass
             return state

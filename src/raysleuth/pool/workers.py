@@ -51,15 +51,10 @@ class PoolWorker:
         name = _function_name(fn)
         started = time.time()
         record("pool_call", {"call_id": call_id, "function": name, "state": "running"}, name=name)
+        from raysleuth.tracing import span
+
         try:
-            from raysleuth.tracing import span
-        except ImportError:  # tracing is optional here
-            span = None
-        try:
-            if span is not None:
-                with span(name, call_id=call_id):
-                    result = fn(*args, **kwargs)
-            else:
+            with span(name, call_id=call_id):
                 result = fn(*args, **kwargs)
         except BaseException as error:
             record("pool_call", {"call_id": call_id, "function": name, "state": "failed",

@@ -109,12 +109,10 @@ def _robust(build, records: list) -> dict[str, Any]:
 
 
 def _memory(store, records: list) -> dict[str, Any]:
-    """Memory curves from the records; leak verdicts from :func:`raysleuth.memory.memory_report` when installed."""
+    """Memory curves from the records; leak verdicts from :func:`raysleuth.memory.memory_report`."""
+    from raysleuth.memory import memory_report
+
     section = sections.memory_section(records)
-    try:
-        from raysleuth.memory import memory_report
-    except ImportError:
-        return section
     try:
         report = memory_report(store)
     except Exception:

@@ -520,11 +520,8 @@ def _stuck(tasks, now, factor, floor_s, node_ips, actors_by_id, rank_of) -> list
 
 
 def _attach_stacks(report: TaskReport) -> None:
-    try:
-        from raysleuth.stacks import dump_stacks
-    except ImportError:
-        report.warnings.append("--stack needs raysleuth.stacks, which is not installed in this build")
-        return
+    from raysleuth.stacks import dump_stacks
+
     pids = sorted({item.pid for item in report.stuck if item.pid})
     try:
         stacks = dump_stacks(pids=pids, timeout=30.0)
@@ -539,10 +536,8 @@ def _attach_stacks(report: TaskReport) -> None:
 
 
 def _explain(text: str) -> tuple[str | None, str | None]:
-    try:
-        from raysleuth.explain import explain
-    except ImportError:
-        return None, None
+    from raysleuth.explain import explain
+
     try:
         matches = explain(text)
     except Exception:
