@@ -28,15 +28,14 @@ def hook_cost() -> tuple[float, float]:
     """(bare ns per call, wrapped ns per call) of a no-op all_reduce."""
     import torch
 
-    from raysleuth.collectives import record
+    from raysleuth.collectives import hook
 
     def all_reduce(tensor, op=None, group=None, async_op=False):
         return None
 
-    record._tune_skip_dirs()
-    record._groups[id(None)] = ("0", "default_pg")
-    record._group_name = lambda group: "0"  # no process group in this process: the name lookup is a dict hit
-    wrapped = record._wrap("all_reduce", all_reduce)
+    hook._tune_skip_dirs()
+    hook._group_name = lambda group: "0"  # no process group in this process: the name lookup is a dict hit
+    wrapped = hook._wrap("all_reduce", all_reduce)
     tensor = torch.ones(1)
     n = 2_000  # many short rounds, best of each: a shared machine preempts long ones
     best_bare = best_wrapped = float("inf")
@@ -62,9 +61,9 @@ def _worker(rank: int, port: int, recorded: bool, queue) -> None:
     bare = dist.all_reduce
     wrapped = bare
     if recorded:
-        from raysleuth.collectives import record
+        from raysleuth.collectives import hook
 
-        record.wrap_collectives()
+        hook.wrap_collectives()
         wrapped = dist.all_reduce
     results = {}
     for numel, calls in CALLS.items():
