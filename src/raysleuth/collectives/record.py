@@ -31,6 +31,7 @@ import time
 from typing import Any, Callable
 
 from raysleuth import runtime
+from raysleuth.collectives import hook
 from raysleuth.collectives.hook import (
     _STATE,
     _WrapOnImport,
@@ -51,6 +52,19 @@ HEARTBEAT_INTERVAL = 2.0
 
 _installed = False
 _last_dump_key: Any = None
+
+
+def _torch() -> tuple[Any, Any] | None:
+    """(torch, distributed_c10d) once the job's import of torch.distributed has finished, else None.
+
+    Never imports: a background thread that imports torch while the job's
+    main thread is importing it deadlocks on the module locks.
+    """
+    c10d = hook._c10d
+    torch = sys.modules.get("torch")
+    if c10d is None or torch is None:
+        return None
+    return torch, c10d
 
 
 # ------------------------------------------------------------------ install
@@ -90,12 +104,10 @@ def install() -> None:
 def read_flight_recorder() -> dict | None:
     """torch's Flight Recorder for this process, as JSON (None where it is off or missing)."""
     try:
-        c10d = sys.modules.get("torch.distributed")
-        if c10d is None or not c10d.is_available() or not c10d.is_initialized():
+        ready = _torch()
+        if ready is None or not ready[1].is_initialized():
             return None
-        import torch
-
-        raw = torch._C._distributed_c10d._dump_fr_trace_json(includeCollectives=True)
+        raw = ready[0]._C._distributed_c10d._dump_fr_trace_json(includeCollectives=True)
         text = raw.decode() if isinstance(raw, bytes) else raw
         data = json.loads(text)
         return data if isinstance(data, dict) else None
@@ -124,9 +136,10 @@ def _group_table() -> dict[str, dict[str, Any]]:
     """Every process group this process belongs to: name -> desc and global ranks."""
     table: dict[str, dict[str, Any]] = {}
     try:
-        from torch.distributed import distributed_c10d as c10d
-
-        world = c10d._world
+        ready = _torch()
+        if ready is None:
+            return table
+        world = ready[1]._world
         for group, name in list(world.pg_names.items()):
             ranks = sorted(world.pg_group_ranks.get(group, {}))
             table[str(name)] = {"desc": str(getattr(group, "group_desc", "") or ""), "ranks": ranks}
@@ -139,9 +152,9 @@ def _group_table() -> dict[str, dict[str, Any]]:
 
 def _rank_and_size() -> tuple[int | None, int | None]:
     try:
-        dist = sys.modules.get("torch.distributed")
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
+        ready = _torch()
+        if ready is not None and ready[1].is_initialized():
+            return ready[1].get_rank(), ready[1].get_world_size()
     except Exception:
         pass
     try:
@@ -217,12 +230,10 @@ def _changed() -> bool:
 
 def _fr_position() -> Any:
     try:
-        c10d = sys.modules.get("torch.distributed")
-        if c10d is None or not c10d.is_initialized():
+        ready = _torch()
+        if ready is None or not ready[1].is_initialized():
             return None
-        import torch
-
-        raw = torch._C._distributed_c10d._dump_fr_trace_json(includeCollectives=False)
+        raw = ready[0]._C._distributed_c10d._dump_fr_trace_json(includeCollectives=False)
         status = json.loads(raw.decode() if isinstance(raw, bytes) else raw).get("pg_status") or {}
         return tuple(sorted((k, v.get("last_enqueued_collective"), v.get("last_completed_collective"))
                             for k, v in status.items()))
@@ -252,8 +263,10 @@ def _background(mode: str) -> None:
             _wake.clear()
             joined = False  # a new process group: say again which groups this rank is in
         try:
-            if not joined and _rank_and_size()[0] is not None and "torch.distributed" in sys.modules \
-                    and sys.modules["torch.distributed"].is_initialized():
+            ready = _torch()
+            if ready is None:
+                continue  # torch.distributed not (fully) imported yet: touch nothing of torch
+            if not joined and ready[1].is_initialized() and _rank_and_size()[0] is not None:
                 joined = dump("joined") is not None  # rank, pid and groups: a rank killed early is still known
             position = _fr_position()
             count = progress_count(position)
