@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import functools
 import importlib.abc
-import importlib.util
 import inspect
 import os
 import sys
@@ -59,6 +58,7 @@ _current_step = runtime.current_step
 _wake = threading.Event()
 """Set when a process group is created: the background thread then records this rank at once."""
 
+
 class _WrapOnImport(importlib.abc.MetaPathFinder):
     """Wraps the collectives right after the job imports ``torch.distributed``."""
 
@@ -67,7 +67,12 @@ class _WrapOnImport(importlib.abc.MetaPathFinder):
             return None
         try:
             sys.meta_path.remove(self)
-            spec = importlib.util.find_spec(name)
+            spec = None
+            for finder in list(sys.meta_path):  # the other finders, asked directly: no import of the parent here
+                find = getattr(finder, "find_spec", None)
+                spec = find(name, path, target) if find is not None else None
+                if spec is not None:
+                    break
         except Exception:
             return None
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
