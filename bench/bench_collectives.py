@@ -21,22 +21,21 @@ import time
 
 HOOK_TARGET_NS = 2_000
 RATIO_TARGET_1MIB = 1.05
-ROUNDS, CALLS = 25, {1: 100, 262_144: 10}
+ROUNDS, CALLS = 60, {1: 100, 262_144: 10}
 
 
 def hook_cost() -> tuple[float, float]:
     """(bare ns per call, wrapped ns per call) of a no-op all_reduce."""
     import torch
 
-    from raysleuth.collectives import record
+    from raysleuth.collectives import hook
 
     def all_reduce(tensor, op=None, group=None, async_op=False):
         return None
 
-    record._tune_skip_dirs()
-    record._groups[id(None)] = ("0", "default_pg")
-    record._group_name = lambda group: "0"  # no process group in this process: the name lookup is a dict hit
-    wrapped = record._wrap("all_reduce", all_reduce)
+    hook._tune_skip_dirs()
+    hook._group_name = lambda group: "0"  # no process group in this process: the name lookup is a dict hit
+    wrapped = hook._wrap("all_reduce", all_reduce)
     tensor = torch.ones(1)
     n = 2_000  # many short rounds, best of each: a shared machine preempts long ones
     best_bare = best_wrapped = float("inf")
@@ -62,9 +61,9 @@ def _worker(rank: int, port: int, recorded: bool, queue) -> None:
     bare = dist.all_reduce
     wrapped = bare
     if recorded:
-        from raysleuth.collectives import record
+        from raysleuth.collectives import hook
 
-        record.wrap_collectives()
+        hook.wrap_collectives()
         wrapped = dist.all_reduce
     results = {}
     for numel, calls in CALLS.items():
@@ -72,8 +71,9 @@ def _worker(rank: int, port: int, recorded: bool, queue) -> None:
         for _ in range(10):
             bare(tensor)
         best = {"bare": float("inf"), "wrapped": float("inf")}
-        for _ in range(ROUNDS):
-            for name, function in (("bare", bare), ("wrapped", wrapped)):
+        for round_ in range(ROUNDS):
+            order = (("bare", bare), ("wrapped", wrapped))
+            for name, function in order if round_ % 2 else order[::-1]:  # neither always goes first
                 dist.barrier()
                 start = time.perf_counter_ns()
                 for _ in range(calls):
