@@ -4,8 +4,8 @@ Each victim (tests/victims/real_jobs.py) is its own driver process, as users
 run jobs; ranks come from where those jobs put them (runtime_env RANK, Ray
 Train's records, verl's environment). Each test asserts the culprit's rank,
 the rule that named it and the exit code; healthy jobs must name no one.
-Every victim starts at once when the module starts (start-up is most of
-their cost) and each test scopes `stacks` to its own victim's pids.
+Each test starts its own victim (started all at once, they starve each
+other on a small machine) and scopes `stacks` to that victim's pids.
 """
 
 from __future__ import annotations
@@ -38,11 +38,16 @@ class Victim:
 
     def ready(self, timeout: float = 300) -> Victim:
         """Wait for the victim's ``ready <job id>`` line."""
-        if self.job_id is None:
-            readable, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        deadline = time.monotonic() + timeout
+        line = ""
+        while self.job_id is None and time.monotonic() < deadline:  # Ray may print warnings first
+            readable, _, _ = select.select([self.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
             line = self.proc.stdout.readline() if readable else ""
-            assert line.startswith("ready"), f"victim {self.kind} did not start: {line!r}"
-            self.job_id = line.split()[1]
+            if line.startswith("ready"):
+                self.job_id = line.split()[1]
+            elif not line and self.proc.poll() is not None:
+                break
+        assert self.job_id, f"victim {self.kind} did not start (last line {line!r}, exit {self.proc.poll()})"
         return self
 
     def actors(self, class_name: str | None = None) -> list[dict]:
@@ -80,16 +85,21 @@ SPECS = {
 }
 
 
+class Victims(dict):
+    """Victims by name, each started on first use and stopped when the module ends."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__()
+        self.address = address
+
+    def __missing__(self, name: str) -> Victim:
+        victim = self[name] = Victim(self.address, *SPECS[name])
+        return victim
+
+
 @pytest.fixture(scope="module")
 def victims(ray_cluster):
-    started = {}
-    for name, spec in SPECS.items():
-        if spec[0] == "verl":
-            try:
-                import verl.single_controller.ray  # noqa: F401
-            except ImportError:
-                continue
-        started[name] = Victim(ray_cluster.address, *spec)
+    started = Victims(ray_cluster.address)
     yield started
     for victim in started.values():
         victim.stop()
@@ -101,7 +111,11 @@ def stacks(address: str, victim: Victim, *extra: str, capsys) -> tuple[int, dict
         args += ["--pid", str(pid)]
     capsys.readouterr()
     code = main(args)
-    return code, json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    try:
+        return code, json.loads(captured.out)
+    except ValueError:
+        raise AssertionError(f"stacks exited {code} without JSON: {captured.out[-300:]!r} {captured.err[-300:]!r}")
 
 
 def poll(address, victim, condition, capsys, timeout=120.0, *extra):

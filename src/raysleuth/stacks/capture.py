@@ -105,11 +105,11 @@ def dump_stacks(
     deadline = started + timeout
     report = StackReport(captured_at=time.time(), native=native, include_idle=include_idle, samples=samples,
                          interval=interval if samples > 1 else 0.0)
-    # Dead actors and recorded calls: read alongside discovery with one sample; with two, during the
-    # interval between the samples (so they cost no time and do not slow the State API's other answers).
+    # Dead actors, recorded calls and collective positions: read while py-spy runs (one sample), or during the interval between
+    # the samples (two), so they cost no time and do not slow the State API's answers to discovery.
     clues_pool = ThreadPoolExecutor(max_workers=3)
     try:
-        clues = _start_clues(clues_pool) if samples == 1 else None
+        clues = None
         found = _discover(report, timeout)
         targets = _targets(report, found, include_self, include_idle)
         targets = _narrow(report, targets, pids, rank)
@@ -151,6 +151,8 @@ def _sample(report: StackReport, targets: dict[str, list[ProcessStack]], found: 
             interval: float) -> None:
     """py-spy on every node at once, twice by default; fills threads, ``moved`` and the dead/call clues."""
     first = time.monotonic()
+    if samples == 1:
+        clues = _start_clues(clues_pool)
     tools = spy_round(report, targets, found, native, include_idle, deadline, per_process_timeout, parallel)
     report.timings["py_spy"] = time.monotonic() - first
     if clues is None:
