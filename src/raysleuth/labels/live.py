@@ -45,7 +45,7 @@ def _int(value: Any) -> int | None:
 def resolve_rank(label: dict[str, Any], hint: dict[str, Any] | None) -> dict[str, Any]:
     """Pure: the rank fields for one process from its State API label and its node agent's hint.
 
-    ``label``: what :func:`raysleuth.cluster.worker_labels` knows (may carry
+    ``label``: what :func:`registered_labels` knows (may carry
     a ``registered`` or ``actor name`` rank). ``hint``: one entry of
     :func:`raysleuth.agents.rank_hints` (``environment``, ``train``, ``note``).
     Returns ``rank``, ``rank_source``, ``world_size``, ``local_rank``, ``rank_note``.

@@ -76,13 +76,16 @@ def choose_run(run: str | None = None, *, home: Path | str | None = None) -> Run
     ended before its records reached the writer is read from its own run.
     A process connected to Ray reads its cluster's run; if that run has no
     evidence, it is an error that names the run, not the previous job's run.
+    That holds in this process's own home, where its cluster writes; another
+    ``home`` given explicitly is an archive, read at its newest run.
     """
-    home_path = Path(home) if home else runtime.settings().home
+    own_home = runtime.settings().home
+    home_path = Path(home) if home else own_home
     deliver_spooled(home_path)
     if run is not None:
         path = resolve_store_path(home_path, run)
         return RunChoice(run_id=path.parent.name, path=path, reason="given")
-    session = _connected_session()
+    session = _connected_session() if _same_folder(home_path, own_home) else None
     if session is not None:
         path = run_dir(home_path, session) / DB_NAME
         if path.is_file():
@@ -95,6 +98,13 @@ def choose_run(run: str | None = None, *, home: Path | str | None = None) -> Run
         )
     path = resolve_store_path(home_path, None)
     return RunChoice(run_id=path.parent.name, path=path, reason="newest")
+
+
+def _same_folder(a: Path, b: Path) -> bool:
+    try:
+        return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+    except OSError:
+        return Path(a) == Path(b)
 
 
 def open_store(run: str | None = None, *, home: Path | str | None = None) -> EvidenceStore:

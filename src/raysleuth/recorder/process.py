@@ -83,20 +83,56 @@ def _forget_client_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_client_after_fork)
 
 
+#: A client made before Ray was initialized writes to the local run; once this process connects, the
+#: next call replaces it with one that delivers to the cluster's run. Only such a process pays for the
+#: check (a few hundred ns a call); a Ray worker's client is never provisional.
+_provisional = False
+
+
 def get_client() -> RecordClient:
-    """This process's client (created on first use, again after a fork)."""
-    global _client, _client_pid
+    """This process's client (created on first use, again after a fork, and once Ray is up)."""
     client = _client
     if client is not None:
-        return client
+        if not _provisional or not _ray_initialized():
+            return client
+        _replace_provisional(client)
     with _client_lock:
         if _client is None or _client_pid != os.getpid():
-            sink, run_id = _default_sink()
-            _client = RecordClient(sink, run_id=run_id)
-            _client_pid = os.getpid()
-            if isinstance(sink, WriterSink):
-                _save_on_sigterm()
+            _create()
         return _client
+
+
+def _create() -> None:
+    global _client, _client_pid, _provisional
+    sink, run_id = _default_sink()
+    _client = RecordClient(sink, run_id=run_id)
+    _client_pid = os.getpid()
+    _provisional = _client.provisional = not isinstance(sink, WriterSink)
+    if not _provisional:
+        _save_on_sigterm()
+
+
+def _ray_initialized() -> bool:
+    import sys
+
+    ray = sys.modules.get("ray")
+    try:
+        return ray is not None and ray.is_initialized()
+    except Exception:  # ray half imported
+        return False
+
+
+def _replace_provisional(old: RecordClient) -> None:
+    """Ray came up after this process first recorded: what follows goes to the cluster's run."""
+    global _client, _client_pid
+    with _client_lock:
+        if _client is not old:
+            return
+        _client, _client_pid = None, None
+    try:
+        old.close(timeout=1.0)  # what was recorded before stays in the local run
+    except Exception:
+        pass
 
 
 #: At SIGTERM, how long a worker tries to deliver before Ray's own handler ends it.
@@ -149,10 +185,12 @@ def _save_on_sigterm() -> None:
 
 def reset_client(client: RecordClient | None = None) -> RecordClient | None:
     """Replace the process client (tests, or after ``ray.init``); returns the old one."""
-    global _client, _client_pid
+    global _client, _client_pid, _provisional
     with _client_lock:
         old, _client = _client, client
         _client_pid = os.getpid() if client is not None else None
+        # a client made here before Ray was up stays provisional when put back; one made by hand stays
+        _provisional = bool(getattr(client, "provisional", False))
     return old
 
 
