@@ -216,6 +216,9 @@ def _deferred_setup() -> bool:
                          "setup_ms": _state["setup_ms"], "timings_ms": dict(_state["timings_ms"]),
                          "mode": runtime.settings().mode},
                name="instrumented", level="WARNING" if errors else "INFO")
+        from raysleuth.recorder import get_client
+
+        get_client().flush(timeout=10)
     except Exception:
         pass
     return True
@@ -238,6 +241,9 @@ def _watch_rank() -> bool:
 
         record("event", {"rank": rank, "world_size": me.world_size, "rank_source": me.rank_source},
                name="rank", rank=rank)
+        from raysleuth.recorder import get_client
+
+        get_client().flush(timeout=10)  # on the control thread: a rank killed soon after is still labelled
     except Exception:
         pass
     return True
