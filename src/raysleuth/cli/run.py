@@ -26,7 +26,7 @@ from typing import Annotated
 
 import typer
 
-from raysleuth.cli._app import AddressOption, HomeOption, app, finish
+from raysleuth.cli._app import HomeOption, app, finish
 from raysleuth.errors import UsageError
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -116,7 +116,9 @@ def run_job(command: list[str], env: Mapping[str, str]) -> int:
 def run(
     command: Annotated[list[str] | None, typer.Argument(help="The job's command, after --: -- python train.py ARGS")] = None,
     mode: Annotated[str | None, typer.Option("--mode", help="light (default) or full; off runs the job uninstrumented.")] = None,
-    address: AddressOption = None,
+    address: Annotated[str | None, typer.Option(
+        "--address", help="Sets RAY_ADDRESS for the job's ray.init: ip:port, auto, or local (start a new local Ray); "
+                          "default: whatever the job does alone.")] = None,
     home: HomeOption = None,
 ) -> None:
     """Run a job unchanged with every Ray worker instrumented: crash capsules, fatal signals, ranks, logs, memory.

@@ -9,17 +9,16 @@ at start-up, because user code may need them at once (cheap):
     - crash capsules for exceptions escaping any task function or actor
       method, ``__init__`` and async methods included (wrapped lazily, when
       the worker first looks the function up), and Ray Train training
-      functions;
+      functions, and uncaught exceptions in the process and its threads;
+    - log shipping of the root logger at the mode's level (light: WARNING+);
     - ``raysleuth.collectives.install()`` (Flight Recorder before any
       process group exists, collective progress);
     - the control thread (:mod:`raysleuth.control`).
 
-on the control thread's first tick, off the start-up path:
-    - crash capsules for uncaught exceptions in the process and its threads;
-    - the mode (``RAYSLEUTH_MODE``): shipped log level (light: WARNING+),
-      the memory sampler (light: every 10 s; full, or
-      ``RAYSLEUTH_MEMORY_PROFILE``: every second), detailed tracing (full);
-    - log shipping of the root logger;
+on the control thread, ``DEFER_S`` seconds later, off the start-up path:
+    - the rest of the mode (``RAYSLEUTH_MODE``): the memory sampler (light:
+      every 10 s; full, or ``RAYSLEUTH_MEMORY_PROFILE``: every second),
+      detailed tracing (full);
     - one ``event`` record named ``instrumented`` (level ``WARNING`` when a
       part failed, with the reasons);
 
@@ -43,6 +42,9 @@ from typing import Any
 from raysleuth import control, runtime
 
 __all__ = ["setup_report", "setup_worker"]
+
+#: Seconds after start-up before the slower parts run (off the worker's start-up path).
+DEFER_S = 2.0
 
 _lock = threading.Lock()
 _done_pid: int | None = None
@@ -84,7 +86,10 @@ def setup_worker() -> None:
             started = time.perf_counter()
             _attempt("fatal_signal_file", _install_fatal_file)
             _attempt("crash_capture", _install_crash_capture)
+            _attempt("excepthooks", _install_excepthooks)
+            _attempt("log_shipping", _ship_logs)
             _attempt("collectives", _install_collectives)
+            _state["started"] = time.monotonic()
             _state["setup_ms"] = round((time.perf_counter() - started) * 1000, 3)
             control.on_tick(_deferred_setup)
             control.on_tick(_watch_rank)
@@ -193,8 +198,15 @@ def _apply_mode() -> Any:
 
 
 def _ship_logs() -> Any:
+    """Ship the root logger's records at the mode's level (light: WARNING+) from the first moment."""
+    from raysleuth import monitoring
     from raysleuth.logs import install_log_shipping
 
+    settings = runtime.settings()
+    if "RAYSLEUTH_LOG_LEVEL" not in settings.sources:
+        level = monitoring.mode_config(settings.mode).log_level
+        if level and level != settings.log_level:
+            runtime.reload_settings(log_level=level)
     return install_log_shipping()
 
 
@@ -202,9 +214,9 @@ def _deferred_setup() -> bool:
     """First control tick: the slower parts, then one record saying what this worker has."""
     if _state["internal"]:
         return True
-    _attempt("excepthooks", _install_excepthooks)
+    if time.monotonic() - _state.get("started", 0.0) < DEFER_S:
+        return False  # let the worker take its first task first: these imports would compete for the GIL
     _attempt("mode", _apply_mode)
-    _attempt("log_shipping", _ship_logs)
     if _state["internal"]:  # became one of raysleuth's actors meanwhile
         _leave_internal_actor()
         return True
@@ -216,6 +228,9 @@ def _deferred_setup() -> bool:
                          "setup_ms": _state["setup_ms"], "timings_ms": dict(_state["timings_ms"]),
                          "mode": runtime.settings().mode},
                name="instrumented", level="WARNING" if errors else "INFO")
+        from raysleuth.recorder import get_client
+
+        get_client().flush(timeout=10)
     except Exception:
         pass
     return True
@@ -238,6 +253,9 @@ def _watch_rank() -> bool:
 
         record("event", {"rank": rank, "world_size": me.world_size, "rank_source": me.rank_source},
                name="rank", rank=rank)
+        from raysleuth.recorder import get_client
+
+        get_client().flush(timeout=10)  # on the control thread: a rank killed soon after is still labelled
     except Exception:
         pass
     return True
