@@ -54,7 +54,7 @@ DEBT_MODULES: set[str] = {
 }
 DEBT_FUNCTIONS: set[str] = {
     "cli.logs:logs", "logs.distributed:debug_decorator", "logs.distributed:decorate",
-    "pool.allocator:plan_placements", "stacks.capture:dump_stacks",
+    "pool.allocator:plan_placements",
 }
 
 

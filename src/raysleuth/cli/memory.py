@@ -99,6 +99,12 @@ def memory(
         console.print("no memory samples in this run: call rs.memory.watch() in the workers, "
                       "or sample them from outside with `raysleuth memory --sample 30s`")
         finish(0)
+    _print_report(report, problems)
+    finish(1 if report.leaks or report.undecided else 0)  # "could not tell" is never exit 0
+
+
+def _print_report(report, problems: list[str]) -> None:
+    """The per-worker table, the problems of the sampling, and the one-line verdict."""
     from raysleuth.memory import sparkline
 
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
@@ -131,4 +137,3 @@ def memory(
                       f"worker(s): sample longer (e.g. --sample 30s) to judge them")
     else:
         console.print(f"\n[green]no leak[/green] in {len(report.workers)} worker(s)")
-    finish(1 if leaks or report.undecided else 0)  # "could not tell" is never exit 0

@@ -93,7 +93,7 @@ class RecordClient:
         self._thread: threading.Thread | None = None
         self._closed = False
         self.run_id = run_id or "local"
-        self.provisional = False  # made before Ray was up: the process client replaces it once Ray is
+        self.provisional = False  # made before Ray was up: the process client then replaces it
         if spool_dir is not None:
             self.spool_path = Path(spool_dir) / f"{os.uname().nodename}-{os.getpid()}-{self.client_id}.jsonl"
         else:

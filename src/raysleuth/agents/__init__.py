@@ -1,0 +1,261 @@
+"""Node agents: one small actor per alive node for work that must run locally.
+
+An agent is a detached, named actor (``raysleuth-agent-<node_id>`` in the
+``raysleuth`` namespace) pinned to its node, reserving no CPU. It lists the
+node's Ray worker processes, runs a local tool (py-spy) with a timeout,
+reads process memory with psutil and reports the node's versions.
+
+:func:`call_agents` fans one method out to every node in parallel and
+returns one :class:`AgentResult` per node, with the reason when a node did
+not answer in time: partial results, never a hang.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import shutil
+import socket
+import sys
+import time
+from typing import Any
+
+from raysleuth.agents.host import (
+    find_tool, gpus, oom_evidence, process_memory, py_spy_check, ray_train_lines, read_files, run_tool, worker_logs,
+)
+from raysleuth.agents.ranks import is_ray_worker, rank_hints, read_train_logs, thread_times
+from raysleuth.errors import ClusterUnreachable
+
+__all__ = ["AgentResult", "NodeAgent", "call_agents", "find_tool", "get_agents", "rank_hints", "read_train_logs",
+           "thread_times", "versions"]
+
+AGENT_PREFIX = "raysleuth-agent-"
+NAMESPACE = "raysleuth"
+
+
+def _module_version(name: str) -> str | None:
+    try:
+        from importlib import metadata
+
+        return metadata.version(name)
+    except Exception:
+        return None
+
+
+def versions() -> dict[str, Any]:
+    """Versions that must match across nodes, for this process's environment."""
+    py_spy = find_tool("py-spy")
+    return {
+        "python": platform.python_version(),
+        "ray": _module_version("ray"),
+        "torch": _module_version("torch"),
+        "raysleuth": _module_version("raysleuth"),
+        "debugpy": _module_version("debugpy"),
+        "psutil": _module_version("psutil"),
+        "py-spy": _module_version("py-spy") if py_spy else None,
+        "py_spy_path": py_spy,
+        "executable": sys.executable,
+        "cpu_count": os.cpu_count(),
+    }
+
+
+class NodeAgent:
+    """Actor body: local work on one node."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.hostname = socket.gethostname()
+        self.started = time.time()
+
+    def ping(self) -> dict[str, Any]:
+        """Who and where this agent is."""
+        import ray
+
+        return {
+            "pid": self.pid,
+            "hostname": self.hostname,
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(),
+            "started": self.started,
+        }
+
+    def versions(self) -> dict[str, Any]:
+        """Python, Ray, torch, raysleuth, py-spy versions on this node."""
+        return versions()
+
+    def list_processes(self, include_children: bool = True) -> list[dict[str, Any]]:
+        """Ray worker processes on this node (and their children), with memory."""
+        import psutil
+
+        found = []
+        workers: set[int] = set()
+        for proc in psutil.process_iter(["pid", "ppid", "cmdline", "name", "create_time", "memory_info"]):
+            info = proc.info
+            cmdline = info.get("cmdline") or []
+            if not is_ray_worker(cmdline) or info["pid"] == self.pid:
+                continue
+            workers.add(info["pid"])
+            found.append({
+                "pid": info["pid"],
+                "ppid": info["ppid"],
+                "title": cmdline[0] if cmdline and cmdline[0].startswith("ray::") else " ".join(cmdline)[:200],
+                "parent_pid": None,
+                "rss_bytes": info["memory_info"].rss if info.get("memory_info") else None,
+                "create_time": info.get("create_time"),
+            })
+        if include_children:
+            for pid in list(workers):
+                try:
+                    children = psutil.Process(pid).children(recursive=True)
+                except psutil.Error:
+                    continue
+                for child in children:
+                    if child.pid in workers:
+                        continue
+                    try:
+                        found.append({
+                            "pid": child.pid,
+                            "ppid": child.ppid(),
+                            "title": " ".join(child.cmdline())[:200],
+                            "parent_pid": pid,
+                            "rss_bytes": child.memory_info().rss,
+                            "create_time": child.create_time(),
+                        })
+                    except psutil.Error:
+                        continue
+        return found
+
+    def rank_hints(self, pids: list[int] | None = None) -> dict[str, Any]:
+        """Ranks of this node's Ray workers from outside: start-up environment and Ray Train's logs."""
+        from raysleuth import cluster
+
+        self._train_cache = getattr(self, "_train_cache", {})
+        # This node's workers are the children of its raylet, which is the agent's own parent.
+        return rank_hints(pids, logs_dir=cluster.local_logs_dir(), cache=self._train_cache, parent=os.getppid())
+
+    def thread_times(self, pids: list[int]) -> dict[int, dict[int, float]]:
+        """CPU seconds used so far by each thread of each pid (to tell a working thread from a stuck one)."""
+        return thread_times(pids)
+
+    def run_tool(self, argv: list[str], timeout: float = 10.0) -> dict[str, Any]:
+        """Run a local program; returns returncode, stdout, stderr, timed_out, error."""
+        return run_tool(argv, timeout)
+
+    def run_tools(self, commands: list[list[str]], timeout: float = 10.0, parallel: int = 8) -> list[dict[str, Any]]:
+        """Run several programs concurrently (each with ``timeout``), results in order."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+            return list(pool.map(lambda argv: run_tool(argv, timeout), commands))
+
+    def memory(self, pids: list[int]) -> dict[int, dict[str, Any]]:
+        """RSS, USS (private) and VMS of each pid; an ``error`` for pids that are gone."""
+        return process_memory(pids)
+
+    def disk_free(self, path: str) -> dict[str, Any]:
+        """Free and total bytes of the filesystem holding ``path``."""
+        try:
+            usage = shutil.disk_usage(path)
+            return {"path": path, "free": usage.free, "total": usage.total}
+        except OSError as error:
+            return {"path": path, "error": str(error)}
+
+    def py_spy_check(self) -> dict[str, Any]:
+        """Is py-spy here, and may it read another process (ptrace)?"""
+        return py_spy_check()
+
+    def gpus(self) -> list[dict[str, Any]]:
+        """This node's GPUs (index, name, total_bytes) from nvidia-smi; [] without one."""
+        return gpus()
+
+    def oom_evidence(self, since: float | None = None) -> dict[str, Any]:
+        """Kernel-log OOM kills (where permitted) and cgroup OOM counts on this node (issue 18)."""
+        return oom_evidence(since)
+
+    def read_files(self, paths: list[str], tail_bytes: int = 65536) -> dict[str, str | None]:
+        """The tail of each local file (None when absent or unreadable): fatal-signal files, logs."""
+        return read_files(paths, tail_bytes)
+
+    def worker_logs(self, pids: list[int], lines: int = 200) -> dict[int, dict[str, Any]]:
+        """Last lines of each pid's Ray worker ``.err``/``.out`` logs and raysleuth fatal file on this node."""
+        return worker_logs(pids, lines)
+
+    def ray_train_lines(self, lines: int = 50) -> list[str]:
+        """Lines naming a ``world_rank`` from Ray Train's worker logs on this node (``logs/train/``)."""
+        return ray_train_lines(lines)
+
+
+@dataclasses.dataclass
+class AgentResult:
+    """One node's answer to a fanned-out call."""
+
+    node_id: str
+    node_ip: str | None
+    ok: bool
+    value: Any = None
+    error: str | None = None
+
+
+def get_agents(*, timeout: float = 30.0) -> dict[str, Any]:
+    """One agent handle per alive node (created on demand, then reused)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from raysleuth import cluster
+
+    if not ray.is_initialized():
+        raise ClusterUnreachable("not connected to Ray", fix="connect first (raysleuth.cluster.connect)")
+    handles = {}
+    actor_class = ray.remote(NodeAgent)
+    for node in cluster.nodes(alive_only=True):
+        node_id = node["node_id"]
+        name = AGENT_PREFIX + node_id[:16]
+        try:
+            handle = ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:
+            handle = actor_class.options(
+                name=name,
+                namespace=NAMESPACE,
+                lifetime="detached",
+                get_if_exists=True,
+                num_cpus=0,
+                max_concurrency=16,
+                max_restarts=3,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+            ).remote()
+        handles[node_id] = (handle, node["node_ip"])
+    return handles
+
+
+def call_agents(method: str, *args: Any, timeout: float = 30.0, nodes: list[str] | None = None,
+                per_node_args: dict[str, tuple] | None = None) -> list[AgentResult]:
+    """Call ``method`` on every node's agent in parallel; partial results on timeout.
+
+    ``per_node_args`` gives node-specific arguments (node_id -> args tuple);
+    such nodes get those instead of ``args``.
+    """
+    import ray
+
+    agents = get_agents(timeout=timeout)
+    wanted = {node_id: value for node_id, value in agents.items() if nodes is None or node_id in nodes}
+    refs = {}
+    for node_id, (handle, _ip) in wanted.items():
+        call_args = per_node_args.get(node_id, args) if per_node_args else args
+        refs[node_id] = getattr(handle, method).remote(*call_args)
+    deadline = time.monotonic() + timeout
+    pending = list(refs.values())
+    while pending and time.monotonic() < deadline:
+        _ready, pending = ray.wait(pending, num_returns=len(pending), timeout=max(0.0, deadline - time.monotonic()))
+    results = []
+    for node_id, ref in refs.items():
+        node_ip = wanted[node_id][1]
+        if ref in pending:
+            results.append(AgentResult(node_id, node_ip, False,
+                                       error=f"no answer from the agent on {node_ip} within {timeout:g}s"))
+            continue
+        try:
+            results.append(AgentResult(node_id, node_ip, True, value=ray.get(ref)))
+        except Exception as error:
+            results.append(AgentResult(node_id, node_ip, False, error=f"{type(error).__name__}: {str(error)[:300]}"))
+    return results

@@ -1,0 +1,256 @@
+"""What a node agent reads from its host: tools (py-spy), process memory, GPUs, OOM records, worker logs.
+
+Runs on the node (inside its agent); plain functions, called by
+:class:`raysleuth.agents.NodeAgent` and tested on their own.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any
+
+
+def find_tool(name: str) -> str | None:
+    """Path of an executable: on PATH, else beside this Python (a venv's bin)."""
+    found = shutil.which(name)
+    if found:
+        return found
+    candidate = os.path.join(os.path.dirname(sys.executable), name)
+    return candidate if os.access(candidate, os.X_OK) else None
+
+
+
+def run_tool(argv: list[str], timeout: float) -> dict[str, Any]:
+    """Run ``argv`` with a timeout; never raises."""
+    started = time.monotonic()
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        return {"returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr,
+                "timed_out": False, "error": None, "seconds": time.monotonic() - started}
+    except subprocess.TimeoutExpired as expired:
+        return {"returncode": None, "stdout": expired.stdout or "", "stderr": expired.stderr or "",
+                "timed_out": True, "error": f"timed out after {timeout:g}s", "seconds": time.monotonic() - started}
+    except OSError as error:
+        return {"returncode": None, "stdout": "", "stderr": "", "timed_out": False,
+                "error": str(error), "seconds": time.monotonic() - started}
+
+
+def process_memory(pids: list[int]) -> dict[int, dict[str, Any]]:
+    """RSS/USS/VMS of local pids with psutil."""
+    import psutil
+
+    result: dict[int, dict[str, Any]] = {}
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            try:
+                full = proc.memory_full_info()
+                result[pid] = {"rss": full.rss, "uss": full.uss, "vms": full.vms}
+            except psutil.AccessDenied:
+                info = proc.memory_info()
+                result[pid] = {"rss": info.rss, "uss": None, "vms": info.vms}
+        except psutil.Error as error:
+            result[pid] = {"error": f"{type(error).__name__}: {error}"}
+    return result
+
+
+def gpus() -> list[dict[str, Any]]:
+    """Local GPUs from ``nvidia-smi`` (no torch needed); [] when there is none."""
+    tool = find_tool("nvidia-smi")
+    if tool is None:
+        return []
+    done = run_tool([tool, "--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"], timeout=10)
+    found = []
+    for line in (done["stdout"] or "").splitlines():
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) == 3 and parts[0].isdigit():
+            try:
+                found.append({"index": int(parts[0]), "name": parts[1], "total_bytes": int(float(parts[2])) * 1024**2})
+            except ValueError:
+                continue
+    return found
+
+
+def _ptrace_scope() -> int | None:
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as handle:
+            return int(handle.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def py_spy_check() -> dict[str, Any]:
+    """py-spy present and permitted: dump a short-lived child process to find out."""
+    path = find_tool("py-spy")
+    result: dict[str, Any] = {"available": path is not None, "path": path, "ptrace_scope": _ptrace_scope(),
+                              "can_dump": False, "detail": ""}
+    if path is None:
+        result["detail"] = "py-spy is not installed here"
+        return result
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        time.sleep(0.3)
+        done = run_tool([path, "dump", "--pid", str(child.pid), "--nonblocking"], timeout=10)
+        text = (done["stdout"] + done["stderr"]).strip()
+        result["can_dump"] = done["returncode"] == 0
+        if result["can_dump"]:
+            result["detail"] = "py-spy dumped a test process"
+        else:
+            last = text.splitlines()[-1] if text else ""
+            result["detail"] = (done["error"] or last or "py-spy failed")[:300]
+    finally:
+        child.kill()
+        child.wait()
+    return result
+
+
+_KERNEL_KILL_LINE = ("Killed process", "oom-kill:")
+
+
+def _kernel_oom_kills() -> dict[str, Any]:
+    """OOM-killer records from the kernel log; ``permitted`` False with the reason when it is closed to us."""
+    import re
+
+    tool = find_tool("dmesg")
+    if tool is None:
+        return {"permitted": False, "reason": "dmesg is not installed", "kills": []}
+    done = run_tool([tool], timeout=5)
+    if done["returncode"] != 0:
+        reason = (done["stderr"] or done["error"] or "dmesg failed").strip().splitlines()
+        return {"permitted": False, "reason": (reason[-1] if reason else "dmesg failed")[:200], "kills": []}
+    kills = []
+    for line in done["stdout"].splitlines():
+        if not any(marker in line for marker in _KERNEL_KILL_LINE):
+            continue
+        match = re.search(r"Killed process (\d+) \(([^)]*)\)", line)
+        if match:
+            kills.append({"pid": int(match.group(1)), "name": match.group(2), "text": line.strip()[:400]})
+    return {"permitted": True, "reason": None, "kills": kills}
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as handle:
+            return int(handle.read().strip().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _cgroup_memory() -> dict[str, Any]:
+    """This process's memory cgroup: its OOM-kill count and limit (cgroup v2 ``memory.events`` or v1)."""
+    try:
+        with open("/proc/self/cgroup") as handle:
+            lines = handle.read().splitlines()
+    except OSError as error:
+        return {"error": str(error)}
+    v1 = next((line.split(":", 2)[2] for line in lines if line.split(":")[1:2] == ["memory"]), None)
+    v2 = next((line.split(":", 2)[2] for line in lines if line.startswith("0::")), None)
+    candidates = []
+    if v1 is not None:
+        for base in (f"/sys/fs/cgroup/memory{v1}", "/sys/fs/cgroup/memory"):
+            candidates.append(("v1", base, f"{base}/memory.oom_control", f"{base}/memory.limit_in_bytes"))
+    if v2 is not None:
+        for base in (f"/sys/fs/cgroup{v2}".rstrip("/"), "/sys/fs/cgroup"):
+            candidates.append(("v2", base, f"{base}/memory.events", f"{base}/memory.max"))
+    for version, base, events, limit in candidates:
+        try:
+            with open(events) as handle:
+                counts = dict(line.split()[:2] for line in handle.read().splitlines() if len(line.split()) >= 2)
+        except OSError:
+            continue
+        limit_bytes = _read_int(limit)
+        if limit_bytes is not None and limit_bytes >= 2**60:
+            limit_bytes = None  # "unlimited"
+        return {"version": version, "path": base, "oom_kill": int(counts.get("oom_kill", 0) or 0),
+                "oom": int(counts.get("oom", counts.get("under_oom", 0)) or 0), "cgroup_limit_bytes": limit_bytes}
+    return {"error": "no readable memory cgroup (memory.events / memory.oom_control)"}
+
+
+def oom_evidence(since: float | None = None) -> dict[str, Any]:
+    """The node's OOM evidence: kernel-log kills and the memory cgroup's counts and limit."""
+    import psutil
+
+    cgroup = _cgroup_memory()
+    total = psutil.virtual_memory().total
+    limit = cgroup.get("cgroup_limit_bytes")
+    cgroup["limit_bytes"] = min(limit, total) if limit else total
+    return {"kernel_log": _kernel_oom_kills(), "cgroup": cgroup, "time": time.time()}
+
+
+def read_files(paths: list[str], tail_bytes: int = 65536) -> dict[str, str | None]:
+    """The last ``tail_bytes`` of each file, decoded leniently; None for a missing or unreadable one."""
+    result: dict[str, str | None] = {}
+    for path in paths:
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(0, os.SEEK_END)
+                size = handle.tell()
+                handle.seek(max(0, size - tail_bytes))
+                result[path] = handle.read().decode("utf-8", errors="replace")
+        except OSError:
+            result[path] = None
+    return result
+
+
+def worker_logs(pids: list[int], lines: int = 200, logs_dir: str | None = None) -> dict[int, dict[str, Any]]:
+    """Per pid: ``err``/``out`` (last ``lines`` lines of ``worker-*-<pid>.err/.out``) and ``fatal``
+    (``raysleuth-fatal-<pid>.log``), from this node's Ray session logs (and ``old/``, where Ray's log
+    monitor moves dead workers' files); ``error`` when none was found."""
+    from raysleuth import cluster
+
+    folder = logs_dir or cluster.local_logs_dir()
+    wanted = {int(pid) for pid in pids}
+    files: dict[int, dict[str, str]] = {}
+    try:
+        names = os.listdir(folder) if folder else []
+    except OSError as error:
+        return {pid: {"error": f"cannot list {folder}: {error.strerror}"} for pid in wanted}
+    try:  # Ray's log monitor moves dead workers' logs to old/ once it has many files open
+        names = [os.path.join("old", name) for name in os.listdir(os.path.join(folder, "old"))] + names
+    except OSError:
+        pass
+    for path in names:
+        name = os.path.basename(path)
+        stem, _, suffix = name.rpartition(".")
+        if name.startswith("worker-") and suffix in ("err", "out"):
+            pid = stem.rsplit("-", 1)[-1]
+            if pid.isdigit() and int(pid) in wanted:
+                files.setdefault(int(pid), {})[suffix] = os.path.join(folder, path)
+        elif name.startswith("raysleuth-fatal-") and suffix == "log":
+            pid = stem.removeprefix("raysleuth-fatal-")
+            if pid.isdigit() and int(pid) in wanted:
+                files.setdefault(int(pid), {})["fatal"] = os.path.join(folder, path)
+    result: dict[int, dict[str, Any]] = {}
+    for pid in wanted:
+        found = files.get(pid)
+        if not found:
+            result[pid] = {"error": f"no worker log for pid {pid} in {folder}"}
+            continue
+        texts = read_files(list(found.values()), tail_bytes=max(4096, lines * 400))
+        entry: dict[str, Any] = {}
+        for key, path in found.items():
+            text = texts.get(path)
+            if text is None:
+                continue
+            entry[key] = text if key == "fatal" else text.splitlines()[-lines:]
+        result[pid] = entry
+    return result
+
+
+def ray_train_lines(lines: int = 50, logs_dir: str | None = None) -> list[str]:
+    """The last ``lines`` lines with a ``world_rank`` of each ``ray-train-sys-worker-*.log`` (JSON lines)."""
+    from raysleuth import cluster
+
+    folder = os.path.join(logs_dir or cluster.local_logs_dir() or "", "train")
+    try:
+        names = [name for name in os.listdir(folder) if name.startswith("ray-train-sys-worker")]
+    except OSError:
+        return []
+    found: list[str] = []
+    for text in read_files([os.path.join(folder, name) for name in names], tail_bytes=lines * 1200).values():
+        found += [line for line in (text or "").splitlines() if '"world_rank"' in line][-lines:]
+    return found
