@@ -25,6 +25,8 @@ import statistics
 import sys
 import time
 
+from _targets import exit_code, target  # noqa: E402  (bench/ is on sys.path when run as a script)
+
 TARGET_S = 5.0
 DEATHS = int(os.environ.get("RAYSLEUTH_BENCH_DEATHS", "100"))
 REPEATS = 3
@@ -114,9 +116,9 @@ def main() -> int:
         print(f"raysleuth find_deaths (median of {REPEATS}): {median:.2f}s "
               f"(logs + OOM + store {statistics.median(log_seconds):.2f}s)  target < {TARGET_S:g}s")
         print(f"ratio baseline/raysleuth: {base / median:.1f}x")
-        ok = median < TARGET_S and wrong == 0
-        print("PASS" if ok else "MISS")
-        return 0 if ok else 1
+        target("reading the deaths of 100 dead actors", median < TARGET_S, f"{median:.2f}s (< {TARGET_S:g}s)")
+        target("every death classified with its rank", wrong == 0, f"{wrong} wrong or rankless")
+        return exit_code()
     finally:
         ray.shutdown()
         node.shutdown()

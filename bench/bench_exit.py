@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _targets import exit_code, target  # noqa: E402  (bench/ is on sys.path when run as a script)
+
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 PER_JOB = 16 + 4  # 4 ranks x 4 records, plus the driver's 4
@@ -71,7 +73,6 @@ def main() -> int:
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"RAYSLEUTH_HOME": home}})
     address = ray.get_runtime_context().gcs_address
-    failures = []
     try:
         baseline = [s for _, s in run_jobs(address, home, args.baseline_repeats, "--quiet")]
         healthy = run_jobs(address, home, args.repeats, "--driver-logs")
@@ -82,10 +83,8 @@ def main() -> int:
         print(f"baseline ray.shutdown(): median {base:.3f}s over {len(baseline)} jobs")
         print(f"healthy writer: median exit {base + added:.3f}s (adds {added:+.3f}s, target < 1 s); "
               f"jobs with {PER_JOB}/{PER_JOB} records: {kept}/{len(healthy)}")
-        if added >= 1.0:
-            failures.append(f"healthy drain adds {added:.3f}s")
-        if kept != len(healthy):
-            failures.append(f"healthy: records lost {counts}")
+        target("shutdown drain, healthy writer", added < 1.0, f"adds {added:+.3f}s (< 1 s)")
+        target("nothing lost, healthy writer", kept == len(healthy), f"{kept}/{len(healthy)} jobs complete")
 
         from raysleuth.recorder import get_writer
 
@@ -100,15 +99,11 @@ def main() -> int:
         worst = max(s for _, s in gone) - base
         print(f"writer gone (stopped): worst exit {base + worst:.3f}s (adds {worst:+.3f}s, target < 5 s); "
               f"jobs with {PER_JOB}/{PER_JOB} records once it is back: {kept}/{len(gone)}")
-        if worst >= 5.0:
-            failures.append(f"gone drain adds {worst:.3f}s")
-        if kept != len(gone):
-            failures.append(f"gone: records lost {counts}")
+        target("shutdown drain, writer gone", worst < 5.0, f"adds {worst:+.3f}s at worst (< 5 s)")
+        target("nothing lost, writer gone", kept == len(gone), f"{kept}/{len(gone)} jobs complete")
     finally:
         ray.shutdown()
-    for failure in failures:
-        print("MISS:", failure)
-    return 1 if failures else 0
+    return exit_code()
 
 
 if __name__ == "__main__":
