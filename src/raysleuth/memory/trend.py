@@ -187,13 +187,17 @@ def _judge(ys: list[float], policy: LeakPolicy) -> dict[str, Any]:
     settled = max(recent) - min(recent) < max(policy.min_growth_bytes, policy.min_growth_fraction * end)
     pattern = None
     climb = policy.min_climb_fraction
-    if settled and _growth_is_large(floor_growth, base, policy, climb):
+    # A climb must stand out of the series' own noise: an allocator that keeps freed pages raises the floor
+    # of a noisy but flat process by up to one transient allocation (sample-to-sample jumps of that size).
+    noise = 3.0 * float(np.median(np.abs(np.diff(ys)))) if n >= 3 else 0.0
+    if settled and floor_growth > noise and _growth_is_large(floor_growth, base, policy, climb):
         pattern = "climb"  # grew, then held: the end of the window is flat
     elif tau >= policy.min_tau and z >= 2.5 and steady_enough and floor_growth > 0:
         pattern = "steady"
-    elif _growth_is_large(floor_growth, base, policy, climb):
+    elif floor_growth > noise and _growth_is_large(floor_growth, base, policy, climb):
         pattern = "climb"
-    elif recent_tau >= policy.min_tau and _growth_is_large(recent_growth, max(earlier or [start]), policy, climb):
+    elif (recent_tau >= policy.min_tau and recent_growth > noise
+          and _growth_is_large(recent_growth, max(earlier or [start]), policy, climb)):
         pattern = "recent"
     return {"start": start, "end": end, "tau": tau, "floor": floor_growth, "recent": recent_growth,
             "pattern": pattern}
