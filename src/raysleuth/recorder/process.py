@@ -40,7 +40,7 @@ def _default_sink() -> tuple[Sink, str]:
         return WriterSink(), run_id
     from raysleuth.recorder.store import open_run
 
-    return StoreSink(open_run(runtime.settings().home, "local")), "local"
+    return StoreSink(open_run(runtime.settings().home, "local", take_latest=False)), "local"
 
 
 def _flush_before_ray_shutdown(ray) -> None:

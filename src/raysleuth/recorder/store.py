@@ -376,11 +376,18 @@ class EvidenceStore:
             pass
 
 
-def open_run(home: Path, run_id: str) -> EvidenceStore:
-    """Open (creating) a run's database for writing and mark it the latest."""
+def open_run(home: Path, run_id: str, *, take_latest: bool = True) -> EvidenceStore:
+    """Open (creating) a run's database for writing and mark it the latest.
+
+    ``take_latest=False`` marks it only where no run is marked yet: the
+    ``local`` run of a process that recorded before it connected to Ray must
+    not hide its cluster's run from the CLI.
+    """
     path = run_dir(home, run_id) / DB_NAME
     store = EvidenceStore(path)
     marker = Path(home) / "runs" / "latest"
+    if not take_latest and latest_run(home) not in (None, run_id):
+        return store
     tmp = marker.with_name(f".latest.{os.getpid()}")
     tmp.write_text(run_id)
     os.replace(tmp, marker)
