@@ -21,12 +21,7 @@ def dead_actors() -> list[dict[str, Any]]:
     labels = dead_worker_labels(dead)
     found = []
     for actor in dead:
-        label = dict(labels.get(actor.get("actor_id"), {}))
-        if label.get("rank") is None:
-            # Until labels.dead reads it (issue 18): the rank given at creation in runtime_env env_vars.
-            rank = cluster.runtime_env_vars(actor).get("RANK", "")
-            if rank.strip().isdigit():
-                label.update(rank=int(rank), rank_source="runtime_env")
+        label = labels.get(actor.get("actor_id"), {})  # rank from the store, runtime_env, Ray Train or name
         cause, on_purpose = cluster.death_reason(actor)
         found.append({"actor_id": actor.get("actor_id"), "pid": label.get("pid") or actor.get("pid"),
                       "node_id": actor.get("node_id"), "node_ip": label.get("node_ip"),
