@@ -51,6 +51,7 @@ __all__ = [
 HEAD_NODE_RESOURCE = "node:__internal_head__"
 
 TESTED_RAY = ">=2.60,<2.61"
+UPGRADE_FIX = f"install the Ray raysleuth is tested on: pip install 'ray[default]{TESTED_RAY}'"
 
 
 class RayInternalsChanged(RaySleuthError):
@@ -77,7 +78,7 @@ def require(module: str, *path: str) -> Any:
         raise RayInternalsChanged(
             f"raysleuth needs Ray's private `{dotted}`, which Ray {_ray_version()} does not have "
             f"({type(error).__name__}: {error})",
-            fix=f"install the Ray raysleuth is tested on: pip install 'ray[default]{TESTED_RAY}'",
+            fix=UPGRADE_FIX,
         ) from None
     return value
 
@@ -115,7 +116,7 @@ def function_execution_table() -> dict[Any, Any]:
         raise RayInternalsChanged(
             f"raysleuth needs Ray's private `FunctionActorManager._function_execution_info`, which Ray "
             f"{_ray_version()} does not have",
-            fix=f"install the Ray raysleuth is tested on: pip install 'ray[default]{TESTED_RAY}'")
+            fix=UPGRADE_FIX)
     return table
 
 
@@ -135,7 +136,7 @@ def ray_call(handle: Any, function: Any, *args: Any) -> Any:
         raise RayInternalsChanged(
             f"raysleuth needs `ActorHandle.__ray_call__` to reach a live actor, which Ray {_ray_version()} "
             f"does not have on {type(handle).__name__}",
-            fix=f"install the Ray raysleuth is tested on: pip install 'ray[default]{TESTED_RAY}'")
+            fix=UPGRADE_FIX)
     return method.remote(function, *args)
 
 
@@ -145,5 +146,5 @@ def actor_id_hex(handle: Any) -> str:
     if actor_id is None or not hasattr(actor_id, "hex"):
         raise RayInternalsChanged(
             f"raysleuth needs `ActorHandle._actor_id`, which Ray {_ray_version()} does not have",
-            fix=f"install the Ray raysleuth is tested on: pip install 'ray[default]{TESTED_RAY}'")
+            fix=UPGRADE_FIX)
     return actor_id.hex()
