@@ -326,6 +326,16 @@ def test_collective_positions_name_the_rank_that_skipped_while_every_rank_waits_
     alive = [p for p in ranks if p.rank != 2]
     verdict = build_verdict(alive, context=VerdictContext(samples=2, dead=[dead], collective_positions=[skipped]))
     assert [c.rule for c in verdict.culprits][0] == "collective positions"
+    # a dump left by an earlier job on the same cluster names none of this job's processes: not a culprit
+    stale = dict(skipped, pid=9141)
+    ranks = [ddp_rank(140 + r, r, ALL_REDUCE, moved=False) for r in range(3)]
+    verdict = build_verdict(ranks, context=VerdictContext(samples=2, collective_positions=[stale]))
+    assert verdict.state == "hung" and verdict.culprits == []
+    # the rank that skipped and was then aborted is named: a dead actor of this job
+    aborted = dict(dead, rank=1, pid=141, job_id="02000000")
+    alive = [p for p in ranks if p.rank != 1]
+    verdict = build_verdict(alive, context=VerdictContext(samples=2, dead=[aborted], collective_positions=[skipped]))
+    assert [(c.rank, c.rule) for c in verdict.culprits] == [(1, "collective positions")]
 
 
 def test_idle_in_rays_loop_is_returned_unless_an_event_loop_awaits():

@@ -7,7 +7,8 @@ whenever that key's value changes. Handlers run on the control thread, so
 they work while the training thread is blocked inside a collective. A
 handler that raises is logged once and never stops the thread.
 
-The same thread runs *tick* callbacks (:func:`on_tick`) before each poll:
+The same thread runs *tick* callbacks (:func:`on_tick`) before each poll, and
+every ``TICK_INTERVAL`` between polls while any wait early on:
 slow, background work of the zero-code setup (log shipping, the memory
 sampler, noticing the rank once ``torch.distributed`` is up) runs there, off
 the worker's start-up path. Without handlers the writer is not polled.
@@ -30,6 +31,11 @@ import time
 from typing import Any, Callable
 
 POLL_INTERVAL = 1.0
+TICK_INTERVAL = 0.2
+FAST_TICKS_S = 30.0
+"""In the thread's first ``FAST_TICKS_S`` seconds, waiting tick callbacks (a rank not known yet) run
+every ``TICK_INTERVAL``: a job that fails within a second of starting still has its ranks noticed
+before its workers are killed. Later they run once per poll."""
 
 _log = logging.getLogger("raysleuth.control")
 _handlers: dict[str, Callable[[Any], None]] = {}
@@ -92,8 +98,16 @@ def _run_ticks() -> None:
 def _poll_loop() -> None:
     handle = None
     seen: dict[str, Any] = {}
+    polled, born = float("-inf"), time.monotonic()
     while True:
         _run_ticks()
+        with _lock:
+            pending = bool(_ticks) and time.monotonic() - born < FAST_TICKS_S
+        if pending and time.monotonic() - polled < POLL_INTERVAL:
+            # ticks waiting (a rank not known yet): look again soon, poll the writer at its own pace
+            time.sleep(TICK_INTERVAL)
+            continue
+        polled = time.monotonic()
         try:
             with _lock:
                 handlers = dict(_handlers)
@@ -112,7 +126,7 @@ def _poll_loop() -> None:
                     _dispatch(key, handler, value)
         except Exception:
             handle = None  # no writer yet, or it moved: look it up again next time
-        time.sleep(POLL_INTERVAL)
+        time.sleep(TICK_INTERVAL if pending else POLL_INTERVAL)
 
 
 def _dispatch(key: str, handler: Callable[[Any], None], value: Any) -> None:

@@ -250,8 +250,13 @@ def _forget_unknown_rank() -> None:
     _rank_checked_at = 0.0
 
 
-def get_rank() -> int | None:
-    """This process's training rank, or ``None`` when it has none (hot path: a cached read)."""
+def get_rank(*, fresh: bool = False) -> int | None:
+    """This process's training rank, or ``None`` when it has none (hot path: a cached read).
+
+    An unknown rank is looked up again at most once a second; ``fresh`` looks now.
+    """
+    if fresh:
+        _forget_unknown_rank()
     cached = _rank_cache
     if cached is not None and (cached[0] is not None or time.monotonic() - _rank_checked_at < _RANK_RECHECK_S):
         return cached[0]

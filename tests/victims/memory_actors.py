@@ -2,13 +2,14 @@
 
 ``MemoryWorker`` runs ``steps`` training-like steps with ``rs.memory.watch``
 on: ``leak`` appends a touched buffer every step (the leak), ``noisy``
-allocates and frees random-size buffers (noise without a trend), else it
+maps and unmaps random-size buffers (noise without a trend), else it
 only burns a little CPU. ``PlainGrower`` imports nothing from raysleuth and
 grows from a background thread, for sampling by the node agents.
 """
 
 from __future__ import annotations
 
+import mmap
 import random
 import threading
 import time
@@ -39,9 +40,14 @@ class MemoryWorker:
             if self.behaviour == "leak":
                 self.buffers.append(b"x" * (mib_per_step * MiB))
             elif self.behaviour == "noisy":
-                scratch = [b"y" * (rng.randint(0, 12) * MiB)]
+                # scratch from its own mapping, returned whole on close: through malloc, glibc raises its
+                # mmap threshold after the first big free and then keeps freed pages resident, so the
+                # process would really stay up to ~2x the largest scratch higher (a floor that climbs)
+                scratch = mmap.mmap(-1, max(1, rng.randint(0, 12)) * MiB)
+                for offset in range(0, len(scratch), 4096):
+                    scratch[offset] = 1
                 time.sleep(step_seconds * rng.random())
-                del scratch
+                scratch.close()
             time.sleep(step_seconds)
         rs.memory.stop()
         from raysleuth.recorder import get_client

@@ -276,12 +276,21 @@ def collective_rule(processes: list[ProcessStack], context: VerdictContext) -> l
     reason, kind, file, line, pid, node_ip). It comes before the dead-peer
     rule: when a sequence mismatch makes gloo abort a process, the one that
     died is not always the one that skipped.
+
+    Only processes of the job being looked at are named: a sampled process,
+    or a dead actor of a job one of them belongs to. The store keeps the
+    dumps of earlier jobs on the same cluster, and their ranks are not this
+    hang's culprits.
     """
     culprits = []
+    jobs = {p.job_id for p in processes if p.job_id}
     for item in context.collective_positions or []:
         pid, node_ip = item.get("pid"), item.get("node_ip")
         process = next((p for p in processes if p.pid == pid and (node_ip is None or p.node_ip in (None, node_ip))),
                        None)
+        dead = next((d for d in context.dead if d.get("pid") == pid and d.get("job_id") in jobs), None)
+        if process is None and dead is None:
+            continue
         culprits.append(Culprit(
             pid=pid or 0, node_ip=node_ip or (process.node_ip if process else None), rank=item.get("rank"),
             reason=str(item.get("reason") or "broke the collective sequence"),

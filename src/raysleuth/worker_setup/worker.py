@@ -240,7 +240,7 @@ def _watch_rank() -> bool:
     """Each control tick until this process has a rank: then say so once (store and fatal file)."""
     if _state["internal"]:
         return True
-    rank = runtime.get_rank()
+    rank = runtime.get_rank(fresh=True)
     if rank is None:
         return False
     try:
