@@ -251,10 +251,7 @@ def _forget_unknown_rank() -> None:
 
 
 def get_rank(*, fresh: bool = False) -> int | None:
-    """This process's training rank, or ``None`` when it has none (hot path: a cached read).
-
-    An unknown rank is looked up again at most once a second; ``fresh`` looks now.
-    """
+    """This process's rank, or ``None`` (a cached read; unknown is looked up ≤1/s, ``fresh``: now)."""
     if fresh:
         _forget_unknown_rank()
     cached = _rank_cache
