@@ -49,7 +49,7 @@ DEBT_UP_ARROWS: set[tuple[str, str]] = {
     ("logs", "monitoring"),  # mode configuration lives in three places
 }
 DEBT_MODULES: set[str] = {
-    "breakpoints", "cluster", "doctor", "fingerprints", "logs.distributed", "memory.profile",
+    "breakpoints", "cluster", "doctor", "logs.distributed", "memory.profile",
     "memory.triggers", "tasks",
 }
 DEBT_FUNCTIONS: set[str] = {
