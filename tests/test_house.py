@@ -53,7 +53,6 @@ DEBT_MODULES: set[str] = {
 }
 DEBT_FUNCTIONS: set[str] = {
     "cli.logs:logs", "logs.distributed:debug_decorator", "logs.distributed:decorate",
-    "pool.allocator:plan_placements",
 }
 
 
