@@ -18,24 +18,22 @@ Evidence: kind ``memory`` (data ``rss_bytes``, ``uss_bytes``,
 kind ``memory_capsule`` (stacks, holders, recent samples, CUDA snapshot path).
 
 Modules: :mod:`.sampling` (reading memory, the sampler), :mod:`.trend`
-(pure leak detection), :mod:`.triggers` (thresholds, capsules, holders),
-:mod:`.profile` (model profiles, MemoryProfiler, MemoryBufferManager),
-:mod:`.workers` (per-worker report from the store, agent sampling).
+(pure leak detection), :mod:`.triggers` (thresholds, capsules),
+:mod:`.holders` (who holds the bytes), :mod:`.profile` (model profiles,
+MemoryTrend), :mod:`.profiler` (MemoryProfiler and its HTML report),
+:mod:`.blocks` (MemoryBufferManager), :mod:`.workers` (per-worker report
+from the store, agent sampling).
 """
 
 from __future__ import annotations
 
-from raysleuth.memory.profile import (
-    MemoryBufferManager,
-    MemoryProfile,
-    MemoryProfiler,
-    MemoryTrend,
-    ModuleMemory,
-    profile_memory_usage,
-)
+from raysleuth.memory.blocks import MemoryBufferManager
+from raysleuth.memory.holders import top_holders
+from raysleuth.memory.profile import MemoryProfile, MemoryTrend, ModuleMemory, profile_memory_usage
+from raysleuth.memory.profiler import MemoryProfiler
 from raysleuth.memory.sampling import Sampler, current_usage, cuda_in_use, read_sample, sampler, stop, watch
 from raysleuth.memory.trend import LeakPolicy, LeakVerdict, TrendFit, detect_leak, fit_trend, theil_sen
-from raysleuth.memory.triggers import ThresholdTrigger, capture_capsule, memory_breakpoint, on_threshold, top_holders
+from raysleuth.memory.triggers import ThresholdTrigger, capture_capsule, memory_breakpoint, on_threshold
 from raysleuth.memory.workers import MemoryReport, SampleRun, WorkerMemory, memory_report, sample_workers, sparkline
 
 __all__ = [

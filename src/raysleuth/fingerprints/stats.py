@@ -1,0 +1,91 @@
+"""Float64 statistics of a tensor, in chunks, on its device (numpy or torch)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from raysleuth.fingerprints.result import TensorStats
+from raysleuth.fingerprints.tensors import CHUNK_BYTES, NUMERIC_KINDS, import_torch
+
+__all__ = ["stats_numpy", "stats_torch"]
+
+
+def stats_numpy(array: np.ndarray) -> TensorStats | None:
+    if array.dtype.kind not in NUMERIC_KINDS:
+        return None
+    stats = _StatsAccumulator()
+    flat = array.reshape(-1)
+    step = max(1, CHUNK_BYTES // 8)
+    for start in range(0, flat.size, step):
+        part = flat[start:start + step]
+        values = np.abs(part).astype(np.float64) if part.dtype.kind == "c" else part.astype(np.float64)
+        stats.add(values, np)
+    return stats.result(int(flat.size))
+
+
+def stats_torch(tensor: Any) -> TensorStats | None:
+    torch = import_torch()
+    if tensor.dtype in (getattr(torch, "float4_e2m1fn_x2", None),):
+        return None  # packed sub-byte floats: no elementwise conversion
+    flat = tensor.reshape(-1)
+    stats = _StatsAccumulator()
+    step = max(1, CHUNK_BYTES // 8)
+    try:
+        for start in range(0, flat.numel(), step):
+            part = flat[start:start + step]
+            if part.is_complex():
+                part = part.abs()
+            if part.device.type == "cpu":
+                # narrow floats convert fastest through float32 (exact), then numpy float64 reductions
+                narrow = part.is_floating_point() and part.element_size() <= 2
+                values = part.to(torch.float32).numpy() if narrow else part.to(torch.float64).numpy()
+                with np.errstate(invalid="ignore"):  # signalling NaN bit patterns
+                    stats.add(values.astype(np.float64), np)
+            else:
+                stats.add(part.to(torch.float64), torch)
+    except (RuntimeError, TypeError):
+        return None  # a dtype with no float conversion on this device
+    return stats.result(int(flat.numel()))
+
+
+class _StatsAccumulator:
+    """Float64 running statistics over chunks (numpy or torch, same calls)."""
+
+    def __init__(self) -> None:
+        self.nan = self.inf = self.finite = 0
+        self.l1 = self.l2 = self.total = 0.0
+        self.max_abs = self.min = self.max = None
+
+    def add(self, values: Any, lib: Any) -> None:
+        finite_mask = lib.isfinite(values)
+        if bool(finite_mask.all()):
+            finite = values  # the common case: no mask, no copy
+        else:
+            nan = int(lib.isnan(values).sum())
+            self.nan += nan
+            self.inf += int((~finite_mask).sum()) - nan
+            finite = values[finite_mask]
+        count = int(finite.numel() if hasattr(finite, "numel") else finite.size)
+        if not count:
+            return
+        self.finite += count
+        self.l1 += float(lib.abs(finite).sum())
+        self.l2 += float((finite * finite).sum())
+        self.total += float(finite.sum())
+        low, high = float(finite.min()), float(finite.max())
+        self.min = low if self.min is None else min(self.min, low)
+        self.max = high if self.max is None else max(self.max, high)
+        top = max(abs(low), abs(high))
+        self.max_abs = top if self.max_abs is None else max(self.max_abs, top)
+
+    def result(self, count: int) -> TensorStats:
+        stats = TensorStats(count=count, nan_count=self.nan, inf_count=self.inf)
+        if self.finite:
+            mean = self.total / self.finite
+            stats.l1, stats.l2, stats.max_abs = self.l1, math.sqrt(self.l2), self.max_abs
+            stats.min, stats.max, stats.mean = self.min, self.max, mean
+            stats.std = math.sqrt(max(0.0, self.l2 / self.finite - mean * mean))
+        return stats
