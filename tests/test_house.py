@@ -54,7 +54,7 @@ DEBT_MODULES: set[str] = {
     "memory.triggers", "tasks",
 }
 DEBT_FUNCTIONS: set[str] = {
-    "cli.logs:logs", "logs.distributed:debug_decorator", "logs.distributed:decorate",
+    "logs.distributed:debug_decorator", "logs.distributed:decorate",
     "pool.allocator:plan_placements",
 }
 
