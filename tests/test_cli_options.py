@@ -172,6 +172,22 @@ def test_crashes_takes_both_spellings(home, ranks):
     assert sorted(item["rank"] for item in items) == [0, 2]
 
 
+def test_stacks_narrows_to_several_ranks_and_names_the_absent_one():
+    from raysleuth.errors import WorkerNotFound
+    from raysleuth.stacks.capture import _narrow
+    from raysleuth.stacks.model import ProcessStack, StackReport
+
+    targets = {"n1": [ProcessStack(pid=100 + rank, rank=rank) for rank in (0, 1)],
+               "n2": [ProcessStack(pid=100 + rank, rank=rank) for rank in (2, 3)]}
+    report = StackReport()
+    kept = _narrow(report, targets, None, [1, 3, 9])
+    assert {node: [p.rank for p in procs] for node, procs in kept.items()} == {"n1": [1], "n2": [3]}
+    assert [item.reason for item in report.missing] == ["no worker has rank 9"]
+    assert [p.rank for p in _narrow(StackReport(), targets, None, 2)["n2"]] == [2]  # one int, as before
+    with pytest.raises(WorkerNotFound):
+        _narrow(StackReport(), targets, None, [7, 8])
+
+
 def test_no_rank_option_means_every_rank(home):
     code, lines = cli(home, "logs")
     assert code == 0 and {line["rank"] for line in lines} == set(RANKS)
