@@ -81,32 +81,16 @@ at_least_one = _number_check(1, strict=False)
 # The shared spellings of every command (issue 13); the parsing itself lives in raysleuth.options.
 
 
-def _rank_list(text: str) -> list[int]:
-    return options.parse_ranks(text) or []
-
-
-def _merged_ranks(value: list[list[int]] | None) -> list[int] | None:
-    return options.merge_ranks(value)
-
-
-def _step_range(text: str | tuple) -> options.StepRange | None:
-    return options.parse_steps(text)
-
-
-def _moment(text: str | float) -> float | None:
-    return options.parse_since(text)
-
-
 #: ``--rank 3 --rank 0,1 --ranks 4-7``: one sorted ``list[int]`` (``None``: every rank).
 RanksOption = Annotated[list[int] | None, typer.Option(
-    "--rank", "--ranks", metavar="RANKS", parser=_rank_list, callback=_merged_ranks,
+    "--rank", "--ranks", metavar="RANKS", parser=options.parse_ranks, callback=options.merge_ranks,
     help="Only these ranks: --rank 3 (repeatable), --rank 0,1 or --ranks 4-7.")]
 #: ``--step 10-20`` / ``--steps 10`` / ``10-`` / ``-20``: a :class:`~raysleuth.options.StepRange` (``None``: all).
 StepsOption = Annotated[options.StepRange | None, typer.Option(
-    "--step", "--steps", metavar="STEPS", parser=_step_range, help="Only steps 10-20 (or 10, 10-, -20).")]
+    "--step", "--steps", metavar="STEPS", parser=options.parse_steps, help="Only steps 10-20 (or 10, 10-, -20).")]
 #: ``--since 10m`` / ``2h`` / an ISO time: a Unix time (``None``: from the start).
 SinceOption = Annotated[float | None, typer.Option(
-    "--since", metavar="WHEN", parser=_moment, help="Only the last 30s / 10m / 2h / 1d, or since an ISO time.")]
+    "--since", metavar="WHEN", parser=options.parse_since, help="Only the last 30s / 10m / 2h / 1d, or since an ISO time.")]
 
 
 def duration_option(*names: str, help: str, check: Any = None) -> Any:
