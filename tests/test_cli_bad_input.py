@@ -168,6 +168,10 @@ def test_logs_ray_grep_bad_regex_is_one_line():
     ("crashes", "--limit", "0"), ("tasks", "--limit", "-1"), ("logs", "--limit", "0"), ("consistency", "--limit", "0"),
     ("stacks", "--timeout", "inf"), ("logs", "--ray", "--tail", "0"), ("memory", "--sample", "-5s"),
     ("memory", "--sample", "1s", "--interval", "0"), ("crashes", "show", "x"), ("nosuch",), ("crashes", "--bogus"),
+    ("logs", "--ranks", "1-x"), ("logs", "--rank", "0", "--ranks", "3-1"), ("timeline", "--summary", "--steps", "9-3"),
+    ("timeline", "--summary", "--step", "x"), ("crashes", "--ranks", "-2"), ("memory", "--rank", "1,,a"),
+    ("stacks", "--ranks", "0-"), ("debug", "arm", "--ranks", "a"), ("watch", "--stall", "5x"),
+    ("tasks", "--older-than", "1 week"), ("collectives", "--wait", "-1s"), ("doctor", "--timeout", "0s"),
 ])
 def test_bad_values_are_usage_errors(argv):
     code, out, err = run_cli(*argv)

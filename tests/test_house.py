@@ -31,6 +31,7 @@ LAYER_NAMES = ["core", "instruments", "features", "orchestration", "faces"]
 LAYERS: dict[str, int] = {
     "errors": CORE, "runtime": CORE, "cluster": CORE, "agents": CORE, "recorder": CORE,
     "control": CORE, "labels": CORE, "redaction": CORE, "native_stderr": CORE, "ray_private": CORE,
+    "options": CORE,
     "progress": INSTRUMENTS, "tracing": INSTRUMENTS,
     "advise": FEATURES, "breakpoints": FEATURES, "collectives": FEATURES, "consistency": FEATURES,
     "deaths": FEATURES, "doctor": FEATURES, "explain": FEATURES, "fingerprints": FEATURES,
@@ -52,7 +53,7 @@ DEBT_MODULES: set[str] = {
     "breakpoints", "cluster", "doctor", "logs.distributed", "tasks",
 }
 DEBT_FUNCTIONS: set[str] = {
-    "cli.logs:logs", "logs.distributed:debug_decorator", "logs.distributed:decorate",
+    "logs.distributed:debug_decorator", "logs.distributed:decorate",
 }
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from raysleuth.errors import UsageError
+from raysleuth.options import parse_ranks, parse_steps  # re-exported: the parsers' one home is raysleuth.options
 
 __all__ = [
     "StepPhase",
@@ -82,47 +83,6 @@ class StepPhase:
     lag_s: float
     """How far the slowest is behind the median."""
     lag_ratio: float
-
-
-# ------------------------------------------------------------------ parsing
-
-
-def parse_steps(text: str | None) -> tuple[int | None, int | None] | None:
-    """``"10-20"``, ``"7"``, ``"10-"`` or ``"-20"`` to an inclusive ``(min, max)``."""
-    if not text:
-        return None
-    try:
-        cleaned = text.strip()
-        if "-" in cleaned:
-            low, high = (part.strip() for part in cleaned.split("-", 1))
-            result = (int(low) if low else None, int(high) if high else None)
-        else:
-            result = (int(cleaned), int(cleaned))
-    except ValueError:
-        raise UsageError(f"--steps {text!r} is not a step range", fix="write e.g. --steps 10-20, --steps 7 or --steps 10-") from None
-    if result[0] is not None and result[1] is not None and result[0] > result[1]:
-        raise UsageError(f"--steps {text!r}: the first step is after the last", fix="write the range low-high")
-    return result
-
-
-def parse_ranks(text: str | None) -> list[int] | None:
-    """``"0,1,4-6"`` to ``[0, 1, 4, 5, 6]``."""
-    if not text:
-        return None
-    ranks: list[int] = []
-    try:
-        for part in text.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            if "-" in part:
-                low, high = part.split("-", 1)
-                ranks.extend(range(int(low), int(high) + 1))
-            else:
-                ranks.append(int(part))
-    except ValueError:
-        raise UsageError(f"--ranks {text!r} is not a list of ranks", fix="write e.g. --ranks 0,1 or --ranks 0-3") from None
-    return sorted(set(ranks))
 
 
 # ----------------------------------------------------------------- building

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from raysleuth import runtime
+from raysleuth import options, runtime
 
 app = typer.Typer(
     name="raysleuth",
@@ -76,6 +76,33 @@ def _number_check(low: float, *, strict: bool):
 positive = _number_check(0, strict=True)
 non_negative = _number_check(0, strict=False)
 at_least_one = _number_check(1, strict=False)
+
+# ------------------------------------------------------------- ranks, steps, durations, moments
+# The shared spellings of every command (issue 13); the parsing itself lives in raysleuth.options.
+
+
+#: ``--rank 3 --rank 0,1 --ranks 4-7``: one sorted ``list[int]`` (``None``: every rank).
+RanksOption = Annotated[list[int] | None, typer.Option(
+    "--rank", "--ranks", metavar="RANKS", parser=options.parse_ranks, callback=options.merge_ranks,
+    help="Only these ranks: --rank 3 (repeatable), --rank 0,1 or --ranks 4-7.")]
+#: ``--step 10-20`` / ``--steps 10`` / ``10-`` / ``-20``: a :class:`~raysleuth.options.StepRange` (``None``: all).
+StepsOption = Annotated[options.StepRange | None, typer.Option(
+    "--step", "--steps", metavar="STEPS", parser=options.parse_steps, help="Only steps 10-20 (or 10, 10-, -20).")]
+#: ``--since 10m`` / ``2h`` / an ISO time: a Unix time (``None``: from the start).
+SinceOption = Annotated[float | None, typer.Option(
+    "--since", metavar="WHEN", parser=options.parse_since, help="Only the last 30s / 10m / 2h / 1d, or since an ISO time.")]
+
+
+def duration_option(*names: str, help: str, check: Any = None) -> Any:
+    """A seconds option that takes ``1.5``, ``500ms``, ``30s``, ``5m``, ``2h`` or ``1d``; ``check`` bounds it.
+
+    Use as ``Annotated[float, duration_option("--wait", help=..., check=positive)] = 4.0``.
+    """
+    def seconds(text: str | float | None) -> float | None:
+        return None if text is None else options.parse_duration(text, option=names[0])
+
+    return typer.Option(*names, metavar="DURATION", help=help, parser=seconds, callback=check)
+
 
 def writer_timeout() -> float:
     """Seconds a command waits for the evidence writer (``RAYSLEUTH_WRITER_TIMEOUT``, default 15)."""

@@ -8,7 +8,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from raysleuth.cli._app import AddressOption, HomeOption, JsonOption, RunOption, app, console, emit_json, finish, home_path
+from raysleuth.cli._app import (
+    AddressOption, HomeOption, JsonOption, RunOption, app, console, duration_option, emit_json, finish, home_path,
+)
 from raysleuth.errors import UsageError
 
 _STATE_STYLE = {"completed": "", "pending": "yellow", "error": "red"}
@@ -18,9 +20,9 @@ _STATE_STYLE = {"completed": "", "pending": "yellow", "error": "red"}
 def collectives(
     pg: Annotated[str | None, typer.Option("--pg", help="Only this process group (its name or description).")] = None,
     last: Annotated[int, typer.Option("--last", help="Collectives per rank to show.")] = 8,
-    wait: Annotated[float, typer.Option("--wait", help="Seconds to wait for live workers to dump.")] = 4.0,
-    pending_after: Annotated[float, typer.Option("--pending-after",
-                                                 help="Seconds in one collective that count as waiting.")] = 5.0,
+    wait: Annotated[float, duration_option("--wait", help="How long to wait for live workers to dump.")] = 4.0,
+    pending_after: Annotated[float, duration_option("--pending-after",
+                                                    help="Time in one collective that counts as waiting.")] = 5.0,
     job: Annotated[str | None, typer.Option("--job", help="Ray job id (default: the newest job that recorded).")] = None,
     address: AddressOption = None,
     run: RunOption = None,

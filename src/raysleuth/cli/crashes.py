@@ -10,8 +10,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from raysleuth.cli._app import (
-    AddressOption, HomeOption, JobOption, JsonOption, RunOption, app, at_least_one, console, emit_json, finish,
-    home_path, name_run, non_negative,
+    AddressOption, HomeOption, JobOption, JsonOption, RanksOption, RunOption, app, at_least_one, console,
+    emit_json, finish, home_path, name_run,
 )
 
 crashes_app = typer.Typer(
@@ -30,7 +30,7 @@ def _when(epoch: float | None) -> str:
 @crashes_app.callback(invoke_without_command=True)
 def crashes(
     ctx: typer.Context,
-    rank: Annotated[int | None, typer.Option("--rank", help="Only this rank's capsules.", callback=non_negative)] = None,
+    rank: RanksOption = None,
     limit: Annotated[int | None, typer.Option("--limit", help="Only the newest N capsules.", callback=at_least_one)] = None,
     collect: Annotated[bool, typer.Option("--collect", help="First classify the deaths of the running cluster "
                                                              "(--address) and record them.")] = False,

@@ -14,7 +14,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from raysleuth.cli._app import AddressOption, HomeOption, JsonOption, RunOption, app, console, emit_json, finish, home_path
+from raysleuth.cli._app import (
+    AddressOption, HomeOption, JsonOption, RanksOption, RunOption, app, console, emit_json, finish, home_path,
+)
 from raysleuth.cli._app import writer_timeout  # the writer wait, bounded
 from raysleuth.errors import ClusterUnreachable, UsageError
 
@@ -184,7 +186,7 @@ def vscode(
 @debug_app.command("arm")
 def arm(
     name: Annotated[str | None, typer.Argument(help="Only breakpoints with this name stop (default: all).")] = None,
-    rank: Annotated[list[int] | None, typer.Option("--rank", help="Only these ranks stop (repeatable).")] = None,
+    rank: RanksOption = None,
     address: AddressOption = None,
     json_: JsonOption = False,
 ) -> None:

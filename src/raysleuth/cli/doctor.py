@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from raysleuth.cli._app import STATUS_STYLE, AddressOption, JsonOption, app, console, emit_json, finish
+from raysleuth.cli._app import STATUS_STYLE, AddressOption, JsonOption, app, console, duration_option, emit_json, finish
 from raysleuth.cli._app import positive  # option checks
 
 
@@ -18,7 +18,7 @@ def doctor(
     check_ports: Annotated[bool, typer.Option("--check-ports", help="GCS/dashboard ports, what they bind to.")] = False,
     full: Annotated[bool, typer.Option("--full", help="Every check.")] = False,
     ray: Annotated[bool, typer.Option("--ray/--no-ray", help="Check the cluster (nodes, versions, py-spy per node).")] = True,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for each node's agent.", callback=positive)] = 30.0,
+    timeout: Annotated[float, duration_option("--timeout", help="How long to wait for each node's agent.", check=positive)] = 30.0,
     json_: JsonOption = False,
 ) -> None:
     """Check this machine and the cluster: versions, py-spy, ports, security, debug setup."""

@@ -2,38 +2,27 @@
 
 from __future__ import annotations
 
-import re
 from typing import Annotated
 
-import typer
 from rich.table import Table
 
 from raysleuth.cli._app import (
     AddressOption,
     HomeOption,
     JsonOption,
+    RanksOption,
     RunOption,
     app,
     connect,
     console,
+    duration_option,
     emit_json,
     finish,
     home_path,
     name_run,
 )
-from raysleuth.cli._app import non_negative, writer_timeout  # option checks
+from raysleuth.cli._app import writer_timeout
 from raysleuth.errors import CaptureTimeout, UsageError
-
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "": 1.0}
-
-
-def parse_duration(text: str) -> float:
-    """``30s``, ``2m``, ``500ms``, ``1.5`` (seconds) to seconds."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", text or "")
-    if not match:
-        raise UsageError(f"{text!r} is not a duration", fix="write it like 30s, 2m, 500ms or 10")
-    return float(match.group(1)) * _UNITS[match.group(2) or ""]
-
 
 def _mib(value) -> str:
     return "" if value is None else f"{value / 2**20:,.1f}"
@@ -42,12 +31,12 @@ def _mib(value) -> str:
 @app.command()
 def memory(
     address: AddressOption = None,
-    rank: Annotated[int | None, typer.Option("--rank", help="Only this rank.", callback=non_negative)] = None,
+    rank: RanksOption = None,
     run: RunOption = None,
     home: HomeOption = None,
-    sample: Annotated[str | None, typer.Option(
+    sample: Annotated[float | None, duration_option(
         "--sample", help="Sample every Ray worker through the node agents for this long (e.g. 30s), then report.")] = None,
-    interval: Annotated[str, typer.Option("--interval", help="Seconds between agent samples with --sample.")] = "1s",
+    interval: Annotated[float, duration_option("--interval", help="Time between agent samples with --sample.")] = 1.0,
     json_: JsonOption = False,
 ) -> None:
     """Per worker: memory now, peak, trend and leak verdict (exit 1 when a worker leaks)."""
@@ -60,10 +49,9 @@ def memory(
         import time as _time
         from pathlib import Path
 
-        duration = parse_duration(sample)
-        step = parse_duration(interval)
+        duration, step = sample, interval
         if step <= 0 or duration <= 0:
-            raise UsageError(f"--sample {sample} --interval {interval}: both must be positive",
+            raise UsageError(f"--sample {sample:g}s --interval {interval:g}s: both must be positive",
                              fix="e.g. --sample 30s --interval 1s")
         connect(address)
         since = _time.time()

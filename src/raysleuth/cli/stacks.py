@@ -9,8 +9,10 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from raysleuth.cli._app import AddressOption, HomeOption, JsonOption, app, console, emit_json, err_console, finish
-from raysleuth.cli._app import non_negative, positive  # option checks
+from raysleuth.cli._app import (
+    AddressOption, HomeOption, JsonOption, RanksOption, app, console, duration_option, emit_json, err_console, finish,
+)
+from raysleuth.cli._app import positive  # option checks
 
 MAX_FRAMES = 12
 
@@ -116,11 +118,11 @@ def stacks(
     address: AddressOption = None,
     native: Annotated[bool, typer.Option("--native", help="Add C/C++ frames (py-spy pauses each process briefly).")] = False,
     include_idle: Annotated[bool, typer.Option("--include-idle", help="Also idle pool workers and idle background threads.")] = False,
-    rank: Annotated[int | None, typer.Option("--rank", help="Only the worker(s) with this rank.", callback=non_negative)] = None,
+    rank: RanksOption = None,
     pid: Annotated[list[int] | None, typer.Option("--pid", help="Only these pids (repeatable).")] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds for the whole capture; partial results after that.", callback=positive)] = 30.0,
+    timeout: Annotated[float, duration_option("--timeout", help="Time for the whole capture; partial results after that.", check=positive)] = 30.0,
     once: Annotated[bool, typer.Option("--once", help="One sample only (cannot tell a hung job from a busy one).")] = False,
-    interval: Annotated[float, typer.Option("--interval", help="Seconds between the two samples.")] = 2.0,
+    interval: Annotated[float, duration_option("--interval", help="Time between the two samples.")] = 2.0,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Also write the report here (.json: JSON, else text).")] = None,
     record: Annotated[bool, typer.Option("--record/--no-record", help="Store the report as stack_report evidence.")] = True,
     json_: JsonOption = False,
@@ -188,11 +190,11 @@ def _flush() -> None:
 @app.command()
 def watch(
     address: AddressOption = None,
-    stall: Annotated[float, typer.Option("--stall", help="Seconds without step progress that count as a stall.", callback=positive)] = 120.0,
+    stall: Annotated[float, duration_option("--stall", help="Time without step progress that counts as a stall.", check=positive)] = 120.0,
     forever: Annotated[bool, typer.Option("--forever", help="Keep watching after a stall instead of exiting 1.")] = False,
-    duration: Annotated[float | None, typer.Option("--duration", help="Stop after this many seconds (exit 0 if no stall).", callback=positive)] = None,
-    interval: Annotated[float | None, typer.Option("--interval", help="Seconds between heartbeat reads.", callback=positive)] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds for the stacks snapshot at a stall.", callback=positive)] = 30.0,
+    duration: Annotated[float | None, duration_option("--duration", help="Stop after this long (exit 0 if no stall).", check=positive)] = None,
+    interval: Annotated[float | None, duration_option("--interval", help="Time between heartbeat reads.", check=positive)] = None,
+    timeout: Annotated[float, duration_option("--timeout", help="Time for the stacks snapshot at a stall.", check=positive)] = 30.0,
     home: HomeOption = None,
     json_: JsonOption = False,
 ) -> None:

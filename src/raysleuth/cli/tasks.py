@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from raysleuth.cli._app import AddressOption, JsonOption, app, console, emit_json, finish
+from raysleuth.cli._app import AddressOption, JsonOption, app, console, duration_option, emit_json, finish
 from raysleuth.cli._app import at_least_one, non_negative, positive  # option checks
 
 
@@ -37,9 +37,9 @@ def tasks(
     stuck: Annotated[bool, typer.Option("--stuck", help="Running calls far slower than their peers.")] = False,
     failed: Annotated[bool, typer.Option("--failed", help="Failed tasks with error, cause and fix.")] = False,
     dead: Annotated[bool, typer.Option("--dead", help="Dead actors with death cause and rank.")] = False,
-    older_than: Annotated[float, typer.Option("--older-than", help="Seconds a task may wait before it counts as a problem.", callback=non_negative)] = 60.0,
+    older_than: Annotated[float, duration_option("--older-than", help="How long a task may wait before it counts as a problem.", check=non_negative)] = 60.0,
     stuck_factor: Annotated[float, typer.Option("--stuck-factor", help="Stuck past this many times the peers' median.", callback=positive)] = 5.0,
-    stuck_floor: Annotated[float, typer.Option("--stuck-floor", help="...and past this many seconds.", callback=non_negative)] = 10.0,
+    stuck_floor: Annotated[float, duration_option("--stuck-floor", help="...and past this long.", check=non_negative)] = 10.0,
     job: Annotated[str | None, typer.Option("--job", help="Only this Ray job id.")] = None,
     stack: Annotated[bool, typer.Option("--stack", help="Add py-spy stacks of stuck workers.")] = False,
     limit: Annotated[int, typer.Option("--limit", help="Rows shown per section (JSON has all).", callback=at_least_one)] = 50,
@@ -152,7 +152,7 @@ def print_deaths(deaths, *, lines: int = 3) -> None:
 def trace(
     task_id: Annotated[str, typer.Argument(help="Task id (or object id) from `raysleuth tasks` or `ray list tasks`.")],
     address: AddressOption = None,
-    wait: Annotated[float, typer.Option("--wait", help="Seconds to wait for the task's events to arrive.", callback=non_negative)] = 5.0,
+    wait: Annotated[float, duration_option("--wait", help="How long to wait for the task's events to arrive.", check=non_negative)] = 5.0,
     json_: JsonOption = False,
 ) -> None:
     """The lifecycle of one task: each state with its time and duration, node, worker, retries."""

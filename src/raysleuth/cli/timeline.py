@@ -9,8 +9,8 @@ import typer
 from rich.table import Table
 
 from raysleuth.cli._app import (
-    AddressOption, HomeOption, JsonOption, RunOption, app, console, emit_json, finish, home_path, name_run,
-    non_negative,
+    AddressOption, HomeOption, JsonOption, RanksOption, RunOption, StepsOption, app, console, emit_json, finish,
+    home_path, name_run, non_negative,
 )
 from raysleuth.errors import UsageError
 
@@ -18,8 +18,8 @@ from raysleuth.errors import UsageError
 @app.command()
 def timeline(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the trace JSON here (open at ui.perfetto.dev).")] = None,
-    steps: Annotated[str | None, typer.Option("--steps", help="Only these steps, e.g. 10-20.")] = None,
-    ranks: Annotated[str | None, typer.Option("--ranks", help="Only these ranks, e.g. 0,1.")] = None,
+    steps: StepsOption = None,
+    ranks: RanksOption = None,
     summary: Annotated[bool, typer.Option("--summary", help="Print per step and phase: duration per rank, slowest rank, lag.")] = False,
     ray_tasks: Annotated[bool, typer.Option("--ray-tasks/--no-ray-tasks", help="Merge Ray's task events (needs the cluster).")] = True,
     lag_threshold: Annotated[float, typer.Option("--lag", help="With --summary: exit 1 when a rank lags the median by this ratio.", callback=non_negative)] = 0.0,
@@ -29,10 +29,8 @@ def timeline(
     json_: JsonOption = False,
 ) -> None:
     """One timeline of the job: Ray tasks + spans + events + memory, one process per node, one thread per rank."""
-    from raysleuth.timeline import export_timeline, parse_ranks, parse_steps, timeline_summary
+    from raysleuth.timeline import export_timeline, timeline_summary
 
-    step_range = parse_steps(steps)
-    rank_list = parse_ranks(ranks)
     if not summary and output is None:
         raise UsageError("timeline needs -o FILE (the trace to write) or --summary",
                          fix="e.g. raysleuth timeline -o trace.json --steps 10-20")
@@ -40,8 +38,8 @@ def timeline(
     result: dict = {}
     run = name_run(run, home)
     if output is not None:
-        exported = export_timeline(output, address, run=run, home=home_path(home), steps=step_range,
-                                   ranks=rank_list, ray_tasks=ray_tasks)
+        exported = export_timeline(output, address, run=run, home=home_path(home), steps=steps,
+                                   ranks=ranks, ray_tasks=ray_tasks)
         result["timeline"] = exported.to_dict()
         if not json_:
             console.print(f"wrote [bold]{exported.path}[/bold]: {exported.spans} spans, {exported.ray_tasks} Ray tasks, "
@@ -50,7 +48,7 @@ def timeline(
             for warning in exported.warnings:
                 console.print(f"[yellow]⚠️  {warning}[/yellow]")
     if summary:
-        rows = timeline_summary(run=run, home=home_path(home), steps=step_range, ranks=rank_list)
+        rows = timeline_summary(run=run, home=home_path(home), steps=steps, ranks=ranks)
         result["summary"] = rows
         if lag_threshold and any(row.lag_ratio >= lag_threshold for row in rows):
             code = 1

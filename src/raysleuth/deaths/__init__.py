@@ -234,7 +234,7 @@ def record_deaths(report: DeathReport) -> int:
         return 0
 
 
-def stored_deaths(run: str | None = None, *, home: Any = None, rank: int | None = None) -> list[Death]:
+def stored_deaths(run: str | None = None, *, home: Any = None, rank: int | list[int] | None = None) -> list[Death]:
     """The deaths recorded in a run's store (default: the latest), oldest first."""
     from raysleuth.recorder import open_store
 

@@ -22,7 +22,7 @@ Record layout (kind ``log``): ``name`` = logger name, ``level`` = level name,
 
 from __future__ import annotations
 
-from raysleuth.logs.aggregate import AggregatedLine, LogItem, aggregate, format_ranks, parse_ranks, split_template
+from raysleuth.logs.aggregate import AggregatedLine, LogItem, aggregate, format_ranks, split_template
 from raysleuth.logs.distributed import (
     DistributedLogger,
     MemoryReading,
@@ -50,11 +50,11 @@ from raysleuth.logs.query import (
     find_worker,
     follow_logs,
     levels_at_or_above,
-    parse_since,
-    parse_step_range,
     query_logs,
     ray_worker_logs,
 )
+from raysleuth.options import parse_ranks, parse_since  # the one home of the CLI parsers (raysleuth.options)
+from raysleuth.options import parse_steps as parse_step_range
 
 __all__ = [
     "AggregatedLine",

@@ -23,7 +23,6 @@ __all__ = [
     "LogItem",
     "aggregate",
     "format_ranks",
-    "parse_ranks",
     "split_template",
 ]
 
@@ -58,29 +57,6 @@ def format_ranks(ranks: Iterable[int]) -> str:
     if start is not None:
         parts.append(str(start) if start == previous else f"{start}-{previous}")
     return ",".join(parts)
-
-
-def parse_ranks(text: str) -> list[int]:
-    """Inverse of :func:`format_ranks`: ``"0-3,5"`` -> ``[0, 1, 2, 3, 5]``.
-
-    Raises ``ValueError`` on malformed text.
-    """
-    ranks: set[int] = set()
-    for part in text.replace(" ", "").split(","):
-        if not part:
-            continue
-        if "-" in part:
-            low, high = part.split("-", 1)
-            low_n, high_n = int(low), int(high)
-            if low_n < 0 or high_n < low_n:
-                raise ValueError(f"bad rank range {part!r}")
-            ranks.update(range(low_n, high_n + 1))
-        else:
-            value = int(part)
-            if value < 0:
-                raise ValueError(f"bad rank {part!r}")
-            ranks.add(value)
-    return sorted(ranks)
 
 
 @dataclasses.dataclass

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from raysleuth.errors import UsageError, WorkerNotFound
+from raysleuth.options import parse_since, parse_steps
 
 __all__ = [
     "LEVELS",
@@ -25,49 +26,11 @@ __all__ = [
     "RayLog",
     "follow_logs",
     "levels_at_or_above",
-    "parse_since",
-    "parse_step_range",
     "query_logs",
     "ray_worker_logs",
 ]
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d)?\s*$", re.IGNORECASE)
-_UNIT = {None: 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
-
-
-def parse_since(text: str | None, *, now: float | None = None) -> float | None:
-    """``"10m"``, ``"90s"``, ``"2h"``, ``"1d"`` or an ISO time -> a Unix time; ``None`` stays ``None``."""
-    if text is None or text == "":
-        return None
-    now = time.time() if now is None else now
-    match = _DURATION.match(text)
-    if match:
-        return now - float(match.group(1)) * _UNIT[(match.group(2) or "s").lower()]
-    try:
-        import datetime
-
-        moment = datetime.datetime.fromisoformat(text.strip())
-        return moment.timestamp()
-    except ValueError:
-        raise UsageError(f"--since {text!r} is not a duration or a time",
-                         fix="use e.g. 30s, 10m, 2h, 1d, or an ISO time such as 2025-01-31T14:05") from None
-
-
-def parse_step_range(text: str | None) -> tuple[int | None, int | None]:
-    """``"100-120"`` -> (100, 120); ``"100"`` -> (100, 100); ``"100-"`` / ``"-120"`` open-ended."""
-    if text is None or text.strip() == "":
-        return None, None
-    match = re.match(r"^\s*(\d+)?\s*(-)?\s*(\d+)?\s*$", text)
-    if not match or (match.group(1) is None and match.group(3) is None):
-        raise UsageError(f"--step {text!r} is not a step or a range", fix="use e.g. 100, 100-120, 100- or -120")
-    low = int(match.group(1)) if match.group(1) is not None else None
-    high = int(match.group(3)) if match.group(3) is not None else None
-    if match.group(2) is None:
-        high = low
-    if low is not None and high is not None and high < low:
-        raise UsageError(f"--step {text!r} ends before it starts", fix=f"use {high}-{low}")
-    return low, high
 
 
 def levels_at_or_above(level: str | None) -> list[str] | None:
@@ -140,8 +103,10 @@ class LogQuery:
     ranks: list[int] | None = None
     level: str | None = None
     grep: str | None = None
-    since: str | None = None
-    step: str | None = None
+    since: str | float | None = None
+    """``10m``, an ISO time, or a Unix time."""
+    step: str | tuple[int | None, int | None] | None = None
+    """``100-120`` (or ``100``, ``100-``, ``-120``), or a :class:`~raysleuth.options.StepRange`."""
     name: str | None = None
     limit: int | None = None
     jobs: list[str] | None = None
@@ -149,7 +114,7 @@ class LogQuery:
 
     def compiled(self) -> dict[str, Any]:
         """Validated store filters (raises :class:`UsageError` on bad input)."""
-        step_min, step_max = parse_step_range(self.step)
+        step_min, step_max = parse_steps(self.step) or (None, None)
         pattern = None
         if self.grep:
             try:

@@ -145,7 +145,7 @@ def summarise(records: list, policy: LeakPolicy | None = None) -> WorkerMemory:
     return worker
 
 
-def memory_report(store, *, rank: int | None = None, since: float | None = None,
+def memory_report(store, *, rank: int | list[int] | None = None, since: float | None = None,
                   policy: LeakPolicy | None = None) -> MemoryReport:
     """Per-worker memory of a run (``store``: an open :class:`EvidenceStore`), sorted by rank."""
     groups: dict[tuple[Any, Any], dict[str, list]] = {}

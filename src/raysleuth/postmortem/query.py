@@ -33,7 +33,7 @@ def _first_line(text: str, limit: int = 160) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def list_crashes(run: str | None = None, *, home: Any = None, rank: int | None = None,
+def list_crashes(run: str | None = None, *, home: Any = None, rank: int | list[int] | None = None,
                  limit: int | None = None, job: list[str] | str | None = None) -> list[CrashSummary]:
     """The crash capsules of a run (default: the latest), oldest first. Reads the store only."""
     from raysleuth.recorder import open_store

@@ -75,7 +75,7 @@ def dump_stacks(
     pids: list[int] | None = None,
     native: bool = False,
     include_idle: bool = False,
-    rank: int | None = None,
+    rank: int | list[int] | None = None,
     timeout: float = 30.0,
     include_self: bool = False,
     per_process_timeout: float | None = None,
@@ -296,8 +296,8 @@ def _add_children(targets: dict[str, list[ProcessStack]], table: dict) -> None:
 
 
 def _narrow(report: StackReport, targets: dict[str, list[ProcessStack]], pids: list[int] | None,
-            rank: int | None) -> dict[str, list[ProcessStack]]:
-    """Only the pids / the rank asked for."""
+            rank: int | list[int] | None) -> dict[str, list[ProcessStack]]:
+    """Only the pids / the rank(s) asked for."""
     if pids:
         wanted = set(pids)
         targets = {node: [p for p in procs if p.pid in wanted] for node, procs in targets.items()}
@@ -308,12 +308,16 @@ def _narrow(report: StackReport, targets: dict[str, list[ProcessStack]], pids: l
         for pid in sorted(wanted - found):
             report.missing.append(Missing(pid=pid, reason="no Ray worker or driver with this pid"))
     if rank is not None:
+        wanted_ranks = {rank} if isinstance(rank, int) else set(rank)
         known = sorted({p.rank for procs in targets.values() for p in procs if p.rank is not None})
-        targets = {node: [p for p in procs if p.rank == rank] for node, procs in targets.items()}
+        targets = {node: [p for p in procs if p.rank in wanted_ranks] for node, procs in targets.items()}
         if not any(targets.values()):
-            raise WorkerNotFound(f"no worker has rank {rank} (known ranks: {known or 'none'})",
+            named = f"rank {rank}" if isinstance(rank, int) else f"rank in {sorted(wanted_ranks)}"
+            raise WorkerNotFound(f"no worker has {named} (known ranks: {known or 'none'})",
                                  fix="ranks come from raysleuth, Ray Train, RANK in the worker's environment, "
                                      "or actor names like 'trainer_rank3'")
+        for missing in sorted(wanted_ranks - set(known)):
+            report.missing.append(Missing(reason=f"no worker has rank {missing}"))
     return {node: procs for node, procs in targets.items() if procs}
 
 
