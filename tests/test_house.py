@@ -30,7 +30,8 @@ LAYER_NAMES = ["core", "instruments", "features", "orchestration", "faces"]
 # Each top-level unit (module or package) of raysleuth, and its layer (DESIGN.md "Layers").
 LAYERS: dict[str, int] = {
     "errors": CORE, "runtime": CORE, "cluster": CORE, "agents": CORE, "recorder": CORE,
-    "control": CORE, "labels": CORE, "redaction": CORE, "native_stderr": CORE, "ray_private": CORE,
+    "control": CORE, "labels": CORE, "modes": CORE, "redaction": CORE, "native_stderr": CORE,
+    "ray_private": CORE,
     "progress": INSTRUMENTS, "tracing": INSTRUMENTS,
     "advise": FEATURES, "breakpoints": FEATURES, "collectives": FEATURES, "consistency": FEATURES,
     "deaths": FEATURES, "doctor": FEATURES, "explain": FEATURES, "fingerprints": FEATURES,
@@ -42,12 +43,8 @@ LAYERS: dict[str, int] = {
 }
 
 # What the house owes today (issue 13). Delete a line when its debt is paid.
-DEBT_CYCLES: set[frozenset[str]] = {
-    frozenset({"logs", "logs.distributed", "monitoring"}),
-}
-DEBT_UP_ARROWS: set[tuple[str, str]] = {
-    ("logs", "monitoring"),  # mode configuration lives in three places
-}
+DEBT_CYCLES: set[frozenset[str]] = set()
+DEBT_UP_ARROWS: set[tuple[str, str]] = set()
 DEBT_MODULES: set[str] = {
     "breakpoints", "cluster", "doctor", "fingerprints", "logs.distributed", "memory.profile",
     "memory.triggers", "tasks",

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from raysleuth import runtime
+from raysleuth.modes import mode_config
 from raysleuth.redaction import REDACTED, redact_text, redact_value, redacted_repr
 from raysleuth.logs.aggregate import AggregatedLine, LogItem, aggregate
 from raysleuth.logs.loggers import get_logger
@@ -124,8 +125,6 @@ class DistributedLogger:
         self._threads: list[threading.Thread] = []
         if memory_interval is None:
             try:
-                from raysleuth.monitoring import mode_config
-
                 memory_interval = mode_config(runtime.settings().mode).memory_interval_s
             except Exception:
                 memory_interval = 10.0
