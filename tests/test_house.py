@@ -46,12 +46,10 @@ LAYERS: dict[str, int] = {
 DEBT_CYCLES: set[frozenset[str]] = set()
 DEBT_UP_ARROWS: set[tuple[str, str]] = set()
 DEBT_MODULES: set[str] = {
-    "breakpoints", "cluster", "doctor", "fingerprints", "logs.distributed", "memory.profile",
-    "memory.triggers", "tasks",
+    "breakpoints", "cluster", "doctor", "fingerprints", "memory.profile", "memory.triggers", "tasks",
 }
 DEBT_FUNCTIONS: set[str] = {
-    "cli.logs:logs", "logs.distributed:debug_decorator", "logs.distributed:decorate",
-    "pool.allocator:plan_placements",
+    "cli.logs:logs", "pool.allocator:plan_placements",
 }
 
 
