@@ -46,7 +46,7 @@ LAYERS: dict[str, int] = {
 DEBT_CYCLES: set[frozenset[str]] = set()
 DEBT_UP_ARROWS: set[tuple[str, str]] = set()
 DEBT_MODULES: set[str] = {
-    "cluster", "doctor", "fingerprints", "memory.profile", "memory.triggers", "tasks",
+    "cluster", "fingerprints", "memory.profile", "memory.triggers", "tasks",
 }
 DEBT_FUNCTIONS: set[str] = {
     "cli.logs:logs", "pool.allocator:plan_placements",
