@@ -25,6 +25,7 @@ from typing import Any
 
 __all__ = ["MODES", "ModeConfig", "mode_config", "read_mode"]
 
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModeConfig:
     """What one monitoring mode turns on (read by every instrument)."""
