@@ -31,7 +31,7 @@ def best(statement: str, namespace: dict) -> float:
 
 def main() -> int:
     rs.breakpoint()  # first call: reads the settings, starts the arming poll; later calls are disarmed
-    assert breakpoints._quiet, "breakpoints should be disarmed in this benchmark"
+    assert breakpoints.arming._quiet, "breakpoints should be disarmed in this benchmark"
     namespace = {"rs": rs, "empty": empty, "breakpoint_on_rank": rs.breakpoint_on_rank}
     baseline = best("empty(name='x', rank=1)", namespace)
     call = best("rs.breakpoint(name='x', rank=1)", namespace)

@@ -76,10 +76,10 @@ def test_disarmed_breakpoint_is_a_quick_no_op():
     from raysleuth import runtime
 
     runtime.reload_settings(debug=False)
-    breakpoints._initialised_pid = None
+    breakpoints.arming._initialised_pid = None
     started = time.perf_counter()
     breakpoints.breakpoint(name="never")  # first call starts the poll thread
-    assert breakpoints._quiet is True
+    assert breakpoints.arming._quiet is True
     for _ in range(10_000):
         breakpoints.breakpoint(name="never", rank=0)
     assert time.perf_counter() - started < 1.0

@@ -3,7 +3,9 @@
 import json
 
 from raysleuth.cli import main
-from raysleuth.doctor import _at_least, _debug_checks, run_doctor
+from raysleuth.doctor import run_doctor
+from raysleuth.doctor.checks import _at_least
+from raysleuth.doctor.local_checks import _debug_checks
 
 
 def test_versions_compare_as_versions_not_strings():

@@ -30,8 +30,8 @@ LAYER_NAMES = ["core", "instruments", "features", "orchestration", "faces"]
 # Each top-level unit (module or package) of raysleuth, and its layer (DESIGN.md "Layers").
 LAYERS: dict[str, int] = {
     "errors": CORE, "runtime": CORE, "cluster": CORE, "agents": CORE, "recorder": CORE,
-    "control": CORE, "labels": CORE, "redaction": CORE, "native_stderr": CORE, "ray_private": CORE,
-    "options": CORE,
+    "control": CORE, "labels": CORE, "modes": CORE, "redaction": CORE, "native_stderr": CORE,
+    "ray_private": CORE, "options": CORE,
     "progress": INSTRUMENTS, "tracing": INSTRUMENTS,
     "advise": FEATURES, "breakpoints": FEATURES, "collectives": FEATURES, "consistency": FEATURES,
     "deaths": FEATURES, "doctor": FEATURES, "explain": FEATURES, "fingerprints": FEATURES,
@@ -43,18 +43,12 @@ LAYERS: dict[str, int] = {
 }
 
 # What the house owes today (issue 13). Delete a line when its debt is paid.
-DEBT_CYCLES: set[frozenset[str]] = {
-    frozenset({"logs", "logs.distributed", "monitoring"}),
-}
-DEBT_UP_ARROWS: set[tuple[str, str]] = {
-    ("logs", "monitoring"),  # mode configuration lives in three places
-}
+DEBT_CYCLES: set[frozenset[str]] = set()
+DEBT_UP_ARROWS: set[tuple[str, str]] = set()
 DEBT_MODULES: set[str] = {
-    "breakpoints", "cluster", "doctor", "logs.distributed", "tasks",
+    "cluster", "tasks",
 }
-DEBT_FUNCTIONS: set[str] = {
-    "logs.distributed:debug_decorator", "logs.distributed:decorate",
-}
+DEBT_FUNCTIONS: set[str] = set()
 
 
 def _modules() -> dict[str, Path]:

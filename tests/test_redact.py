@@ -209,7 +209,7 @@ def _train(config, argv, headers, token_pair, lr=0.1):
 
 
 def test_debug_decorator_arguments_are_redacted_inside_structures():
-    from raysleuth.logs.distributed import capture_arguments
+    from raysleuth.logs import capture_arguments
 
     args = capture_arguments(_train, (SECRET_CONFIG, ["--password", "argvsecret3"],
                                       {"Authorization": "Basic YWxhZGRpbjpvcGVuc2VzYW1l"},

@@ -34,7 +34,7 @@ _EXPORTS: dict[str, str] = {
     "MemoryBufferManager": "raysleuth.memory",
     "MemoryProfiler": "raysleuth.memory",
     "Mismatch": "raysleuth.consistency",
-    "ModeConfig": "raysleuth.monitoring",
+    "ModeConfig": "raysleuth.modes",
     "PendingTask": "raysleuth.tasks",
     "ProblemFound": "raysleuth.errors",
     "ProcessStack": "raysleuth.stacks",

@@ -1,20 +1,10 @@
 """Monitoring modes: ``off``, ``light`` (cheap, always on) and ``full`` (everything).
 
-The mode lives in :func:`raysleuth.runtime.settings` (``RAYSLEUTH_MODE``
-sets the default; ``light`` unless said otherwise). Every instrument reads
-it: with ``off`` each is one flag check and ``recorder.record`` returns at
-once. :func:`mode_config` says what a mode turns on, for the instruments to
-read:
-
-====================  ==========  =============  ===========
-                      off         light          full
-====================  ==========  =============  ===========
-log_level (shipped)   (none)      WARNING        INFO
-memory_interval_s     none        10 s           1 s
-spans                 off         phase          all
-heartbeats            no          yes            yes
-detailed_tracing      no          no             yes
-====================  ==========  =============  ===========
+The mode in force lives in :func:`raysleuth.runtime.settings` (``RAYSLEUTH_MODE``
+sets the default; ``light`` unless said otherwise); what each mode turns on
+lives in :mod:`raysleuth.modes` (:func:`mode_config`). Every instrument
+reads them: with ``off`` each is one flag check and ``recorder.record``
+returns at once.
 
 :func:`enable_lightweight_monitoring` / :func:`enable_full_debugging` /
 :func:`disable_monitoring` switch this process (settings, log levels, the
@@ -30,7 +20,8 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from raysleuth import runtime
+from raysleuth import modes, runtime
+from raysleuth.modes import ModeConfig
 from raysleuth.ray_private import actor_id_hex, ray_call
 
 __all__ = [
@@ -47,49 +38,9 @@ __all__ = [
 log = logging.getLogger("raysleuth.monitoring")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ModeConfig:
-    """What one monitoring mode turns on (read by every instrument)."""
-
-    mode: str
-    """``off``, ``light`` or ``full``."""
-    log_level: str | None
-    """Lowest level shipped to the store (``None``: nothing is shipped)."""
-    memory_interval_s: float | None
-    """Seconds between memory samples (``None``: no sampling)."""
-    spans: str
-    """``off``, ``phase`` (spans the user opened: training phases) or ``all`` (every instrumented call too)."""
-    heartbeats: bool
-    """Heartbeats are recorded."""
-    detailed_tracing: bool
-    """Every Ray task and actor call is traced (``enable_detailed_tracing``)."""
-    capture_args: bool
-    """``debug_decorator`` and tracing keep (redacted) call arguments."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields."""
-        return dataclasses.asdict(self)
-
-
-_CONFIGS = {
-    "off": ModeConfig(mode="off", log_level=None, memory_interval_s=None, spans="off", heartbeats=False,
-                      detailed_tracing=False, capture_args=False),
-    "light": ModeConfig(mode="light", log_level="WARNING", memory_interval_s=10.0, spans="phase", heartbeats=True,
-                        detailed_tracing=False, capture_args=False),
-    "full": ModeConfig(mode="full", log_level="INFO", memory_interval_s=1.0, spans="all", heartbeats=True,
-                       detailed_tracing=True, capture_args=True),
-}
-
-
 def mode_config(mode: str | None = None) -> ModeConfig:
     """What ``mode`` (default: the current one) turns on."""
-    mode = runtime.settings().mode if mode is None else mode
-    try:
-        return _CONFIGS[mode]
-    except KeyError:
-        from raysleuth.errors import UsageError
-
-        raise UsageError(f"monitoring mode {mode!r} is unknown", fix="use off, light or full") from None
+    return modes.mode_config(runtime.settings().mode if mode is None else mode)
 
 
 def current_config() -> ModeConfig:

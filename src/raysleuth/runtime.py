@@ -26,6 +26,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from raysleuth.modes import MODES, read_mode
+
 __all__ = [
     "ENV_ALIASES",
     "Identity",
@@ -42,8 +44,6 @@ __all__ = [
     "settings",
     "whoami",
 ]
-
-MODES = ("off", "light", "full")
 
 #: Each raysleuth variable and the older names (from the seed articles) read
 #: as its aliases. The first one set, in this order, wins.
@@ -74,7 +74,7 @@ class Settings:
     debug: bool = False
     """Breakpoints are armed (``RAYSLEUTH_DEBUG=1``, alias ``VERL_DEBUG``)."""
     mode: str = "light"
-    """``off`` (every instrument a no-op), ``light`` (cheap, always-on) or ``full``."""
+    """``off`` (every instrument a no-op), ``light`` (cheap, always-on) or ``full``: :mod:`raysleuth.modes`."""
     post_mortem: bool = False
     """Open a breakpoint session at the frame of an unhandled crash."""
     home: Path = Path.home() / ".raysleuth"
@@ -108,11 +108,8 @@ class Settings:
                     values[name] = env[candidate]
                     sources[name] = candidate
                     break
-        warnings: list[str] = []
-        mode = values.get("RAYSLEUTH_MODE", "light").strip().lower()
-        if mode not in MODES:
-            warnings.append(f"RAYSLEUTH_MODE={mode!r} is not one of {', '.join(MODES)}; using 'light'")
-            mode = "light"
+        mode, mode_warning = read_mode(values.get("RAYSLEUTH_MODE"))
+        warnings: list[str] = [mode_warning] if mode_warning else []
         level = values.get("RAYSLEUTH_LOG_LEVEL", "INFO").strip().upper()
         if level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
             warnings.append(f"RAYSLEUTH_LOG_LEVEL={level!r} is not a logging level; using INFO")

@@ -23,14 +23,8 @@ Record layout (kind ``log``): ``name`` = logger name, ``level`` = level name,
 from __future__ import annotations
 
 from raysleuth.logs.aggregate import AggregatedLine, LogItem, aggregate, format_ranks, split_template
-from raysleuth.logs.distributed import (
-    DistributedLogger,
-    MemoryReading,
-    capture_arguments,
-    debug_decorator,
-    memory_alert,
-    read_memory,
-)
+from raysleuth.logs.aggregating import DistributedLogger
+from raysleuth.logs.decorator import capture_arguments, debug_decorator
 from raysleuth.logs.loggers import (
     RANK_FORMAT,
     RankFilter,
@@ -43,6 +37,7 @@ from raysleuth.logs.loggers import (
     ship_level,
     uninstall_log_shipping,
 )
+from raysleuth.logs.memory_alerts import MemoryReading, memory_alert, read_memory
 from raysleuth.logs.query import (
     LogLine,
     LogQuery,

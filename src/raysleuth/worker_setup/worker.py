@@ -199,12 +199,12 @@ def _apply_mode() -> Any:
 
 def _ship_logs() -> Any:
     """Ship the root logger's records at the mode's level (light: WARNING+) from the first moment."""
-    from raysleuth import monitoring
+    from raysleuth import modes
     from raysleuth.logs import install_log_shipping
 
     settings = runtime.settings()
     if "RAYSLEUTH_LOG_LEVEL" not in settings.sources:
-        level = monitoring.mode_config(settings.mode).log_level
+        level = modes.mode_config(settings.mode).log_level
         if level and level != settings.log_level:
             runtime.reload_settings(log_level=level)
     return install_log_shipping()
