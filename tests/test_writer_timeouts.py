@@ -19,13 +19,10 @@ from raysleuth.cli import main
 
 def _writer_pid() -> int:
     import ray
-    from ray.util.state import list_actors
 
     from raysleuth.recorder import get_writer
 
-    ray.get(get_writer().info.remote(), timeout=120)  # it exists and answers before we stop it
-    [actor] = list_actors(filters=[("name", "=", "raysleuth-writer"), ("state", "=", "ALIVE")], timeout=60)
-    return int(actor.pid)
+    return int(ray.get(get_writer().info.remote(), timeout=120)["pid"])  # it exists and answers before we stop it
 
 
 @contextlib.contextmanager

@@ -222,14 +222,11 @@ def _add_ray_tasks(timeline: Timeline, tracks: _Tracks, address: str | None, wor
 
     try:
         cluster.connect(address)
-        listing = cluster.tasks()
         nodes = {node["node_id"]: node for node in cluster.nodes()}
         actors = {actor.get("actor_id"): actor for actor in cluster.actors()}
     except Exception as error:
         timeline.warnings.append(f"Ray task events left out: no cluster answered ({str(error)[:160]})")
         return
-    if listing.truncated:
-        timeline.warnings.append(f"the State API returned only the first {len(listing)} tasks; older ones are missing")
     for node_id, node in nodes.items():
         tracks.pid(node_id, node.get("node_ip"), node.get("is_head_node", False))
     try:  # ranks of live workers from outside (Ray Train's logs, start-up environment)
@@ -238,6 +235,13 @@ def _add_ray_tasks(timeline: Timeline, tracks: _Tracks, address: str | None, wor
         live = {(label.get("node_ip"), pid): label.get("rank") for (_ip, pid), label in worker_labels().items()}
     except Exception:
         live = {}
+    try:
+        listing, truncated = _task_listing(ranks, worker_ranks, live, nodes, actors)
+    except Exception as error:
+        timeline.warnings.append(f"Ray task events left out: the State API did not answer ({str(error)[:160]})")
+        return
+    if truncated:
+        timeline.warnings.append(f"the State API returned only the first {len(listing)} tasks; older ones are missing")
     for task in listing:
         events = sorted((entry for entry in task.get("events") or [] if entry.get("created_ms")),
                         key=lambda entry: entry["created_ms"])
@@ -274,6 +278,39 @@ def _add_ray_tasks(timeline: Timeline, tracks: _Tracks, address: str | None, wor
                      "rank": rank, "error_type": task.get("error_type")},
         })
         timeline.ray_tasks += 1
+
+
+def _task_listing(ranks, worker_ranks, live, nodes, actors) -> tuple[list[dict[str, Any]], bool]:
+    """Ray's tasks for the timeline, and whether a listing was cut at the State API's limit.
+
+    With ``ranks``: only the tasks of those ranks' workers (known from the
+    evidence, live labels or actor names), one filtered query per worker. A
+    long-lived cluster holds many thousands of finished tasks (each listed
+    with its events), and listing them all takes seconds and may be cut
+    before the ones asked for.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from raysleuth import cluster
+
+    if ranks is None:
+        listing = cluster.tasks()
+        return list(listing), listing.truncated
+    node_of_ip = {node.get("node_ip"): node_id for node_id, node in nodes.items()}
+    wanted = {key for key, rank in worker_ranks.items() if rank in ranks}
+    wanted |= {(node_of_ip.get(ip), pid) for (ip, pid), rank in live.items() if rank in ranks}
+    wanted |= {(actor.get("node_id"), actor.get("pid")) for actor in actors.values()
+               if actor.get("pid") and cluster.rank_from_name(actor.get("name")) in ranks}
+    wanted = {(node_id, pid) for node_id, pid in wanted if pid}
+
+    def of_worker(key):
+        node_id, pid = key
+        filters = [("worker_pid", "=", str(pid))] + ([("node_id", "=", node_id)] if node_id else [])
+        return cluster.tasks(filters=filters)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        listings = list(pool.map(of_worker, sorted(wanted, key=str)))
+    return [task for listing in listings for task in listing], any(listing.truncated for listing in listings)
 
 
 def export_timeline(path: Path | str, address: str | None = None, **options: Any) -> Timeline:
