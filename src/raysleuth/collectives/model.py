@@ -4,20 +4,8 @@ Reads ``collectives`` records (store rows as dicts) into :class:`RankPositions`;
 :mod:`raysleuth.collectives.matcher` aligns them. Pure: no Ray, no torch.
 
 Input: ``collectives`` records (the store's rows as dicts, each with the
-worker's ``data`` from :func:`raysleuth.collectives.record.snapshot`). Per
-process group, ranks are aligned by sequence number (torch's Flight Recorder
-``collective_seq_id`` where it was on, else the wrapper's own count), and:
-
-- the first sequence number where ranks called different things is a
-  *mismatch*; the rank(s) off the majority (or off the job's own repeating
-  pattern, when the majority is a tie) are named: ``skipped`` when what they
-  called is what the others call next, else ``op``/``shape``/``dtype``;
-- without a mismatch, when some rank has stopped (waits in a collective for
-  ``pending_after`` seconds, or its collective failed), ranks that never
-  entered the newest collective are named: ``dead`` when their process is
-  gone, ``stuck`` when their last collective completed (they are blocked
-  before the next one), ``behind`` otherwise; a lone rank waiting in a
-  collective the majority never entered is ``ahead``.
+worker's ``data`` from :func:`raysleuth.collectives.record.snapshot`). How
+ranks are aligned and who is named is stated in :mod:`.matcher`.
 
 A busy, healthy job (ranks dumped at slightly different moments, nothing
 waiting long) gives no culprit.
