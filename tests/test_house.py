@@ -49,8 +49,7 @@ DEBT_UP_ARROWS: set[tuple[str, str]] = {
     ("logs", "monitoring"),  # mode configuration lives in three places
 }
 DEBT_MODULES: set[str] = {
-    "breakpoints", "cluster", "doctor", "fingerprints", "logs.distributed", "memory.profile",
-    "memory.triggers", "tasks",
+    "breakpoints", "doctor", "fingerprints", "logs.distributed", "memory.profile", "memory.triggers",
 }
 DEBT_FUNCTIONS: set[str] = {
     "cli.logs:logs", "logs.distributed:debug_decorator", "logs.distributed:decorate",

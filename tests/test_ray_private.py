@@ -44,7 +44,7 @@ def test_live_actor_names_work(ray_cluster):
     try:
         assert ray.get(ray_private.ray_call(handle, lambda self, extra: self.value + extra, 1), timeout=120) == 42
         assert len(ray_private.actor_id_hex(handle)) == 32
-        assert any(node["is_head_node"] for node in cluster.nodes(alive_only=True))  # found by the head resource
+        assert any(node.is_head_node for node in cluster.nodes(alive_only=True))  # found by the head resource
         assert ray_private.function_execution_table() is not None  # the driver's worker has the table too
     finally:
         ray.kill(handle)
