@@ -224,7 +224,7 @@ def get_agents(*, timeout: float = 30.0) -> dict[str, Any]:
                 max_restarts=3,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
             ).remote()
-        handles[node_id] = (handle, node["node_ip"])
+        handles[node_id] = (handle, node.node_ip)
     return handles
 
 
