@@ -9,6 +9,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from raysleuth import ray_private
+
 __all__ = ["current_job_id", "local_logs_dir", "on_ray_train_user_error", "wrap_worker_calls"]
 
 
@@ -35,13 +37,11 @@ def wrap_worker_calls(wrap: Any) -> bool:
     False when Ray's function manager is not where we expect it.
     """
     try:
-        from ray._private import worker as ray_worker
-
-        manager = ray_worker.global_worker.function_actor_manager
+        manager = ray_private.global_worker().function_actor_manager
         original = manager.get_execution_info
         if getattr(original, "_raysleuth_wrapped", False):
             return True
-        table = manager._function_execution_info
+        table = ray_private.function_execution_table()
         make_executor = manager._make_actor_method_executor
     except Exception:
         return False
@@ -119,9 +119,7 @@ def on_ray_train_user_error(callback: Any) -> bool:
 def local_logs_dir() -> str | None:
     """This process's Ray session logs folder (on its node), or None when not in a Ray process."""
     try:
-        import ray
-
-        node = ray._private.worker._global_node
+        node = ray_private.global_node()
         return node.get_logs_dir_path() if node is not None else None
     except Exception:
         return None
