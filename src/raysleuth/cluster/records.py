@@ -127,7 +127,7 @@ class RayDeathCause:
     def from_state(cls, value: Any) -> RayDeathCause:
         cause = _dict(value)
         if not cause:
-            return cls(text=str(value or ""))
+            return cls()
         kind, context = next(((kind, _dict(cause[key])) for key, kind in cls._CONTEXTS if key in cause), (None, {}))
         died = _dict(cause.get("actor_died_error_context"))
         return cls(kind=kind, reason=died.get("reason") or None,

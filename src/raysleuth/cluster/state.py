@@ -62,17 +62,16 @@ def _state_address() -> str | None:
         return None
 
 
-def _listing(function, *, filters=None, limit: int = STATE_LIMIT, detail: bool = False, timeout: int = 30,
-             record=None) -> Listing:
+def _listing(function, *, record, filters=None, limit: int = STATE_LIMIT, detail: bool = False,
+             timeout: int = 30) -> Listing:
+    """One State API listing, each row built into ``record`` (a ``from_state``)."""
     try:
         items = function(address=_state_address(), filters=filters, limit=limit, detail=detail, timeout=timeout,
                          raise_on_missing_output=False)
     except Exception as error:
         raise ClusterUnreachable(f"Ray's State API did not answer ({type(error).__name__}: {str(error)[:200]})",
                                  fix="the dashboard process serves the State API: check it runs (`ray status`)") from None
-    items = [_to_dict(item) for item in items]
-    if record is not None:
-        items = [record(item) for item in items]
+    items = [record(_to_dict(item)) for item in items]
     return Listing(items=items, truncated=len(items) >= limit, total=len(items))
 
 
