@@ -67,8 +67,8 @@ def ray_cluster(raysleuth_home) -> RayCluster:
     from raysleuth import cluster as rs_cluster
 
     nodes = rs_cluster.nodes(alive_only=True)
-    head = next(n["node_id"] for n in nodes if n["is_head_node"])
-    worker = next(n["node_id"] for n in nodes if not n["is_head_node"])
+    head = next(n.node_id for n in nodes if n.is_head_node)
+    worker = next(n.node_id for n in nodes if not n.is_head_node)
     yield RayCluster(address=cluster.address, home=raysleuth_home, head_node_id=head, worker_node_id=worker,
                      cluster=cluster)
     from raysleuth.recorder import reset_client

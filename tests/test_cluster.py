@@ -84,8 +84,8 @@ def test_state_listings(ray_cluster):
     mine = [entry for entry in labels.values() if entry.get("actor_name") == "trainer_rank7"]
     assert mine and mine[0]["rank"] == 7 and mine[0]["actor_class"] == "Named"
     listing = cluster.actors(state="ALIVE")
-    assert not listing.truncated and any(a["name"] == "trainer_rank7" for a in listing)
-    assert {n["is_head_node"] for n in cluster.nodes()} == {True, False}
+    assert not listing.truncated and any(a.name == "trainer_rank7" for a in listing)
+    assert {n.is_head_node for n in cluster.nodes()} == {True, False}
     ray.kill(actor)
 
 

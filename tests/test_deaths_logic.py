@@ -87,7 +87,7 @@ def test_memory_monitor_kill_names_the_top_users():
 
 def test_kernel_oom_record_for_the_pid_decides_oom_killer():
     found = evidence("sigkill")
-    pid = found.actor["pid"]
+    pid = found.actor.pid
     found.oom = {"kernel_log": {"permitted": True, "kills": [
         {"pid": pid, "name": "ray::Worker", "text": f"Out of memory: Killed process {pid} (ray::Worker) "
                                                     "total-vm:9000000kB, anon-rss:8000000kB"}]},
@@ -131,7 +131,7 @@ def test_dead_node_decides_node_death():
 
 def test_capsule_decides_python_exception_over_a_plain_exit():
     found = evidence("sys_exit_3")
-    died = found.worker["end_time_ms"] / 1000
+    died = found.worker.end_time_ms / 1000
     found.capsules = [{"id": 7, "time": died - 2, "exception_type": "ValueError", "message": "bad shard",
                        "method": "Worker.step"}]
     verdict = classify(found)

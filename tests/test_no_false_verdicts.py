@@ -38,7 +38,7 @@ def test_raysleuths_own_failed_writer_is_not_the_users_problem(ray_cluster, tmp_
     def listed_by_ray():
         from raysleuth import cluster
 
-        return any(a.get("actor_id") == actor_id and a.get("state") == "DEAD" for a in cluster.actors().items)
+        return any(a.actor_id == actor_id and a.state == "DEAD" for a in cluster.actors().items)
 
     assert poll(listed_by_ray), "Ray should list the failed writer as DEAD"
     report = find_tasks(ray_cluster.address, pending=False, stuck=False)
@@ -131,7 +131,7 @@ def test_pool_with_the_readme_arguments_on_a_too_small_cluster_fails_at_once(ray
     assert time.monotonic() - started < 30  # not start_timeout (120 s)
     from raysleuth import cluster
 
-    assert not [a for a in cluster.actors().items if str(a.get("name") or "").startswith("toobig")]
+    assert not [a for a in cluster.actors().items if str(a.name or "").startswith("toobig")]
 
 
 def test_pool_compare_shows_the_real_exception_and_its_rank(ray_cluster):

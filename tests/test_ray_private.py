@@ -14,6 +14,9 @@ def test_each_private_name_exists_in_this_ray():
     assert callable(ray_private.require("ray._raylet", "Config", "initialize"))
     assert callable(ray_private.services().get_ray_address_from_environment)
     assert ray_private.global_worker() is not None
+    assert callable(ray_private.global_worker().function_actor_manager._make_actor_method_executor)
+    assert ray_private.require("ray._private.worker", "_global_node") is None or callable(
+        ray_private.global_node().get_logs_dir_path)
     assert callable(ray_private.require("ray._private.worker", "get_dashboard_url"))
     remote_function, actor_method = ray_private.submission_classes()
     assert callable(remote_function._remote) and callable(actor_method._remote)
@@ -44,7 +47,7 @@ def test_live_actor_names_work(ray_cluster):
     try:
         assert ray.get(ray_private.ray_call(handle, lambda self, extra: self.value + extra, 1), timeout=120) == 42
         assert len(ray_private.actor_id_hex(handle)) == 32
-        assert any(node["is_head_node"] for node in cluster.nodes(alive_only=True))  # found by the head resource
+        assert any(node.is_head_node for node in cluster.nodes(alive_only=True))  # found by the head resource
         assert ray_private.function_execution_table() is not None  # the driver's worker has the table too
     finally:
         ray.kill(handle)

@@ -50,22 +50,22 @@ class Victim:
         assert self.job_id, f"victim {self.kind} did not start (last line {line!r}, exit {self.proc.poll()})"
         return self
 
-    def actors(self, class_name: str | None = None) -> list[dict]:
-        return [a for a in cluster.actors(state="ALIVE") if a.get("job_id") == self.job_id
-                and (class_name is None or (a.get("class_name") or "").endswith(class_name))]
+    def actors(self, class_name: str | None = None) -> list[cluster.RayActor]:
+        return [a for a in cluster.actors(state="ALIVE") if a.job_id == self.job_id
+                and (class_name is None or (a.class_name or "").endswith(class_name))]
 
-    def wait_for(self, class_name: str, count: int, timeout: float = 180) -> list[dict]:
+    def wait_for(self, class_name: str, count: int, timeout: float = 180) -> list[cluster.RayActor]:
         deadline = time.monotonic() + timeout
         found = []
         while time.monotonic() < deadline:
-            found = [a for a in self.actors(class_name) if a.get("pid")]
+            found = [a for a in self.actors(class_name) if a.pid]
             if len(found) >= count:
                 return found
             time.sleep(1)
         raise AssertionError(f"only {len(found)} of {count} {class_name} actors came up")
 
     def pids(self) -> list[int]:
-        return [self.proc.pid] + [a["pid"] for a in self.actors() if a.get("pid")]
+        return [self.proc.pid] + [a.pid for a in self.actors() if a.pid]
 
     def stop(self) -> None:
         self.proc.kill()

@@ -236,11 +236,12 @@ def test_shipped_log_messages_are_redacted():
 
 
 def test_failed_task_error_texts_are_redacted():
-    from raysleuth.tasks import _failed
+    from raysleuth.cluster import RayTask
+    from raysleuth.tasks.find import _failed
 
     task = {"state": "FAILED", "task_id": "t1", "name": "f", "error_type": "TASK_EXECUTION_EXCEPTION",
             "error_message": "ValueError: bad login for https://bob:taskpw9@host/ with --api-key=tasksecret8"}
-    failed = _failed([task], {}, lambda *a: None, explain=False)
+    failed = _failed([RayTask.from_state(task)], {}, lambda *a: None, explain=False)
     assert "taskpw9" not in failed[0].error_message and "tasksecret8" not in failed[0].error_message
 
 

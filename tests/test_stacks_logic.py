@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from raysleuth.cluster.records import RayTask
 from raysleuth.stacks import Culprit, ProcessStack, VerdictContext, build_verdict, group_processes, headline, parse_py_spy
 from raysleuth.stacks.analysis import fold_threads, key_thread, moved_between, signature
 
@@ -100,12 +101,12 @@ def test_wait_for_chain_blames_its_end():
     end = ProcessStack(pid=3, node_id="n2", node_ip="10.0.0.2", role="actor", actor_class="Worker",
                        threads=parse_py_spy([thread(3, [frame("slow_compute", "/job/b.py", 20),
                                                         frame("Worker.compute", "/job/b.py", 15)] + RAY_BOTTOM)], pid=3))
-    tasks = [
+    tasks = [RayTask.from_state(row) for row in [
         {"task_id": "t1", "parent_task_id": "f" * 40 + job, "name": "Coordinator.forward", "worker_pid": 2,
          "node_id": "n1", "state": "RUNNING"},
         {"task_id": "t2", "parent_task_id": "t1", "name": "Worker.compute", "worker_pid": 3, "node_id": "n2",
          "state": "RUNNING"},
-    ]
+    ]]
     verdict = build_verdict([driver, middle, end], tasks)
     assert len(verdict.chains) == 1
     chain = verdict.chains[0]
@@ -230,8 +231,8 @@ def _driver_chain(ends):
     job = "03000000"
     driver = ProcessStack(pid=1, node_id="n1", node_ip="10.0.0.1", role="driver", job_id=job,
                           threads=parse_py_spy([thread(1, RAY_GET + [frame("<module>", "/job/driver.py", 12)])], pid=1))
-    tasks = [{"task_id": f"t{p.pid}", "parent_task_id": "f" * 40 + job, "name": "DDPRank.train", "worker_pid": p.pid,
-              "node_id": "n1", "state": "RUNNING"} for p in ends]
+    tasks = [RayTask.from_state({"task_id": f"t{p.pid}", "parent_task_id": "f" * 40 + job, "name": "DDPRank.train",
+                                 "worker_pid": p.pid, "node_id": "n1", "state": "RUNNING"}) for p in ends]
     for p in ends:
         p.node_id = "n1"
     return [driver] + ends, tasks

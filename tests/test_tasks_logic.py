@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from raysleuth.errors import UsageError
+from raysleuth.cluster.records import RayTaskEvent
 from raysleuth.tasks.classify import death_cause, fit_problem, is_stuck, pg_problem, robust_stats, upstream_task_id
 from raysleuth.tasks.lifecycle import phases_from_events, task_id_of
 from raysleuth.timeline import parse_ranks, parse_steps, summarize_steps
@@ -59,12 +60,12 @@ def test_ids_and_phases():
     assert task_id_of(task + "01000000") == task and task_id_of(task.upper()) == task
     with pytest.raises(UsageError):
         task_id_of("nope")
-    phases = phases_from_events([{"state": "RUNNING", "created_ms": 2000.0},
-                                 {"state": "PENDING_ARGS_AVAIL", "created_ms": 1000.0},
-                                 {"state": "FINISHED", "created_ms": 5000.0}], now=10.0)
+    phases = phases_from_events([RayTaskEvent(state="RUNNING", created_ms=2000.0),
+                                 RayTaskEvent(state="PENDING_ARGS_AVAIL", created_ms=1000.0),
+                                 RayTaskEvent(state="FINISHED", created_ms=5000.0)], now=10.0)
     assert [p.state for p in phases] == ["PENDING_ARGS_AVAIL", "RUNNING", "FINISHED"]
     assert [p.duration_s for p in phases] == [1.0, 3.0, 0.0]
-    still = phases_from_events([{"state": "RUNNING", "created_ms": 2000.0}], now=7.0)
+    still = phases_from_events([RayTaskEvent(state="RUNNING", created_ms=2000.0)], now=7.0)
     assert still[0].end is None and still[0].duration_s == 5.0
 
 

@@ -15,7 +15,9 @@ What raysleuth uses, and why:
 - ``ray._private.services``: find a running cluster's address;
 - ``ray._private.worker.global_worker`` and its ``debugger_port``,
   ``function_actor_manager._function_execution_info`` (executor closures
-  of actor methods), ``get_dashboard_url``;
+  of actor methods) and ``_make_actor_method_executor`` (the zero-code
+  setup wraps the methods a worker runs), ``get_dashboard_url``;
+- ``ray._private.worker._global_node``: this process's Ray logs folder;
 - ``RemoteFunction._remote``, ``ActorMethod._remote``: detailed Ray-call
   tracing wraps the submission paths; ``RemoteFunction._function``: crash
   capture wraps a remote function in place;
@@ -39,6 +41,7 @@ __all__ = [
     "config_initialize",
     "dashboard_url",
     "gcs_client_class",
+    "global_node",
     "global_worker",
     "function_execution_table",
     "ray_call",
@@ -101,6 +104,11 @@ def services() -> Any:
 def global_worker() -> Any:
     """``ray._private.worker.global_worker``: this process's Ray worker."""
     return require("ray._private.worker", "global_worker")
+
+
+def global_node() -> Any:
+    """``ray._private.worker._global_node``: this process's Ray node (None outside a Ray process)."""
+    return require("ray._private.worker", "_global_node")
 
 
 def dashboard_url() -> str | None:

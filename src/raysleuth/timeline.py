@@ -222,13 +222,15 @@ def _add_ray_tasks(timeline: Timeline, tracks: _Tracks, address: str | None, wor
 
     try:
         cluster.connect(address)
-        nodes = {node["node_id"]: node for node in cluster.nodes()}
-        actors = {actor.get("actor_id"): actor for actor in cluster.actors()}
+        nodes = cluster.nodes()
+        node_ips = {node.node_id: node.node_ip for node in nodes}
+        heads = {node.node_id for node in nodes if node.is_head_node}
+        actors = {actor.actor_id: actor for actor in cluster.actors()}
     except Exception as error:
         timeline.warnings.append(f"Ray task events left out: no cluster answered ({str(error)[:160]})")
         return
-    for node_id, node in nodes.items():
-        tracks.pid(node_id, node.get("node_ip"), node.get("is_head_node", False))
+    for node_id, node_ip in node_ips.items():
+        tracks.pid(node_id, node_ip, node_id in heads)
     try:  # ranks of live workers from outside (Ray Train's logs, start-up environment)
         from raysleuth.labels.live import worker_labels
 
@@ -236,20 +238,19 @@ def _add_ray_tasks(timeline: Timeline, tracks: _Tracks, address: str | None, wor
     except Exception:
         live = {}
     try:
-        listing, truncated = _task_listing(ranks, worker_ranks, live, nodes, actors)
+        listing, truncated = _task_listing(ranks, worker_ranks, live, node_ips, actors)
     except Exception as error:
         timeline.warnings.append(f"Ray task events left out: the State API did not answer ({str(error)[:160]})")
         return
     if truncated:
         timeline.warnings.append(f"the State API returned only the first {len(listing)} tasks; older ones are missing")
     for task in listing:
-        events = sorted((entry for entry in task.get("events") or [] if entry.get("created_ms")),
-                        key=lambda entry: entry["created_ms"])
-        running = next((entry["created_ms"] for entry in events if entry.get("state", "").startswith("RUNNING")), None)
-        start_ms = task.get("start_time_ms") or running
-        end_ms = task.get("end_time_ms") or next((entry["created_ms"] for entry in events
-                                                  if entry.get("state") in ("FINISHED", "FAILED")), None)
-        if not start_ms or not task.get("worker_pid"):
+        events = sorted((entry for entry in task.events if entry.created_ms), key=lambda entry: entry.created_ms)
+        running = next((entry.created_ms for entry in events if (entry.state or "").startswith("RUNNING")), None)
+        start_ms = task.start_time_ms or running
+        end_ms = task.end_time_ms or next((entry.created_ms for entry in events
+                                           if entry.state in ("FINISHED", "FAILED")), None)
+        if not start_ms or not task.worker_pid:
             continue  # never ran (pending tasks are `raysleuth tasks --pending`)
         start, end = float(start_ms) / 1000.0, (float(end_ms) / 1000.0 if end_ms else None)
         if end is None:
@@ -258,29 +259,29 @@ def _add_ray_tasks(timeline: Timeline, tracks: _Tracks, address: str | None, wor
             end = _time.time()
         if window and (end < window[0] or start > window[1]):
             continue
-        node_id = task.get("node_id")
-        rank = worker_ranks.get((node_id, task.get("worker_pid")))
-        actor = actors.get(task.get("actor_id")) or {}
+        node_id = task.node_id
+        rank = worker_ranks.get((node_id, task.worker_pid))
+        actor = actors.get(task.actor_id)
         if rank is None:
-            rank = live.get(((nodes.get(node_id) or {}).get("node_ip"), task.get("worker_pid")))
+            rank = live.get((node_ips.get(node_id), task.worker_pid))
         if rank is None:
-            rank = cluster.rank_from_name(actor.get("name"))
+            rank = cluster.rank_from_name(actor.name if actor else None)
         if ranks is not None and rank not in ranks:
             continue
-        pid = tracks.pid(node_id, (nodes.get(node_id) or {}).get("node_ip"))
-        tid = tracks.tid(pid, task.get("worker_pid"), _label(rank, actor.get("class_name"), task.get("worker_pid")))
-        created = float(task.get("creation_time_ms") or start_ms) / 1000.0
+        pid = tracks.pid(node_id, node_ips.get(node_id))
+        tid = tracks.tid(pid, task.worker_pid, _label(rank, actor.class_name if actor else None, task.worker_pid))
+        created = float(task.creation_time_ms or start_ms) / 1000.0
         timeline.events.append({
-            "name": task.get("func_or_class_name") or task.get("name") or "task", "cat": "ray_task", "ph": "X",
+            "name": task.function or task.name or "task", "cat": "ray_task", "ph": "X",
             "ts": _us(start), "dur": _us(max(0.0, end - start)), "pid": pid, "tid": tid,
-            "args": {"task_id": task.get("task_id"), "state": task.get("state"), "type": task.get("type"),
-                     "attempt": task.get("attempt_number"), "waited_s": round(max(0.0, start - created), 6),
-                     "rank": rank, "error_type": task.get("error_type")},
+            "args": {"task_id": task.task_id, "state": task.state, "type": task.type,
+                     "attempt": task.attempt_number, "waited_s": round(max(0.0, start - created), 6),
+                     "rank": rank, "error_type": task.error_type},
         })
         timeline.ray_tasks += 1
 
 
-def _task_listing(ranks, worker_ranks, live, nodes, actors) -> tuple[list[dict[str, Any]], bool]:
+def _task_listing(ranks, worker_ranks, live, node_ips, actors) -> tuple[list, bool]:
     """Ray's tasks for the timeline, and whether a listing was cut at the State API's limit.
 
     With ``ranks``: only the tasks of those ranks' workers (known from the
@@ -296,20 +297,15 @@ def _task_listing(ranks, worker_ranks, live, nodes, actors) -> tuple[list[dict[s
     if ranks is None:
         listing = cluster.tasks()
         return list(listing), listing.truncated
-    node_of_ip = {node.get("node_ip"): node_id for node_id, node in nodes.items()}
+    node_of_ip = {node_ip: node_id for node_id, node_ip in node_ips.items()}
     wanted = {key for key, rank in worker_ranks.items() if rank in ranks}
     wanted |= {(node_of_ip.get(ip), pid) for (ip, pid), rank in live.items() if rank in ranks}
-    wanted |= {(actor.get("node_id"), actor.get("pid")) for actor in actors.values()
-               if actor.get("pid") and cluster.rank_from_name(actor.get("name")) in ranks}
+    wanted |= {(actor.node_id, actor.pid) for actor in actors.values()
+               if actor.pid and cluster.rank_from_name(actor.name) in ranks}
     wanted = {(node_id, pid) for node_id, pid in wanted if pid}
-
-    def of_worker(key):
-        node_id, pid = key
-        filters = [("worker_pid", "=", str(pid))] + ([("node_id", "=", node_id)] if node_id else [])
-        return cluster.tasks(filters=filters)
-
     with ThreadPoolExecutor(max_workers=8) as pool:
-        listings = list(pool.map(of_worker, sorted(wanted, key=str)))
+        listings = list(pool.map(lambda key: cluster.tasks(worker_pid=key[1], node_id=key[0]),
+                                 sorted(wanted, key=str)))
     return [task for listing in listings for task in listing], any(listing.truncated for listing in listings)
 
 

@@ -209,7 +209,7 @@ def get_agents(*, timeout: float = 30.0) -> dict[str, Any]:
     handles = {}
     actor_class = ray.remote(NodeAgent)
     for node in cluster.nodes(alive_only=True):
-        node_id = node["node_id"]
+        node_id = node.node_id
         name = AGENT_PREFIX + node_id[:16]
         try:
             handle = ray.get_actor(name, namespace=NAMESPACE)
@@ -224,7 +224,7 @@ def get_agents(*, timeout: float = 30.0) -> dict[str, Any]:
                 max_restarts=3,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
             ).remote()
-        handles[node_id] = (handle, node["node_ip"])
+        handles[node_id] = (handle, node.node_ip)
     return handles
 
 

@@ -65,8 +65,8 @@ def _alive_processes() -> set | None:
     try:
         from raysleuth import cluster
 
-        return {(w.get("ip"), w.get("pid")) for w in cluster.workers(alive_only=True)} | \
-               {(None, w.get("pid")) for w in cluster.workers(alive_only=True)}
+        return {(w.ip, w.pid) for w in cluster.workers(alive_only=True)} | \
+               {(None, w.pid) for w in cluster.workers(alive_only=True)}
     except Exception:
         return None
 

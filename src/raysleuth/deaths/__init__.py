@@ -116,7 +116,7 @@ def _tail(lines: list[str], count: int) -> list[str]:
 
 def _died_at(subject: dict[str, Any]) -> float | None:
     for row in (subject.get("worker"), subject.get("task")):
-        value = (row or {}).get("end_time_ms")
+        value = row.end_time_ms if row is not None else None
         if value:
             return float(value) / 1000.0
     return None
@@ -137,17 +137,17 @@ def _peers(rank: int | None, died_at: float | None, beats: dict[int, dict[str, A
 def build_death(subject: dict[str, Any], evidence: DeathEvidence, verdict: Verdict, label: dict[str, Any],
                 beats: dict[int, dict[str, Any]], *, lines: int = 10) -> Death:
     """Join identity, verdict and context into one :class:`Death`."""
-    actor = subject.get("actor") or {}
+    actor, task = subject.get("actor"), subject.get("task")
     died_at = _died_at(subject)
     if label.get("rank") is None and fatal_file_rank(evidence.fatal_file) is not None:
         label = {**label, "rank": fatal_file_rank(evidence.fatal_file), "rank_source": "fatal-signal file"}
-    task = subject.get("task") or {}
     return Death(
         cause=verdict.cause, summary=verdict.summary, evidence=verdict.evidence, rank=label.get("rank"),
         rank_source=label.get("rank_source"), world_size=label.get("world_size"), actor_id=subject.get("actor_id"),
-        actor_class=(actor.get("class_name") or "").rsplit(".", 1)[-1] or None, actor_name=actor.get("name") or None,
+        actor_class=((actor.class_name if actor else None) or "").rsplit(".", 1)[-1] or None,
+        actor_name=(actor.name if actor else None) or None,
         pid=subject.get("pid"), node_id=subject.get("node_id"), node_ip=subject.get("node_ip"),
-        task=task.get("name") or task.get("func_or_class_name"), died_at=died_at, signal=verdict.signal,
+        task=(task.name or task.function) if task else None, died_at=died_at, signal=verdict.signal,
         exit_code=verdict.exit_code, function=verdict.function, file=verdict.file, line=verdict.line,
         stack=verdict.stack[:30], exception_type=verdict.exception_type, exception_message=verdict.exception_message,
         top_memory_users=verdict.top_memory_users[:10], caller=verdict.caller, ray_reason=verdict.ray_reason,

@@ -12,11 +12,11 @@ together with what could *not* be read, never a guess.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from collections.abc import Mapping
 from typing import Any
 
+from raysleuth.cluster.records import RayActor, RayDeathCause, RayTask, RayWorker
 from raysleuth.deaths.parse import (
     LIBRARY_PATHS,
     FatalSignal,
@@ -61,12 +61,12 @@ _VANISHED = re.compile(r"connection error code 2|End of file|unexpectedly exits 
 class DeathEvidence:
     """Everything collected about one dead worker; each field may be empty."""
 
-    actor: dict[str, Any] | None = None
-    """The State API's actor row (with ``death_cause``), or None for a task worker."""
-    worker: dict[str, Any] | None = None
-    """The State API's worker row (``exit_type``, ``exit_detail``, ``end_time_ms``)."""
-    task: dict[str, Any] | None = None
-    """The task or actor call it was running when it died (``error_message``)."""
+    actor: RayActor | None = None
+    """The State API's actor (with its death cause), or None for a task worker."""
+    worker: RayWorker | None = None
+    """The State API's worker (exit type, exit detail, end time)."""
+    task: RayTask | None = None
+    """The task or actor call it was running when it died (its error message)."""
     err_lines: list[str] = dataclasses.field(default_factory=list)
     out_lines: list[str] = dataclasses.field(default_factory=list)
     fatal_file: str | None = None
@@ -80,6 +80,13 @@ class DeathEvidence:
     node_alive: bool | None = None
     log_problems: list[str] = dataclasses.field(default_factory=list)
     """Why a log could not be read."""
+
+    def __post_init__(self) -> None:
+        """A State API row given for ``actor``, ``worker`` or ``task`` becomes its record."""
+        for name, record in (("actor", RayActor), ("worker", RayWorker), ("task", RayTask)):
+            value = getattr(self, name)
+            if isinstance(value, Mapping):
+                setattr(self, name, record.from_state(value))
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -103,16 +110,6 @@ class Verdict:
     """Ray's own death reason (``WORKER_DIED``, ``RAY_KILL``...), for comparison."""
 
 
-def _death_context(actor: Mapping[str, Any] | None) -> dict[str, Any]:
-    cause = (actor or {}).get("death_cause") or {}
-    if isinstance(cause, str):
-        try:
-            cause = json.loads(cause)
-        except ValueError:
-            cause = {}
-    return cause
-
-
 def _kernel_kill(oom: Mapping[str, Any] | None, pid: int | None) -> str | None:
     for kill in ((oom or {}).get("kernel_log") or {}).get("kills") or []:
         if pid is not None and kill.get("pid") == pid:
@@ -129,22 +126,20 @@ def _gb(value: float | None) -> str:
 
 def classify(evidence: DeathEvidence) -> Verdict:
     """The cause of one death, decided by the first rule whose evidence is present."""
-    cause = _death_context(evidence.actor)
-    context = cause.get("actor_died_error_context") or {}
-    reason = str(context.get("reason") or "") or None
-    if "oom_context" in cause:
-        context, reason = cause.get("oom_context") or {}, "OUT_OF_MEMORY"
-    worker = evidence.worker or {}
+    cause = evidence.actor.death if evidence.actor else RayDeathCause()
+    reason = "OUT_OF_MEMORY" if cause.kind == "oom" else (cause.reason or None)
+    worker, task = evidence.worker, evidence.task
     message = "\n".join(str(part) for part in (
-        context.get("error_message"), worker.get("exit_detail"), (evidence.task or {}).get("error_message"),
+        cause.error_message if cause.kind in ("died", "oom") else None, worker.exit_detail if worker else None,
+        task.error_message if task else None,
     ) if part)
-    pid = (evidence.actor or {}).get("pid") or worker.get("pid")
+    pid = (evidence.actor.pid if evidence.actor else None) or (worker.pid if worker else None)
 
     for rule in (_init_failed, _node_died, _memory_monitor, _fatal_signal, _python_exception, _ray_kill,
                  _exited, _vanished):
         verdict = rule(evidence, cause, reason, message, pid)
         if verdict is not None:
-            verdict.ray_reason = reason or worker.get("exit_type")
+            verdict.ray_reason = reason or (worker.exit_type if worker else None)
             return verdict
     if reason == "OWNER_DIED":
         return Verdict(cause="owner_died", summary=CAUSES["owner_died"], evidence=[f"Ray: {message[:300]}"],
@@ -158,14 +153,14 @@ def classify(evidence: DeathEvidence) -> Verdict:
 
 
 def _init_failed(evidence, cause, reason, message, pid) -> Verdict | None:
-    task = evidence.task or {}
-    creation_failed = (task.get("type") == "ACTOR_CREATION_TASK" or str(task.get("name", "")).endswith(".__init__")) \
-        and task.get("error_type") == "TASK_EXECUTION_EXCEPTION"
-    if "creation_task_failure_context" not in cause and not creation_failed:
+    task = evidence.task
+    creation_failed = task is not None and (task.type == "ACTOR_CREATION_TASK" or str(task.name or "").endswith(
+        ".__init__")) and task.error_type == "TASK_EXECUTION_EXCEPTION"
+    recorded = cause.kind == "creation_failed"
+    if not recorded and not creation_failed:
         return None
-    context = cause.get("creation_task_failure_context") or {}
-    formatted = (context.get("formatted_exception_string") or context.get("error_message")
-                 or task.get("error_message") or "")
+    formatted = ((cause.formatted_exception or cause.error_message if recorded else None)
+                 or (task.error_message if task else None) or "")
     kind, text = init_exception(formatted)
     frames = [{"file": m.group(1), "line": int(m.group(2)), "function": m.group(3)}
               for m in re.finditer(r'File "([^"]+)", line (\d+), in (\S+)', formatted)
@@ -173,8 +168,8 @@ def _init_failed(evidence, cause, reason, message, pid) -> Verdict | None:
     where = frames[-1] if frames else {}
     return Verdict(cause="init_failed",
                    summary=f"its __init__ raised {kind or 'an exception'}" + (f": {text}" if text else ""),
-                   evidence=["Ray recorded a creation task failure" + (" (creation_task_failure_context)" if context
-                                                                         else f" (task {task.get('name')} FAILED)")]
+                   evidence=["Ray recorded a creation task failure" + (" (creation_task_failure_context)" if recorded
+                                                                         else f" (task {task.name} FAILED)")]
                    + ([f"{where['file']}:{where['line']} in {where['function']}"] if where else []),
                    exception_type=kind, exception_message=text, function=where.get("function"),
                    file=where.get("file"), line=where.get("line"), stack=frames, ray_reason="CREATION_TASK_ERROR")
@@ -184,7 +179,7 @@ def _node_died(evidence, cause, reason, message, pid) -> Verdict | None:
     if reason == "NODE_DIED" or reason == "NODE_PREEMPTION":
         return Verdict(cause="node_died", summary="its node died" + (" (preempted)" if reason == "NODE_PREEMPTION" else ""),
                        evidence=[f"Ray: {reason}: {message.splitlines()[0][:300] if message else ''}"])
-    if evidence.node_alive is False and (reason in (None, "WORKER_DIED") or not cause):
+    if evidence.node_alive is False and (reason in (None, "WORKER_DIED") or not cause.recorded):
         return Verdict(cause="node_died", summary="its node died",
                        evidence=["the State API lists its node as DEAD"] + ([f"Ray: {message[:200]}"] if message else []))
     return None
@@ -234,7 +229,7 @@ CAPSULE_WINDOW_S = 120.0
 
 def _died_at(evidence: DeathEvidence) -> float | None:
     for row in (evidence.worker, evidence.task):
-        value = (row or {}).get("end_time_ms")
+        value = row.end_time_ms if row is not None else None
         if value:
             return float(value) / 1000.0
     return None
@@ -260,9 +255,8 @@ def _python_exception(evidence, cause, reason, message, pid) -> Verdict | None:
 def _ray_kill(evidence, cause, reason, message, pid) -> Verdict | None:
     if reason != "RAY_KILL" and "killed by `ray.kill`" not in message:
         return None
-    context = cause.get("actor_died_error_context") or {}
-    owner = context.get("owner_ip_address")
-    caller = (f"owner {context.get('owner_id', '')[:16]} on {owner}" if owner else None)
+    owner = cause.owner_ip
+    caller = (f"owner {(cause.owner_id or '')[:16]} on {owner}" if owner else None)
     found = ["Ray: " + (message.splitlines()[0] if message else "RAY_KILL")[:300]]
     found.append("Ray does not record which process called ray.kill" + (f"; the actor's {caller}" if caller else ""))
     return Verdict(cause="ray_kill", summary="killed with ray.kill", evidence=found, caller=caller)

@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from raysleuth import cluster
+from raysleuth.cluster.records import RayTask
 from raysleuth.deaths.classify import DeathEvidence
 
 __all__ = ["fetch_logs", "gather"]
@@ -115,37 +116,37 @@ def _store_evidence(subjects: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _subjects(actors, workers, tasks, node_ips, job_id) -> list[dict[str, Any]]:
     """One entry per dead actor and per task worker that died: identity plus its State API rows."""
-    actor_pids = {(actor.get("node_id"), actor.get("pid")) for actor in actors}
-    workers_by_pid = {(worker.get("node_id"), worker.get("pid")): worker for worker in workers}
-    last_call: dict[Any, dict] = {}
-    for task in sorted(tasks, key=lambda t: t.get("end_time_ms") or 0):
-        if task.get("actor_id"):
-            last_call[task["actor_id"]] = task
-        if task.get("worker_pid"):
-            last_call[(task.get("node_id"), task.get("worker_pid"))] = task
-        if task.get("worker_id"):  # worker_pid is often empty on a call whose worker died
-            last_call[task["worker_id"]] = task
+    actor_pids = {(actor.node_id, actor.pid) for actor in actors}
+    workers_by_pid = {(worker.node_id, worker.pid): worker for worker in workers}
+    last_call: dict[Any, RayTask] = {}
+    for task in sorted(tasks, key=lambda t: t.end_time_ms or 0):
+        if task.actor_id:
+            last_call[task.actor_id] = task
+        if task.worker_pid:
+            last_call[(task.node_id, task.worker_pid)] = task
+        if task.worker_id:  # worker_pid is often empty on a call whose worker died
+            last_call[task.worker_id] = task
     subjects = []
     for actor in actors:
-        if job_id and actor.get("job_id") != job_id:
+        if job_id and actor.job_id != job_id:
             continue
-        if (actor.get("name") or "").startswith(_OWN_ACTORS):
+        if (actor.name or "").startswith(_OWN_ACTORS):
             continue
-        key = (actor.get("node_id"), actor.get("pid"))
-        subjects.append({"actor": actor, "worker": workers_by_pid.get(key), "task": last_call.get(actor.get("actor_id")),
-                         "actor_id": actor.get("actor_id"), "pid": actor.get("pid"), "node_id": actor.get("node_id"),
-                         "node_ip": node_ips.get(actor.get("node_id"))})
+        key = (actor.node_id, actor.pid)
+        subjects.append({"actor": actor, "worker": workers_by_pid.get(key), "task": last_call.get(actor.actor_id),
+                         "actor_id": actor.actor_id, "pid": actor.pid, "node_id": actor.node_id,
+                         "node_ip": node_ips.get(actor.node_id)})
     for worker in workers:
-        key = (worker.get("node_id"), worker.get("pid"))
-        if key in actor_pids or worker.get("worker_type") not in (None, "WORKER"):
+        key = (worker.node_id, worker.pid)
+        if key in actor_pids or worker.worker_type not in (None, "WORKER"):
             continue
-        if worker.get("exit_type") not in DIED_EXIT_TYPES:
+        if worker.exit_type not in DIED_EXIT_TYPES:
             continue
-        task = last_call.get(key) or last_call.get(worker.get("worker_id"))
-        if job_id and task is not None and task.get("job_id") != job_id:
+        task = last_call.get(key) or last_call.get(worker.worker_id)
+        if job_id and task is not None and task.job_id != job_id:
             continue
-        subjects.append({"actor": None, "worker": worker, "task": task, "actor_id": None, "pid": worker.get("pid"),
-                         "node_id": worker.get("node_id"), "node_ip": node_ips.get(worker.get("node_id"))})
+        subjects.append({"actor": None, "worker": worker, "task": task, "actor_id": None, "pid": worker.pid,
+                         "node_id": worker.node_id, "node_ip": node_ips.get(worker.node_id)})
     return subjects
 
 
@@ -206,7 +207,8 @@ def _read_logs(subjects, alive, lines: int, parallel: int, timeout: float) -> tu
 
 
 def _vanished(subject: dict[str, Any]) -> bool:
-    text = str(((subject["actor"] or {}).get("death_cause") or {})) + str((subject["worker"] or {}).get("exit_detail"))
+    actor, worker = subject["actor"], subject["worker"]
+    text = (actor.death.text if actor else "") + str(worker.exit_detail if worker else None)
     return "connection error code 2" in text or "End of file" in text
 
 
@@ -220,13 +222,13 @@ def gather(*, job_id: str | None = None, log_lines: int = 200, parallel: int = 1
     except Exception as error:
         workers, _ = [], warnings.append(f"dead workers not listed: {error}")
     try:
-        tasks = [task for task in cluster.tasks(state="FAILED") if task.get("error_type") in
+        tasks = [task for task in cluster.tasks(state="FAILED") if task.error_type in
                  ("ACTOR_DIED", "WORKER_DIED", "OUT_OF_MEMORY", "NODE_DIED", "TASK_EXECUTION_EXCEPTION")]
     except Exception as error:
         tasks, _ = [], warnings.append(f"failed tasks not listed: {error}")
     nodes = cluster.nodes()
-    node_ips = {node["node_id"]: node["node_ip"] for node in nodes}
-    alive = {node["node_id"]: node["alive"] for node in nodes}
+    node_ips = {node.node_id: node.node_ip for node in nodes}
+    alive = {node.node_id: node.alive for node in nodes}
     subjects = _subjects(actors, workers, tasks, node_ips, job_id)
 
     started = time.monotonic()

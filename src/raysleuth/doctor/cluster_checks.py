@@ -31,10 +31,10 @@ def _cluster_checks(address: str | None, *, ports: bool, per_node: bool, timeout
                         detail=f"Ray {info.ray_version} at {info.address}, session {info.session_name} "
                                f"(connected in {info.connect_seconds:.2f}s)"))
     all_nodes = cluster.nodes()
-    alive = [node for node in all_nodes if node["alive"]]
-    dead = [node for node in all_nodes if not node["alive"]]
+    alive = [node for node in all_nodes if node.alive]
+    dead = [node for node in all_nodes if not node.alive]
     checks.append(Check(name="nodes alive", category="cluster", status="ok" if not dead else "warn",
-                        detail=f"{len(alive)} alive" + (f", {len(dead)} dead: {', '.join(n['node_ip'] for n in dead)}" if dead else ""),
+                        detail=f"{len(alive)} alive" + (f", {len(dead)} dead: {', '.join(n.node_ip for n in dead)}" if dead else ""),
                         fix=None if not dead else "dead nodes take their workers with them: see `raysleuth tasks --dead`"))
     if info.auth_mode == "token":
         checks.append(Check(name="token authentication", category="security", status="ok",
@@ -97,9 +97,9 @@ def _node_label(result: agents.AgentResult) -> str:
     return f"{result.node_ip}/{result.node_id[:8]}"
 
 
-def _node_checks(alive: list[dict[str, Any]], *, timeout: float) -> list[Check]:
+def _node_checks(alive: list[Any], *, timeout: float) -> list[Check]:
     checks: list[Check] = []
-    temp_dirs = {node["node_id"]: (node.get("temp_dir") or "/tmp/ray",) for node in alive}
+    temp_dirs = {node.node_id: (node.temp_dir or "/tmp/ray",) for node in alive}
     try:
         version_results = agents.call_agents("versions", timeout=timeout)
         spy_results = agents.call_agents("py_spy_check", timeout=timeout)

@@ -23,7 +23,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from raysleuth.cluster.records import RayActor
 
 __all__ = ["dead_worker_labels", "env_rank", "ray_train_ranks", "store_ranks"]
 
@@ -126,32 +129,31 @@ def _train_logs(node_ids: set[str]) -> dict[str, dict[str, Any]]:
     return found
 
 
-def dead_worker_labels(actors: list[dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+def dead_worker_labels(actors: list[RayActor] | None = None) -> dict[str, dict[str, Any]]:
     """Per dead actor id: rank and identity, from the most specific source that has it."""
     from raysleuth import cluster
 
     if actors is None:
         actors = list(cluster.actors(state="DEAD"))
     try:
-        node_ips = {node["node_id"]: node["node_ip"] for node in cluster.nodes()}
+        node_ips = {node.node_id: node.node_ip for node in cluster.nodes()}
     except Exception:
         node_ips = {}
     by_actor, by_pid = store_ranks(_store_records()) if actors else ({}, {})
-    train_nodes = {actor.get("node_id") for actor in actors
-                   if "RayTrainWorker" in (actor.get("class_name") or "") and actor.get("node_id")}
+    train_nodes = {actor.node_id for actor in actors if "RayTrainWorker" in (actor.class_name or "") and actor.node_id}
     train = _train_logs(train_nodes) if train_nodes else {}
     labels: dict[str, dict[str, Any]] = {}
     for actor in actors:
-        actor_id = actor.get("actor_id")
-        node_ip = node_ips.get(actor.get("node_id"))
+        actor_id = actor.actor_id
+        node_ip = node_ips.get(actor.node_id)
         entry = {
-            "actor_id": actor_id, "pid": actor.get("pid"), "node_id": actor.get("node_id"), "node_ip": node_ip,
-            "actor_class": (actor.get("class_name") or "").rsplit(".", 1)[-1] or None,
-            "actor_name": actor.get("name") or None, "rank": None, "rank_source": None,
+            "actor_id": actor_id, "pid": actor.pid, "node_id": actor.node_id, "node_ip": node_ip,
+            "actor_class": (actor.class_name or "").rsplit(".", 1)[-1] or None,
+            "actor_name": actor.name or None, "rank": None, "rank_source": None,
             "world_size": None, "local_rank": None,
         }
-        from_env = env_rank(cluster.runtime_env_vars(actor))
-        registered = by_actor.get(actor_id, by_pid.get((node_ip, actor.get("pid"))))
+        from_env = env_rank(actor.env_vars)
+        registered = by_actor.get(actor_id, by_pid.get((node_ip, actor.pid)))
         if registered is not None:
             entry.update(rank=registered, rank_source="registered")
             entry["world_size"] = from_env.get("world_size")
@@ -161,7 +163,7 @@ def dead_worker_labels(actors: list[dict[str, Any]] | None = None) -> dict[str, 
             entry.update(rank=train[actor_id]["rank"], local_rank=train[actor_id]["local_rank"],
                          rank_source="ray train")
         else:
-            rank = cluster.rank_from_name(actor.get("name"))
+            rank = cluster.rank_from_name(actor.name)
             if rank is not None:
                 entry.update(rank=rank, rank_source="actor name")
         labels[actor_id] = entry

@@ -153,21 +153,21 @@ def registered_labels() -> dict[tuple[str | None, int], dict[str, Any]]:
     from raysleuth import cluster
 
     labels: dict[tuple[str | None, int], dict[str, Any]] = {}
-    node_ips = {node["node_id"]: node["node_ip"] for node in cluster.nodes()}
+    node_ips = {node.node_id: node.node_ip for node in cluster.nodes()}
     for actor in cluster.actors(state="ALIVE"):
-        pid = actor.get("pid")
+        pid = actor.pid
         if not pid:
             continue
-        node_ip = node_ips.get(actor.get("node_id"))
-        rank = cluster.rank_from_name(actor.get("name"))
+        node_ip = node_ips.get(actor.node_id)
+        rank = cluster.rank_from_name(actor.name)
         labels[(node_ip, pid)] = {
             "pid": pid,
             "node_ip": node_ip,
-            "node_id": actor.get("node_id"),
-            "actor_id": actor.get("actor_id"),
-            "actor_class": (actor.get("class_name") or "").rsplit(".", 1)[-1] or None,
-            "actor_name": actor.get("name") or None,
-            "job_id": actor.get("job_id"),
+            "node_id": actor.node_id,
+            "actor_id": actor.actor_id,
+            "actor_class": (actor.class_name or "").rsplit(".", 1)[-1] or None,
+            "actor_name": actor.name or None,
+            "job_id": actor.job_id,
             "rank": rank,
             "rank_source": "actor name" if rank is not None else None,
         }

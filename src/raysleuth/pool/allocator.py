@@ -229,7 +229,7 @@ class SmartResourceAllocator:
         """Alive nodes, with per-GPU memory read on GPU nodes through their agents."""
         from raysleuth import agents, cluster
 
-        nodes = cluster.nodes(alive_only=True)
+        nodes = [node.to_dict() for node in cluster.nodes(alive_only=True)]
         gpu_nodes = [node["node_id"] for node in nodes if node["resources_total"].get("GPU", 0) > 0]
         if gpu_nodes:
             for result in agents.call_agents("gpus", timeout=30, nodes=gpu_nodes):

@@ -24,7 +24,6 @@ from raysleuth.recorder.client import RecordClient
 from raysleuth.recorder.process import get_client, record, reset_client
 from raysleuth.recorder.sinks import StoreSink, WriterSink
 from raysleuth.recorder.store import DB_NAME, EvidenceStore, Record, latest_run, list_runs, resolve_store_path, run_dir
-from raysleuth.recorder.writer import NAMESPACE, WRITER_NAME, EvidenceWriter, get_writer
 
 __all__ = [
     "EvidenceStore",
@@ -47,6 +46,23 @@ __all__ = [
     "reset_client",
     "resolve_store_path",
 ]
+
+_WRITER_NAMES = frozenset({"NAMESPACE", "WRITER_NAME", "EvidenceWriter", "get_writer"})
+
+
+def __getattr__(name: str):
+    """The writer's names, imported on first use.
+
+    A worker's control thread imports this package while Ray's main thread
+    may be importing ``recorder.writer`` to build the writer actor; were the
+    writer imported here, the two imports would wait on each other and one
+    would fail (``KeyError: 'raysleuth.recorder'`` in the writer's process).
+    """
+    if name in _WRITER_NAMES:
+        from raysleuth.recorder import writer
+
+        return getattr(writer, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 

@@ -28,6 +28,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+from raysleuth.cluster.records import RayTask
 from raysleuth.stacks.model import Frame, ProcessStack, StackGroup, ThreadStack, WaitLink
 
 __all__ = [
@@ -289,28 +290,28 @@ def _link(process: ProcessStack) -> WaitLink:
                     waiting=bool(thread and in_ray_wait(thread)))
 
 
-def wait_chains(processes: list[ProcessStack], tasks: list[dict[str, Any]], *, max_depth: int = 8
+def wait_chains(processes: list[ProcessStack], tasks: list[RayTask], *, max_depth: int = 8
                 ) -> tuple[list[list[WaitLink]], list[ProcessStack]]:
     """Follow ``ray.get`` waits from each driver through the calls it submitted.
 
-    ``tasks``: unfinished tasks from the State API (task_id, parent_task_id,
-    name, worker_pid, node_id/node_ip). Returns the chains (one per distinct
+    ``tasks``: unfinished tasks from the State API (their records: task_id,
+    parent_task_id, name, worker_pid, node_id). Returns the chains (one per distinct
     path, driver first) and the chain ends that are not waiting on anything.
     """
     by_worker = {(p.node_id, p.pid): p for p in processes}
     by_pid: dict[int, list[ProcessStack]] = defaultdict(list)
     for process in processes:
         by_pid[process.pid].append(process)
-    children: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    children: dict[str, list[RayTask]] = defaultdict(list)
     for task in tasks:
-        if task.get("parent_task_id"):
-            children[task["parent_task_id"]].append(task)
+        if task.parent_task_id:
+            children[task.parent_task_id].append(task)
 
-    def executor(task: dict[str, Any]) -> ProcessStack | None:
-        pid = task.get("worker_pid")
+    def executor(task: RayTask) -> ProcessStack | None:
+        pid = task.worker_pid
         if pid is None:
             return None
-        found = by_worker.get((task.get("node_id"), pid))
+        found = by_worker.get((task.node_id, pid))
         if found is None and len(by_pid.get(pid, [])) == 1:
             found = by_pid[pid][0]
         return found
@@ -337,8 +338,8 @@ def wait_chains(processes: list[ProcessStack], tasks: list[dict[str, Any]], *, m
                     ends.append(path[-1])
             return
         for call, target in targets:
-            target.task_name = target.task_name or call.get("name")
-            follow(target, call.get("task_id"), path + [target], depth + 1)
+            target.task_name = target.task_name or call.name
+            follow(target, call.task_id, path + [target], depth + 1)
 
     for process in processes:
         if process.role == "driver" and process.job_id:

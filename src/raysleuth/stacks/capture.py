@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from raysleuth import agents, cluster
+from raysleuth.cluster.records import RayTask, RayWorker
 from raysleuth.errors import UsageError, WorkerNotFound
 from raysleuth.labels.live import apply_notes, collect_hints, merge_hints, registered_labels
 from raysleuth.stacks.analysis import group_processes, moved_between, signature
@@ -128,7 +129,7 @@ def dump_stacks(
     processes.sort(key=lambda p: (p.role != "driver", p.rank if p.rank is not None else 1 << 30, p.node_ip or "", p.pid))
     report.processes = processes
     readable = [proc for proc in processes if proc.threads]
-    context = VerdictContext(tasks=[t for t in found["tasks"] if t.get("state") not in _UNFINISHED],
+    context = VerdictContext(tasks=[t for t in found["tasks"] if t.state not in _UNFINISHED],
                              dead=found["dead"], calls=found["calls"], samples=samples,
                              collective_positions=found.get("collectives") or [])
     report.verdict = build_verdict(readable, context=context)
@@ -204,8 +205,8 @@ def _discover(report: StackReport, timeout: float) -> dict[str, Any]:
     merge_hints(labels, hints)
     apply_notes(labels, notes)
     report.timings["rank_hints_per_node"] = max(costs.values(), default=0.0)
-    ip_of = {node["node_id"]: node["node_ip"] for node in node_list}
-    alive = [node for node in node_list if node.get("alive")]
+    ip_of = {node.node_id: node.node_ip for node in node_list}
+    alive = [node for node in node_list if node.alive]
     report.nodes = len(alive)
     for result in tools:
         if not result.ok:
@@ -214,7 +215,7 @@ def _discover(report: StackReport, timeout: float) -> dict[str, Any]:
     if workers is None:  # no State API: fall back to what each machine's `ps` shows
         report.missing.append(Missing(reason=f"State API: no worker list ({workers_error}); "
                                              "using `ps` on each node (drivers not found)"))
-        workers = [{"node_id": node, "pid": pid, "worker_type": "WORKER", "ip": ip_of.get(node)}
+        workers = [RayWorker(worker_id=None, pid=pid, node_id=node, worker_type="WORKER", ip=ip_of.get(node))
                    for node, rows in table.items() for pid, (_ppid, title) in rows.items() if title.startswith("ray::")]
     return {
         "labels": labels, "workers": workers, "tasks": tasks or [], "table": table, "ip_of": ip_of,
@@ -227,18 +228,17 @@ def _targets(report: StackReport, found: dict[str, Any], include_self: bool, inc
              ) -> dict[str, list[ProcessStack]]:
     """The processes to read, per node, labelled (role, actor, rank, running task)."""
     labels, table, ip_of = found["labels"], found["table"], found["ip_of"]
-    running: dict[tuple[str | None, int], dict[str, Any]] = {}
+    running: dict[tuple[str | None, int], RayTask] = {}
     for task in found["tasks"]:
-        if task.get("state") == "RUNNING" and task.get("worker_pid"):
-            task["node_ip"] = ip_of.get(task.get("node_id"))
-            running[(task.get("node_id"), task["worker_pid"])] = task
+        if task.state == "RUNNING" and task.worker_pid:
+            running[(task.node_id, task.worker_pid)] = task
     me = (os.getpid(), _my_node_id())
     targets: dict[str, list[ProcessStack]] = {}
     for worker in found["workers"]:
-        pid, node_id, kind = worker.get("pid"), worker.get("node_id"), worker.get("worker_type")
+        pid, node_id, kind = worker.pid, worker.node_id, worker.worker_type
         if not pid or kind not in ("WORKER", "DRIVER"):
             continue  # spill/restore IO workers hold no user code
-        node_ip = ip_of.get(node_id, worker.get("ip"))
+        node_ip = ip_of.get(node_id, worker.ip)
         label = labels.get((node_ip, pid), {})
         if is_own_actor(label):
             continue
@@ -253,7 +253,7 @@ def _targets(report: StackReport, found: dict[str, Any], include_self: bool, inc
         if kind == "DRIVER":
             if (pid, node_id) == me and not include_self:
                 continue
-            process.role, process.job_id = "driver", (worker.get("worker_id") or "")[:8] or None
+            process.role, process.job_id = "driver", (worker.worker_id or "")[:8] or None
             # the driver never inherits a worker's rank
             process.rank = process.rank_source = process.world_size = process.local_rank = None
         elif label.get("actor_id"):
@@ -265,8 +265,8 @@ def _targets(report: StackReport, found: dict[str, Any], include_self: bool, inc
         else:
             process.role = "worker"
         if task is not None:
-            process.task_name, process.task_id = task.get("name"), task.get("task_id")
-            process.job_id = task.get("job_id") or process.job_id
+            process.task_name, process.task_id = task.name, task.task_id
+            process.job_id = task.job_id or process.job_id
         elif title.startswith("ray::") and "." in title.split()[0]:
             # Ray titles a busy worker ``ray::Class.method``; task events may lag behind.
             process.task_name = title.split()[0].removeprefix("ray::")
@@ -330,7 +330,7 @@ def _my_node_id() -> str | None:
         return None
 
 
-def _unfinished_tasks() -> list[dict[str, Any]]:
+def _unfinished_tasks() -> list[RayTask]:
     """Tasks not finished or failed (running, or waiting to run): the wait-for edges."""
     listing = cluster.tasks(filters=[("state", "!=", "FINISHED")], detail=True)
-    return [task for task in listing.items if task.get("state") not in _UNFINISHED]
+    return [task for task in listing.items if task.state not in _UNFINISHED]

@@ -21,12 +21,12 @@ def dead_actors() -> list[dict[str, Any]]:
     labels = dead_worker_labels(dead)
     found = []
     for actor in dead:
-        label = labels.get(actor.get("actor_id"), {})  # rank from the store, runtime_env, Ray Train or name
+        label = labels.get(actor.actor_id, {})  # rank from the store, runtime_env, Ray Train or name
         cause, on_purpose = cluster.death_reason(actor)
-        found.append({"actor_id": actor.get("actor_id"), "pid": label.get("pid") or actor.get("pid"),
-                      "node_id": actor.get("node_id"), "node_ip": label.get("node_ip"),
-                      "actor_class": label.get("actor_class") or (actor.get("class_name") or "").rsplit(".", 1)[-1],
-                      "actor_name": label.get("actor_name"), "job_id": actor.get("job_id"),
+        found.append({"actor_id": actor.actor_id, "pid": label.get("pid") or actor.pid,
+                      "node_id": actor.node_id, "node_ip": label.get("node_ip"),
+                      "actor_class": label.get("actor_class") or (actor.class_name or "").rsplit(".", 1)[-1],
+                      "actor_name": label.get("actor_name"), "job_id": actor.job_id,
                       "rank": label.get("rank"), "rank_source": label.get("rank_source"),
                       "cause": cause, "on_purpose": on_purpose})
     return found

@@ -34,6 +34,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from raysleuth.cluster.records import RayTask
 from raysleuth.stacks.analysis import (
     frames_that_matter,
     headline,
@@ -59,8 +60,8 @@ NEXT_WHEN_CULPRIT = "raysleuth stacks --rank {rank} --native, then raysleuth log
 class VerdictContext:
     """Clues besides the stacks, as plain data (the capture fills it; tests write it by hand)."""
 
-    tasks: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    """Unfinished tasks from the State API (``task_id``, ``parent_task_id``, ``worker_pid``, ``node_id``)."""
+    tasks: list[RayTask] = dataclasses.field(default_factory=list)
+    """Unfinished tasks from the State API (records: ``task_id``, ``parent_task_id``, ``worker_pid``, ``node_id``)."""
     dead: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     """Dead actors: ``actor_class``, ``rank``, ``pid``, ``node_ip``, ``job_id``, ``cause``, ``on_purpose``."""
     calls: list[dict[str, Any]] = dataclasses.field(default_factory=list)
@@ -322,7 +323,7 @@ def _hung(processes: list[ProcessStack], samples: int) -> tuple[str | None, list
     return None, notes
 
 
-def build_verdict(processes: list[ProcessStack], tasks: list[dict[str, Any]] | None = None, *,
+def build_verdict(processes: list[ProcessStack], tasks: list[RayTask] | None = None, *,
                   context: VerdictContext | None = None, extra_rules: list[Rule] | None = None) -> Verdict:
     """Every rule's culprits (first rule to name a process wins), the chains, the state and a summary."""
     context = context or VerdictContext()

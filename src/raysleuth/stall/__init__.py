@@ -134,7 +134,7 @@ class Watchdog:
         try:
             from raysleuth import cluster
 
-            pids = {worker.get("pid") for worker in cluster.workers(alive_only=True)}
+            pids = {worker.pid for worker in cluster.workers(alive_only=True)}
         except Exception:  # no State API: keep them all rather than hide a hang
             return ranks
         return [rank for rank in ranks if rank.pid is None or rank.pid in pids]
@@ -174,7 +174,7 @@ class Watchdog:
         try:
             from raysleuth import cluster
 
-            running = {task.get("worker_pid") for task in cluster.tasks(state="RUNNING").items}
+            running = {task.worker_pid for task in cluster.tasks(state="RUNNING").items}
         except Exception:
             return False, None  # cannot tell: keep reporting the stall
         if pids & running:

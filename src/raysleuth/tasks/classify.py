@@ -1,8 +1,8 @@
 """Pure logic of task forensics: why a task waits, which calls are stuck, why an actor died.
 
-Everything here takes plain dicts (the State API's rows, as
-:mod:`raysleuth.cluster` returns them) and returns plain values, so it is
-unit tested without Ray.
+Everything here takes plain values and the State API's records
+(:mod:`raysleuth.cluster.records`) and returns plain values, so it is unit
+tested without Ray.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from raysleuth.cluster.records import RayActor, RayTask
 
 __all__ = [
     "PENDING_STATES",
@@ -21,6 +23,9 @@ __all__ = [
     "largest_capacity",
     "pg_problem",
     "robust_stats",
+    "seconds",
+    "short_name",
+    "started_at",
     "upstream_task_id",
 ]
 
@@ -160,32 +165,54 @@ _DEATH_REASONS = {
 }
 
 
-def death_cause(actor: Mapping[str, Any]) -> dict[str, Any]:
-    """Classify a dead actor's ``death_cause``: ``{"cause", "summary", "reason", "message"}``."""
-    cause = actor.get("death_cause") or {}
-    if "creation_task_failure_context" in cause:
-        context = cause["creation_task_failure_context"] or {}
-        message = context.get("formatted_exception_string") or context.get("error_message") or ""
+def death_cause(actor: RayActor | Mapping[str, Any]) -> dict[str, Any]:
+    """Classify a dead actor's death cause: ``{"cause", "summary", "reason", "message"}``.
+
+    ``actor``: its record, or the State API row it is built from.
+    """
+    cause = (actor if isinstance(actor, RayActor) else RayActor.from_state(actor)).death
+    if cause.kind == "creation_failed":
         return {"cause": "constructor_failed", "summary": "its constructor (__init__) raised",
-                "reason": "CREATION_TASK_ERROR", "message": message}
-    if "actor_unschedulable_context" in cause:
-        context = cause["actor_unschedulable_context"] or {}
+                "reason": "CREATION_TASK_ERROR", "message": cause.formatted_exception or cause.error_message}
+    if cause.kind == "unschedulable":
         return {"cause": "unschedulable", "summary": "it could not be scheduled",
-                "reason": "UNSCHEDULABLE", "message": context.get("error_message", "")}
-    if "runtime_env_failed_context" in cause:
-        context = cause["runtime_env_failed_context"] or {}
+                "reason": "UNSCHEDULABLE", "message": cause.error_message}
+    if cause.kind == "runtime_env_failed":
         return {"cause": "runtime_env_failed", "summary": "its runtime_env could not be set up",
-                "reason": "RUNTIME_ENV_FAILED", "message": context.get("error_message", "")}
-    context = cause.get("actor_died_error_context") or {}
-    reason = str(context.get("reason") or "UNKNOWN")
-    message = str(context.get("error_message") or "")
+                "reason": "RUNTIME_ENV_FAILED", "message": cause.error_message}
+    reason = str(cause.reason or "UNKNOWN")
+    message = cause.error_message if cause.kind == "died" else ""
     if reason == "WORKER_DIED" and "exit type: INTENDED_USER_EXIT" in message:
         kind, summary = "exited", "it exited on purpose (exit_actor / sys.exit)"
     elif reason in _DEATH_REASONS:
         kind, summary = _DEATH_REASONS[reason]
-    elif not cause:
+    elif not cause.recorded:
         kind, summary = "unknown", "Ray recorded no death cause"
     else:
         kind, summary = reason.lower(), reason.replace("_", " ").lower()
     return {"cause": kind, "summary": summary, "reason": reason, "message": message,
-            "never_started": bool(context.get("never_started"))}
+            "never_started": cause.never_started}
+
+
+def short_name(task: RayTask) -> str:
+    """The name a person knows a task by: its name, else its function, else its id's start."""
+    return task.name or task.function or task.task_id[:12] or "?"
+
+
+def seconds(ms: Any) -> float | None:
+    """Milliseconds since the epoch as seconds, None when absent."""
+    try:
+        return float(ms) / 1000.0 if ms else None
+    except (TypeError, ValueError):
+        return None
+
+
+def started_at(task: RayTask) -> float | None:
+    """When a task started running (its start time, else its first running event)."""
+    start = seconds(task.start_time_ms)
+    if start is None:
+        for entry in task.events:
+            if entry.state in RUNNING_STATES:
+                start = seconds(entry.created_ms)
+                break
+    return start

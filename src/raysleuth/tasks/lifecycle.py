@@ -11,9 +11,11 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from raysleuth import cluster
+from raysleuth.cluster.records import RayTaskEvent
 from raysleuth.errors import UsageError
 
 __all__ = ["LifecyclePhase", "TaskAttempt", "TaskTrace", "phases_from_events", "task_id_of", "trace_ray_task"]
@@ -109,18 +111,18 @@ def task_id_of(ref_or_task_id: Any) -> str:
     return text[:48]
 
 
-def phases_from_events(events: list[dict[str, Any]], now: float | None = None) -> list[LifecyclePhase]:
-    """Turn Ray's ``[{"state", "created_ms"}]`` into phases with durations (pure)."""
+def phases_from_events(events: Sequence[RayTaskEvent], now: float | None = None) -> list[LifecyclePhase]:
+    """Turn a task's state changes into phases with durations (pure)."""
     now = time.time() if now is None else now
-    ordered = sorted((entry for entry in events if entry.get("created_ms")), key=lambda entry: entry["created_ms"])
+    ordered = sorted((entry for entry in events if entry.created_ms), key=lambda entry: entry.created_ms)
     phases = []
     for index, entry in enumerate(ordered):
-        start = float(entry["created_ms"]) / 1000.0
-        state = entry.get("state") or "NIL"
+        start = float(entry.created_ms) / 1000.0
+        state = entry.state or "NIL"
         if state in _TERMINAL:
             end: float | None = start
         elif index + 1 < len(ordered):
-            end = float(ordered[index + 1]["created_ms"]) / 1000.0
+            end = float(ordered[index + 1].created_ms) / 1000.0
         else:
             end = None
         phases.append(LifecyclePhase(state=state, label=STATE_LABELS.get(state, state.lower()), start=start,
@@ -138,48 +140,41 @@ def trace_ray_task(ref_or_task_id: Any, address: str | None = None, *, wait_s: f
     task_id = task_id_of(ref_or_task_id)
     cluster.connect(address)
     deadline = time.monotonic() + max(0.0, wait_s)
-    attempts_raw = cluster.get_task(task_id)
-    while not attempts_raw and time.monotonic() < deadline:
+    records = cluster.get_task(task_id)
+    while not records and time.monotonic() < deadline:
         time.sleep(0.3)
-        attempts_raw = cluster.get_task(task_id)
-    if not attempts_raw:
+        records = cluster.get_task(task_id)
+    if not records:
         raise UsageError(f"no task {task_id} in Ray's task events",
                          fix="check the id (`raysleuth tasks`); events arrive about a second late, and old tasks "
                              "are evicted past RAY_task_events_max_num_task_in_gcs")
     now = time.time()
     attempts = []
     waiting = running = 0.0
-    for raw in attempts_raw:
-        phases = phases_from_events(raw.get("events") or [], now)
+    for record in records:
+        phases = phases_from_events(record.events, now)
         for phase in phases:
             if phase.state.startswith("RUNNING"):
                 running += phase.duration_s
             elif phase.state not in _TERMINAL:
                 waiting += phase.duration_s
-        profile = []
-        for event in ((raw.get("profiling_data") or {}).get("events") or []):
-            start = event.get("start_time") or event.get("start_time_ms")
-            end = event.get("end_time") or event.get("end_time_ms")
-            profile.append({"event": event.get("event_name"), "start": start, "end": end,
-                            "extra": event.get("extra_data")})
         attempts.append(TaskAttempt(
-            attempt_number=raw.get("attempt_number") or 0, state=raw.get("state") or "NIL",
-            node_id=raw.get("node_id"), worker_id=raw.get("worker_id"), worker_pid=raw.get("worker_pid"),
-            phases=phases, error_type=raw.get("error_type"), error_message=raw.get("error_message"),
-            profile=profile,
+            attempt_number=record.attempt_number, state=record.state or "NIL", node_id=record.node_id,
+            worker_id=record.worker_id, worker_pid=record.worker_pid, phases=phases, error_type=record.error_type,
+            error_message=record.error_message, profile=[dict(event) for event in record.profile_events],
         ))
-    last = attempts_raw[-1]
+    last = records[-1]
     first_start = min((phase.start for attempt in attempts for phase in attempt.phases), default=None)
     ends = [attempt.phases[-1].end for attempt in attempts if attempt.phases]
     last_end = ends[-1] if ends and ends[-1] is not None else now
     node_ip = None
-    if last.get("node_id"):
-        node_ip = next((node["node_ip"] for node in cluster.nodes() if node["node_id"] == last.get("node_id")), None)
+    if last.node_id:
+        node_ip = next((node.node_ip for node in cluster.nodes() if node.node_id == last.node_id), None)
     return TaskTrace(
-        task_id=task_id, name=last.get("name") or task_id[:12], function=last.get("func_or_class_name"),
-        type=last.get("type"), state=last.get("state") or "NIL", job_id=last.get("job_id"),
-        actor_id=last.get("actor_id"), attempts=attempts, retries=max(0, len(attempts) - 1),
+        task_id=task_id, name=last.name or task_id[:12], function=last.function,
+        type=last.type, state=last.state or "NIL", job_id=last.job_id,
+        actor_id=last.actor_id, attempts=attempts, retries=max(0, len(attempts) - 1),
         total_s=(last_end - first_start) if first_start is not None else None, waiting_s=waiting, running_s=running,
-        required_resources=dict(last.get("required_resources") or {}),
-        placement_group_id=last.get("placement_group_id") or None, node_ip=node_ip,
+        required_resources=dict(last.required_resources), placement_group_id=last.placement_group_id,
+        node_ip=node_ip,
     )

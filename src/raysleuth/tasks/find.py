@@ -1,0 +1,231 @@
+"""Read the cluster's tasks and actors once and explain what waits, hangs, failed or died (:func:`find_tasks`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import defaultdict
+from typing import Any
+
+from raysleuth import cluster
+from raysleuth.cluster.records import RayActor, RayTask
+from raysleuth.redaction import redact_text
+from raysleuth.tasks.classify import RUNNING_STATES, death_cause, is_stuck, seconds, short_name, started_at
+from raysleuth.tasks.model import DeadActor, FailedTask, StuckTask, TaskReport
+from raysleuth.tasks.pending import find_pending
+
+__all__ = ["find_tasks"]
+
+
+def find_tasks(
+    address: str | None = None,
+    *,
+    pending: bool = True,
+    stuck: bool = True,
+    failed: bool = True,
+    dead: bool = True,
+    older_than: float = 60.0,
+    stuck_factor: float = 5.0,
+    stuck_floor_s: float = 10.0,
+    job_id: str | None = None,
+    stack: bool = False,
+    explain: bool = True,
+) -> TaskReport:
+    """Read the cluster's tasks and actors once and explain what waits, hangs, failed or died.
+
+    ``older_than``: a pending task waiting longer is a problem (infeasible
+    ones always are). ``stuck_factor``/``stuck_floor_s``: a running call is
+    stuck past ``factor`` × its peers' median and past the floor.
+    ``job_id`` limits to one job. ``stack`` adds py-spy stacks of stuck
+    workers (needs :mod:`raysleuth.stacks`).
+    """
+    cluster.connect(address)
+    now = time.time()
+    report = TaskReport(older_than_s=older_than, time=now)
+    listings: dict[str, cluster.Listing] = {}
+
+    def listing(name: str, function, **kwargs) -> list[Any]:
+        if name not in listings:
+            listings[name] = function(**kwargs)
+            if listings[name].truncated:
+                report.truncated = True
+                report.truncated_listings.append(name)
+                report.warnings.append(f"the State API returned only the first {len(listings[name])} {name}; "
+                                       "the rest were not examined")
+        return listings[name].items
+
+    tasks: list[RayTask] = listing("tasks", cluster.tasks)
+    if job_id:
+        tasks = [task for task in tasks if task.job_id == job_id]
+    actors: list[RayActor] = listing("actors", cluster.actors)
+    # raysleuth's own actors (writer, agents: namespace "raysleuth") are never the user's problem
+    ours = {actor.actor_id for actor in actors if _is_raysleuth(actor.namespace, actor.class_name, actor.name)}
+    actors = [actor for actor in actors if actor.actor_id not in ours]
+    tasks = [task for task in tasks if task.actor_id not in ours and not _is_raysleuth(None, task.function, task.name)]
+    actors_by_id = {actor.actor_id: actor for actor in actors}
+    nodes = cluster.nodes(alive_only=True)
+    node_ips = {node.node_id: node.node_ip for node in cluster.nodes()}
+    capacities = [node.resources_total for node in nodes]
+    labels: dict | None = None
+
+    def rank_of(node_id: str | None, pid: int | None, actor_name: str | None = None) -> int | None:
+        nonlocal labels
+        rank = cluster.rank_from_name(actor_name)
+        if rank is not None:
+            return rank
+        if labels is None:
+            try:
+                from raysleuth.labels.live import registered_labels
+
+                labels = registered_labels()
+            except Exception:
+                labels = {}
+        entry = labels.get((node_ips.get(node_id), pid)) if pid else None
+        return entry.get("rank") if entry else None
+
+    if pending:
+        report.pending = find_pending(tasks, actors_by_id, capacities, listing, now, older_than)
+    if stuck:
+        report.stuck = _stuck(tasks, now, stuck_factor, stuck_floor_s, node_ips, actors_by_id, rank_of)
+        if stack and report.stuck:
+            _attach_stacks(report)
+    if failed:
+        report.failed = _failed(tasks, actors_by_id, rank_of, explain)
+    if dead:
+        report.dead_actors = _dead(actors, node_ips, rank_of, explain, job_id)
+        _classify_deaths(report, job_id)
+    return report
+
+
+def _classify_deaths(report: TaskReport, job_id: str | None) -> None:
+    """Replace Ray's generic death reasons by the classified cause, rank and evidence (raysleuth.deaths)."""
+    try:
+        from raysleuth.deaths import find_deaths
+
+        found = find_deaths(job_id=job_id)
+    except Exception as error:
+        report.warnings.append(f"death forensics failed, showing Ray's own reasons: {type(error).__name__}: {error}")
+        return
+    report.deaths = found.deaths
+    report.warnings += found.warnings
+    by_actor = {death.actor_id: death for death in found.deaths if death.actor_id}
+    for item in report.dead_actors:
+        death = by_actor.get(item.actor_id)
+        if death is None:
+            continue
+        item.cause, item.summary, item.evidence = death.cause, death.summary, death.evidence
+        item.fix = death.fix or item.fix
+        if death.rank is not None:
+            item.rank, item.rank_source = death.rank, death.rank_source
+
+
+def _stuck(tasks, now, factor, floor_s, node_ips, actors_by_id, rank_of) -> list[StuckTask]:
+    durations: dict[str, list[tuple[str, float]]] = defaultdict(list)
+    running: list[tuple[RayTask, float]] = []
+    for task in tasks:
+        function = task.function or task.name
+        start = started_at(task)
+        if start is None:
+            continue
+        if task.state == "FINISHED":
+            end = seconds(task.end_time_ms)
+            if end is not None:
+                durations[function].append((task.task_id, max(0.0, end - start)))
+        elif task.state in RUNNING_STATES:
+            elapsed = max(0.0, now - start)
+            durations[function].append((task.task_id, elapsed))
+            running.append((task, elapsed))
+    result = []
+    for task, elapsed in running:
+        function = task.function or task.name
+        peers = [value for task_id, value in durations[function] if task_id != task.task_id]
+        stuck, median = is_stuck(elapsed, peers, factor=factor, floor_s=floor_s)
+        if not stuck or median is None:
+            continue
+        actor = actors_by_id.get(task.actor_id)
+        pid = task.worker_pid or (actor.pid if actor else None)
+        result.append(StuckTask(
+            task_id=task.task_id, name=short_name(task), state=task.state, running_s=elapsed,
+            peer_median_s=median, peers=len(peers), ratio=elapsed / median if median > 0 else float("inf"),
+            node_id=task.node_id, node_ip=node_ips.get(task.node_id), pid=pid,
+            rank=rank_of(task.node_id, pid, actor.name if actor else None), actor_id=task.actor_id,
+        ))
+    result.sort(key=lambda item: -item.ratio)
+    return result
+
+
+def _attach_stacks(report: TaskReport) -> None:
+    from raysleuth.stacks import dump_stacks
+
+    pids = sorted({item.pid for item in report.stuck if item.pid})
+    try:
+        stacks = dump_stacks(pids=pids, timeout=30.0)
+    except Exception as error:
+        report.warnings.append(f"py-spy stacks of stuck workers failed: {error}")
+        return
+    processes = getattr(stacks, "processes", None) or []
+    by_pid = {getattr(process, "pid", None): process for process in processes}
+    for item in report.stuck:
+        found = by_pid.get(item.pid)
+        item.stack = dataclasses.asdict(found) if dataclasses.is_dataclass(found) else found
+
+
+def _explain(text: str) -> tuple[str | None, str | None]:
+    from raysleuth.explain import explain
+
+    try:
+        matches = explain(text)
+    except Exception:
+        return None, None
+    if not matches:
+        return None, None
+    first = matches[0]
+    return getattr(first, "cause", None), getattr(first, "fix", None)
+
+
+_OWN_CLASSES = ("EvidenceWriter", "NodeAgent")
+
+
+def _is_raysleuth(namespace: str | None, class_or_function: str | None, name: str | None) -> bool:
+    """An actor (or a task of one) that raysleuth itself runs."""
+    if namespace == "raysleuth":
+        return True
+    name = str(class_or_function or name or "")
+    return name.split(".")[0] in _OWN_CLASSES or name.rsplit(".", 1)[-1] in _OWN_CLASSES
+
+
+def _failed(tasks, actors_by_id, rank_of, explain: bool) -> list[FailedTask]:
+    result = []
+    for task in tasks:
+        if task.state != "FAILED":
+            continue
+        message = (task.error_message or "").strip()
+        actor = actors_by_id.get(task.actor_id)
+        pid = task.worker_pid or (actor.pid if actor else None)
+        cause, fix = _explain(f"{task.error_type or ''}\n{message}") if explain else (None, None)
+        result.append(FailedTask(
+            task_id=task.task_id, name=short_name(task), error_type=task.error_type,
+            error_message=redact_text(message[-2000:]), node_id=task.node_id, pid=pid,
+            rank=rank_of(task.node_id, pid, actor.name if actor else None), actor_id=task.actor_id,
+            cause=cause, fix=fix, time=seconds(task.end_time_ms),
+        ))
+    result.sort(key=lambda item: item.time or 0)
+    return result
+
+
+def _dead(actors, node_ips, rank_of, explain: bool, job_id: str | None) -> list[DeadActor]:
+    result = []
+    for actor in actors:
+        if actor.state != "DEAD" or (job_id and actor.job_id != job_id):
+            continue
+        cause = death_cause(actor)
+        fix = None
+        if explain and cause["cause"] not in ("killed", "out_of_scope", "exited"):
+            _c, fix = _explain(f"{cause['reason']}\n{cause['message']}")
+        result.append(DeadActor(
+            actor_id=actor.actor_id, class_name=actor.class_name or "?", name=actor.name or None,
+            rank=rank_of(actor.node_id, actor.pid, actor.name), death_cause=cause["cause"],
+            summary=cause["summary"], message=cause["message"][:2000], node_id=actor.node_id,
+            node_ip=node_ips.get(actor.node_id), pid=actor.pid, num_restarts=actor.num_restarts, fix=fix,
+        ))
+    return result
