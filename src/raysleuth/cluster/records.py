@@ -17,7 +17,7 @@ from typing import Any
 from raysleuth import ray_private
 
 __all__ = ["RayActor", "RayDeathCause", "RayNode", "RayObject", "RayPlacementGroup", "RayTask", "RayTaskEvent", "RayWorker",
-           "runtime_env_vars"]
+           "runtime_env_vars", "task_filters"]
 
 _FIELD = dataclasses.field
 
@@ -51,6 +51,16 @@ class RayTaskEvent:
 
     state: str | None
     created_ms: float | None
+
+
+def task_filters(*, state: str | None = None, not_states: tuple[str, ...] = (), name: str | None = None,
+                 worker_pid: int | None = None, node_id: str | None = None) -> list[tuple[str, str, str]]:
+    """State API filters for a task listing (ANDed; Ray's column names stay in this module)."""
+    filters = [("state", "=", state)] if state else []
+    filters += [("state", "!=", other) for other in not_states]
+    filters += [(column, "=", str(value)) for column, value in
+                (("name", name), ("worker_pid", worker_pid), ("node_id", node_id)) if value]
+    return filters
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -12,7 +12,15 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from raysleuth.cluster.records import RayActor, RayNode, RayObject, RayPlacementGroup, RayTask, RayWorker
+from raysleuth.cluster.records import (
+    RayActor,
+    RayNode,
+    RayObject,
+    RayPlacementGroup,
+    RayTask,
+    RayWorker,
+    task_filters,
+)
 from raysleuth.errors import ClusterUnreachable
 
 __all__ = ["Listing", "actors", "available_resources", "dead_workers", "death_reason", "get_task", "head_node",
@@ -116,16 +124,8 @@ def tasks(*, state: str | None = None, limit: int = STATE_LIMIT, detail: bool = 
     cluster keeps many thousands of finished tasks, and listing them all
     takes seconds and is cut at ``limit`` before the ones asked for.
     """
-    filters = list(filters or [])
-    if state:
-        filters.append(("state", "=", state))
-    filters += [("state", "!=", other) for other in not_states]
-    if name:
-        filters.append(("name", "=", name))
-    if worker_pid:
-        filters.append(("worker_pid", "=", str(worker_pid)))
-    if node_id:
-        filters.append(("node_id", "=", node_id))
+    filters = list(filters or []) + task_filters(state=state, not_states=not_states, name=name,
+                                                 worker_pid=worker_pid, node_id=node_id)
     return _listing(_state().list_tasks, filters=filters or None, limit=limit, detail=detail,
                     record=RayTask.from_state)
 
