@@ -10,7 +10,7 @@ from typing import Any
 from raysleuth import cluster
 from raysleuth.cluster.records import RayActor, RayTask
 from raysleuth.redaction import redact_text
-from raysleuth.tasks.classify import RUNNING_STATES, death_cause, is_stuck, seconds, short_name, started_at
+from raysleuth.tasks.classify import RUNNING_STATES, TERMINAL_STATES, death_cause, is_stuck, seconds, short_name, started_at
 from raysleuth.tasks.model import DeadActor, FailedTask, StuckTask, TaskReport
 from raysleuth.tasks.pending import find_pending
 
@@ -54,7 +54,7 @@ def find_tasks(
                                        "the rest were not examined")
         return listings[name].items
 
-    tasks: list[RayTask] = listing("tasks", cluster.tasks)
+    tasks = _listed_tasks(listing, unfinished=pending or stuck, failed=failed, peers=stuck)
     if job_id:
         tasks = [task for task in tasks if task.job_id == job_id]
     actors: list[RayActor] = listing("actors", cluster.actors)
@@ -95,6 +95,39 @@ def find_tasks(
         report.dead_actors = _dead(actors, node_ips, rank_of, explain, job_id)
         _classify_deaths(report, job_id)
     return report
+
+
+PEER_NAMES = 16
+"""Running task names whose finished peers are listed for the stuck rule (the most common first)."""
+PEER_LIMIT = 1000
+"""Finished peers listed per name: enough for a median."""
+
+
+def _listed_tasks(listing, *, unfinished: bool, failed: bool, peers: bool) -> list[RayTask]:
+    """The tasks the asked-for sections need, each listing filtered by the State API itself.
+
+    A long-lived cluster keeps many thousands of finished tasks; listing them
+    all (with their events) took seconds per call and was cut at the limit
+    before the pending or running ones. Finished tasks are listed only as
+    the peers of running ones (same name), for the stuck rule's median.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    tasks: list[RayTask] = []
+    if unfinished:
+        tasks += listing("unfinished tasks", cluster.tasks, not_states=tuple(TERMINAL_STATES))
+    if failed:
+        tasks += listing("failed tasks", cluster.tasks, state="FAILED")
+    if peers:
+        counts: dict[str, int] = defaultdict(int)
+        for task in tasks:
+            if task.state in RUNNING_STATES and task.name:
+                counts[task.name] += 1
+        names = sorted(counts, key=lambda name: -counts[name])[:PEER_NAMES]
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            found = list(pool.map(lambda name: cluster.tasks(state="FINISHED", name=name, limit=PEER_LIMIT), names))
+        tasks += [task for listed in found for task in listed]
+    return tasks
 
 
 def _classify_deaths(report: TaskReport, job_id: str | None) -> None:
