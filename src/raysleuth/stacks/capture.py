@@ -40,7 +40,7 @@ __all__ = ["dump_stacks", "is_own_actor"]
 OWN_PREFIXES = ("raysleuth-agent-",)
 OWN_NAMES = ("raysleuth-writer",)
 OWN_CLASSES = ("NodeAgent", "EvidenceWriter")
-_UNFINISHED = ("FINISHED", "FAILED")
+_TERMINAL = ("FINISHED", "FAILED")
 
 
 PS_ARGV = ["ps", "-e", "-o", "pid=,ppid=,args="]
@@ -129,7 +129,7 @@ def dump_stacks(
     processes.sort(key=lambda p: (p.role != "driver", p.rank if p.rank is not None else 1 << 30, p.node_ip or "", p.pid))
     report.processes = processes
     readable = [proc for proc in processes if proc.threads]
-    context = VerdictContext(tasks=[t for t in found["tasks"] if t.state not in _UNFINISHED],
+    context = VerdictContext(tasks=[t for t in found["tasks"] if t.state not in _TERMINAL],
                              dead=found["dead"], calls=found["calls"], samples=samples,
                              collective_positions=found.get("collectives") or [])
     report.verdict = build_verdict(readable, context=context)
@@ -332,5 +332,4 @@ def _my_node_id() -> str | None:
 
 def _unfinished_tasks() -> list[RayTask]:
     """Tasks not finished or failed (running, or waiting to run): the wait-for edges."""
-    listing = cluster.tasks(filters=[("state", "!=", "FINISHED")], detail=True)
-    return [task for task in listing.items if task.state not in _UNFINISHED]
+    return cluster.tasks(not_states=_TERMINAL, detail=True).items
