@@ -99,7 +99,8 @@ def assert_clean(code: int, err: str, *, codes=(0, 1, 2)) -> None:
 
 STORE_COMMANDS = [
     ("consistency",), ("consistency", "--json"), ("crashes",), ("crashes", "--json"), ("crashes", "show", "3"),
-    ("memory",), ("memory", "--json"), ("timeline", "--summary", "--no-ray-tasks"),
+    ("memory",), ("memory", "--json"), ("memory", "--since", "1h", "--job", "02000000"),
+    ("timeline", "--summary", "--no-ray-tasks"),
     ("timeline", "--summary", "--json", "--no-ray-tasks"), ("timeline", "--no-ray-tasks", "-o", "t.json"),
     ("report", "-o", "r.html"), ("report", "--json", "-o", "r.html"), ("logs",), ("logs", "--json"),
     ("logs", "--aggregate"), ("logs", "--level", "ERROR", "--step", "1-3"), ("debug", "ls", "--run", "bad-run"),
@@ -172,6 +173,7 @@ def test_logs_ray_grep_bad_regex_is_one_line():
     ("timeline", "--summary", "--step", "x"), ("crashes", "--ranks", "-2"), ("memory", "--rank", "1,,a"),
     ("stacks", "--ranks", "0-"), ("debug", "arm", "--ranks", "a"), ("watch", "--stall", "5x"),
     ("tasks", "--older-than", "1 week"), ("collectives", "--wait", "-1s"), ("doctor", "--timeout", "0s"),
+    ("memory", "--since", "yesterday"), ("memory", "--sample", "1s", "--since", "5m"),
 ])
 def test_bad_values_are_usage_errors(argv):
     code, out, err = run_cli(*argv)

@@ -9,9 +9,11 @@ from rich.table import Table
 from raysleuth.cli._app import (
     AddressOption,
     HomeOption,
+    JobOption,
     JsonOption,
     RanksOption,
     RunOption,
+    SinceOption,
     app,
     connect,
     console,
@@ -37,14 +39,17 @@ def memory(
     sample: Annotated[float | None, duration_option(
         "--sample", help="Sample every Ray worker through the node agents for this long (e.g. 30s), then report.")] = None,
     interval: Annotated[float, duration_option("--interval", help="Time between agent samples with --sample.")] = 1.0,
+    since: SinceOption = None,
+    job: JobOption = None,
     json_: JsonOption = False,
 ) -> None:
     """Per worker: memory now, peak, trend and leak verdict (exit 1 when a worker leaks)."""
     from raysleuth.memory import memory_report, sample_workers
     from raysleuth.recorder import open_store
 
-    since = None
     problems: list[str] = []
+    if sample is not None and since is not None:
+        raise UsageError("--sample and --since both set the window", fix="--sample 30s judges what it sampled")
     if sample is not None:
         import time as _time
         from pathlib import Path
@@ -75,7 +80,7 @@ def memory(
                           f"({done.samples} samples)")
     store = open_store(name_run(run, home), home=home_path(home))
     try:
-        report = memory_report(store, rank=rank, since=since)
+        report = memory_report(store, rank=rank, since=since, job=job)
     finally:
         store.close()
     if json_:

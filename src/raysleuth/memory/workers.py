@@ -146,10 +146,13 @@ def summarise(records: list, policy: LeakPolicy | None = None) -> WorkerMemory:
 
 
 def memory_report(store, *, rank: int | list[int] | None = None, since: float | None = None,
-                  policy: LeakPolicy | None = None) -> MemoryReport:
-    """Per-worker memory of a run (``store``: an open :class:`EvidenceStore`), sorted by rank."""
+                  job: str | list[str] | None = None, policy: LeakPolicy | None = None) -> MemoryReport:
+    """Per-worker memory of a run (``store``: an open :class:`EvidenceStore`), sorted by rank.
+
+    ``rank``, ``since`` (a Unix time) and ``job`` (a Ray job id) narrow the samples judged.
+    """
     groups: dict[tuple[Any, Any], dict[str, list]] = {}
-    for item in store.query("memory", rank=rank, since=since):
+    for item in store.query("memory", rank=rank, since=since, job=job):
         source = item.data.get("source") or "watch"
         if source not in TREND_SOURCES:
             continue
