@@ -23,7 +23,7 @@ Record layout (kind ``log``): ``name`` = logger name, ``level`` = level name,
 from __future__ import annotations
 
 from raysleuth.logs.aggregate import AggregatedLine, LogItem, aggregate, format_ranks, split_template
-from raysleuth.logs.aggregating import DistributedLogger
+from raysleuth.logs.aggregating import DistributedLogger, memory_alert
 from raysleuth.logs.decorator import capture_arguments, debug_decorator
 from raysleuth.logs.loggers import (
     RANK_FORMAT,
@@ -37,7 +37,6 @@ from raysleuth.logs.loggers import (
     ship_level,
     uninstall_log_shipping,
 )
-from raysleuth.logs.memory_alerts import MemoryReading, memory_alert, read_memory
 from raysleuth.logs.query import (
     LogLine,
     LogQuery,
@@ -48,6 +47,7 @@ from raysleuth.logs.query import (
     query_logs,
     ray_worker_logs,
 )
+from raysleuth.memory.sampling import MemoryReading, read_memory  # the one home of memory reading
 from raysleuth.options import parse_ranks, parse_since  # the one home of the CLI parsers (raysleuth.options)
 from raysleuth.options import parse_steps as parse_step_range
 

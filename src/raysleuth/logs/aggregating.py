@@ -19,10 +19,19 @@ from typing import Any
 from raysleuth import runtime
 from raysleuth.logs.aggregate import AggregatedLine, LogItem, aggregate
 from raysleuth.logs.loggers import get_logger
-from raysleuth.logs.memory_alerts import MemoryReading, memory_alert, read_memory
+from raysleuth.memory.sampling import MemoryReading, read_memory
 from raysleuth.modes import mode_config
 
-__all__ = ["DistributedLogger"]
+__all__ = ["DistributedLogger", "memory_alert"]
+
+
+def memory_alert(fractions: dict[str, float], threshold: float) -> str | None:
+    """The alert text when a device's used fraction passes ``threshold``, else ``None``."""
+    over = {device: used for device, used in fractions.items() if used >= threshold}
+    if not over:
+        return None
+    parts = ", ".join(f"{device} {used:.0%}" for device, used in sorted(over.items()))
+    return f"memory above {threshold:.0%} of capacity: {parts}"
 
 
 class DistributedLogger:

@@ -1,5 +1,10 @@
 """Reading this process's memory, and the background sampler behind ``rs.memory.watch()``.
 
+The one home of memory reading: :func:`read_sample` (this process, for
+trends and capsules), :func:`current_usage` (with capacities, for
+thresholds) and :func:`read_memory` (how full the node and GPU are, for the
+logger's alert).
+
 One sample is host RSS and USS (private bytes: RSS counts the pages of Ray's
 shared object store that this process has mapped, USS does not) from
 psutil, plus — only where torch is already imported *and* CUDA is
@@ -17,6 +22,7 @@ Nothing it does may raise into the training step.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import os
 import sys
@@ -27,7 +33,8 @@ from typing import Any, Callable
 from raysleuth import runtime
 from raysleuth.recorder import record
 
-__all__ = ["Sampler", "current_usage", "cuda_in_use", "read_sample", "sampler", "stop", "watch"]
+__all__ = ["MemoryReading", "Sampler", "current_usage", "cuda_in_use", "read_memory", "read_sample", "sampler", "stop",
+           "watch"]
 
 log = logging.getLogger("raysleuth.memory")
 
@@ -134,6 +141,48 @@ def current_usage() -> dict[str, Any]:
             total = None
     usage["cuda_total_bytes"] = total
     return usage
+
+
+@dataclasses.dataclass
+class MemoryReading:
+    """How full this node (and this process's GPU) is, for alerts (``DistributedLogger(alert_threshold=...)``)."""
+
+    host_used_bytes: int | None = None
+    host_total_bytes: int | None = None
+    gpu_used_bytes: int | None = None
+    gpu_total_bytes: int | None = None
+    rss_bytes: int | None = None
+
+    def fractions(self) -> dict[str, float]:
+        """Used fraction per device that reported one (``host``, ``gpu``)."""
+        result = {}
+        if self.host_used_bytes is not None and self.host_total_bytes:
+            result["host"] = self.host_used_bytes / self.host_total_bytes
+        if self.gpu_used_bytes is not None and self.gpu_total_bytes:
+            result["gpu"] = self.gpu_used_bytes / self.gpu_total_bytes
+        return result
+
+
+def read_memory() -> MemoryReading:
+    """Node memory (psutil) and, when CUDA is initialised in this process, GPU memory (never imports torch)."""
+    reading = MemoryReading()
+    try:
+        import psutil
+
+        virtual = psutil.virtual_memory()
+        reading.host_total_bytes = int(virtual.total)
+        reading.host_used_bytes = int(virtual.total - virtual.available)
+        reading.rss_bytes = int(_psutil_process().memory_info().rss)
+    except Exception:
+        pass
+    cuda = _torch_cuda()
+    if cuda is not None:
+        try:
+            free, total = cuda.mem_get_info()
+            reading.gpu_used_bytes, reading.gpu_total_bytes = int(total - free), int(total)
+        except Exception:
+            pass
+    return reading
 
 
 class Sampler:
