@@ -45,12 +45,9 @@ FIXES = {
 
 
 @dataclasses.dataclass(kw_only=True)
-class Death:
-    """One dead worker: who (rank), why (cause + evidence), and its last moments."""
+class Death(Verdict):
+    """One dead worker: who (rank), why (the classified :class:`Verdict`: cause + evidence), and its last moments."""
 
-    cause: str
-    summary: str
-    evidence: list[str]
     rank: int | None = None
     rank_source: str | None = None
     world_size: int | None = None
@@ -63,17 +60,6 @@ class Death:
     task: str | None = None
     """The call it was running when it died, when Ray recorded one."""
     died_at: float | None = None
-    signal: str | None = None
-    exit_code: int | None = None
-    function: str | None = None
-    file: str | None = None
-    line: int | None = None
-    stack: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    exception_type: str | None = None
-    exception_message: str | None = None
-    top_memory_users: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    caller: str | None = None
-    ray_reason: str | None = None
     last_stdout: list[str] = dataclasses.field(default_factory=list)
     last_stderr: list[str] = dataclasses.field(default_factory=list)
     memory_samples: list[dict[str, Any]] = dataclasses.field(default_factory=list)
@@ -141,16 +127,15 @@ def build_death(subject: dict[str, Any], evidence: DeathEvidence, verdict: Verdi
     died_at = _died_at(subject)
     if label.get("rank") is None and fatal_file_rank(evidence.fatal_file) is not None:
         label = {**label, "rank": fatal_file_rank(evidence.fatal_file), "rank_source": "fatal-signal file"}
+    classified = {field.name: getattr(verdict, field.name) for field in dataclasses.fields(Verdict)}
+    classified.update(stack=verdict.stack[:30], top_memory_users=verdict.top_memory_users[:10])
     return Death(
-        cause=verdict.cause, summary=verdict.summary, evidence=verdict.evidence, rank=label.get("rank"),
+        **classified, rank=label.get("rank"),
         rank_source=label.get("rank_source"), world_size=label.get("world_size"), actor_id=subject.get("actor_id"),
         actor_class=((actor.class_name if actor else None) or "").rsplit(".", 1)[-1] or None,
         actor_name=(actor.name if actor else None) or None,
         pid=subject.get("pid"), node_id=subject.get("node_id"), node_ip=subject.get("node_ip"),
-        task=(task.name or task.function) if task else None, died_at=died_at, signal=verdict.signal,
-        exit_code=verdict.exit_code, function=verdict.function, file=verdict.file, line=verdict.line,
-        stack=verdict.stack[:30], exception_type=verdict.exception_type, exception_message=verdict.exception_message,
-        top_memory_users=verdict.top_memory_users[:10], caller=verdict.caller, ray_reason=verdict.ray_reason,
+        task=(task.name or task.function) if task else None, died_at=died_at,
         last_stdout=_tail(evidence.out_lines, lines), last_stderr=_tail(evidence.err_lines, lines),
         memory_samples=evidence.memory_samples[-5:], peers=_peers(label.get("rank"), died_at, beats),
         fix=FIXES.get(verdict.cause),
