@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 
 import pytest
 import ray
+
+from polling import poll
 
 from raysleuth import cluster
 from raysleuth.cluster.records import RayActor, RayNode, RayTask, RayWorker
@@ -39,15 +40,6 @@ def _state_rows(function, **filters):
     return [row if isinstance(row, dict) else dataclasses.asdict(row) for row in found]
 
 
-def _poll(read, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        found = read()
-        if found or time.monotonic() > deadline:
-            return found
-        time.sleep(0.3)
-
-
 @pytest.fixture(scope="module")
 def probe(ray_cluster):
     actor = RecordsProbe.options(name="records_probe_rank4").remote()
@@ -59,7 +51,7 @@ def probe(ray_cluster):
 
 def test_actor_task_node_and_worker_records_from_real_rows(probe, ray_cluster):
     actor, pid, node_id, task_pid = probe
-    rows = _poll(lambda: _state_rows("list_actors", name="records_probe_rank4"))
+    rows = poll(lambda: _state_rows("list_actors", name="records_probe_rank4"), timeout=30.0, interval=0.3)
     assert len(rows) == 1 and isinstance(rows[0], dict)
     record = RayActor.from_state(rows[0])
     assert record.class_name == "RecordsProbe" and record.name == "records_probe_rank4"
@@ -78,7 +70,7 @@ def test_actor_task_node_and_worker_records_from_real_rows(probe, ray_cluster):
     def done_task():
         return [row for row in _state_rows("list_tasks", name="records_probe_task") if row.get("state") == "FINISHED"]
 
-    task = RayTask.from_state(_poll(done_task)[0])
+    task = RayTask.from_state(poll(done_task, timeout=30.0, interval=0.3)[0])
     assert task.name == "records_probe_task" and task.function.endswith("records_probe_task")
     assert task.state == "FINISHED" and task.type == "NORMAL_TASK" and task.worker_pid == task_pid
     assert task.start_time_ms and task.end_time_ms >= task.start_time_ms and task.creation_time_ms
@@ -98,7 +90,7 @@ def test_listings_return_records_and_a_killed_actor_names_its_cause(ray_cluster)
     def dead():
         return [a for a in cluster.actors(state="DEAD") if a.name == "records_doomed"]
 
-    record = _poll(dead)[0]
+    record = poll(dead, timeout=30.0, interval=0.3)[0]
     assert record.death.kind == "died" and record.death.reason == "RAY_KILL" and record.death.recorded
     text, on_purpose = cluster.death_reason(record)
     assert on_purpose and text.startswith("RAY_KILL")

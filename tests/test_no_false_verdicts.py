@@ -5,19 +5,9 @@ from __future__ import annotations
 import time
 
 import ray
+from polling import poll
 
 TIMEOUT = 60.0
-
-
-def poll(predicate, timeout: float = TIMEOUT, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    value = None
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    return value
 
 
 def test_raysleuths_own_failed_writer_is_not_the_users_problem(ray_cluster, tmp_path):

@@ -13,19 +13,10 @@ from pathlib import Path
 import pytest
 import ray
 
+from polling import poll
+
 from raysleuth.stacks import dump_stacks
 from victims import hangs
-
-
-def _poll(function, condition, timeout=90.0, interval=1.0):
-    deadline = time.monotonic() + timeout
-    value = None
-    while time.monotonic() < deadline:
-        value = function()
-        if condition(value):
-            return value
-        time.sleep(interval)
-    return value
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +43,7 @@ def test_collective_hang_names_the_straggler(ray_cluster, collective_hang):
         waiting = [g for g in report.groups if "all_reduce" in g.headline and g.count == 3]
         return bool(waiting) and report.verdict.culprits
 
-    report = _poll(lambda: dump_stacks(ray_cluster.address, pids=_own(pids), timeout=60), settled)
+    report = poll(lambda: dump_stacks(ray_cluster.address, pids=_own(pids), timeout=60), settled, timeout=90.0, interval=1.0)
     assert settled(report), report.to_dict()
     # every rank labelled, on both nodes
     trainers = _trainers(report)
@@ -132,7 +123,7 @@ def test_wait_for_chain_from_a_separate_driver(ray_cluster):
         def chained(report):
             return any(c.pid == worker_pid for c in report.verdict.culprits)
 
-        report = _poll(lambda: dump_stacks(ray_cluster.address, timeout=60), chained)
+        report = poll(lambda: dump_stacks(ray_cluster.address, timeout=60), chained, timeout=90.0, interval=1.0)
         assert chained(report), report.verdict
         chain = next(c for c in report.verdict.chains if c[-1].pid == worker_pid)
         assert chain[0].role == "driver" and chain[0].pid == driver.pid and chain[0].waiting
@@ -150,8 +141,8 @@ def test_subprocess_of_an_actor_is_attributed_to_it(ray_cluster):
     spawner = hangs.Spawner.options(name="spawner_rank5").remote()
     try:
         actor_pid, child_pid = ray.get(spawner.spawn.remote(), timeout=120)
-        report = _poll(lambda: dump_stacks(ray_cluster.address, timeout=60),
-                       lambda r: r.process(child_pid) is not None and r.process(child_pid).threads, timeout=60)
+        report = poll(lambda: dump_stacks(ray_cluster.address, timeout=60),
+                      lambda r: r.process(child_pid) is not None and r.process(child_pid).threads, timeout=60)
         child = report.process(child_pid)
         assert child is not None and child.threads, report.missing
         assert (child.role, child.parent_pid, child.actor_class, child.rank) == ("child", actor_pid, "Spawner", 5)

@@ -5,28 +5,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 
 import pytest
 import ray
 
 from raysleuth.cli import main
 from raysleuth.tasks import find_tasks, trace_ray_task
+from polling import poll
 from victims.task_forensics import Worker, downstream, fails, needs_gpu, never_finishes
 
 TIMEOUT = 60.0
-
-
-def poll(predicate, timeout: float = TIMEOUT, interval: float = 0.5):
-    """Call ``predicate`` until it returns something truthy; return that (or the last value)."""
-    deadline = time.monotonic() + timeout
-    value = None
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    return value
 
 
 def test_infeasible_task_and_placement_group_name_the_resource(ray_cluster):
@@ -40,7 +28,7 @@ def test_infeasible_task_and_placement_group_name_the_resource(ray_cluster):
             pg = next((item for item in report.pending if item.name == "forensics_big_pg"), None)
             return (by_id.get(task_id), pg, report) if task_id in by_id and pg else None
 
-        task, pg, report = poll(found)
+        task, pg, report = poll(found, timeout=TIMEOUT)
         assert task.reason == "infeasible"
         assert "GPU" in task.detail and "no node has any GPU" in task.detail
         assert task.problem
@@ -61,7 +49,7 @@ def test_task_waiting_on_upstream_names_it(ray_cluster):
             item = next((p for p in report.pending if p.task_id == waiting.task_id().hex()), None)
             return item if item and item.upstream else None
 
-        item = poll(found)
+        item = poll(found, timeout=TIMEOUT)
         assert item is not None, "the downstream task never showed as waiting with its upstream"
         assert item.reason == "waiting_for_dependencies"
         assert item.upstream[0]["task_id"] == upstream.task_id().hex()
@@ -82,7 +70,7 @@ def test_slow_actor_call_is_stuck_with_rank_and_trace(ray_cluster):
             report = find_tasks(ray_cluster.address, pending=False, failed=False, dead=False, stuck_floor_s=2.0)
             return next((item for item in report.stuck if item.task_id == slow_id), None)
 
-        item = poll(found)
+        item = poll(found, timeout=TIMEOUT)
         assert item is not None, "the slow call was not reported stuck"
         assert item.rank == 7 and item.pid == ray.get(actor.pid.remote(), timeout=TIMEOUT)
         assert item.ratio > 5 and item.peers >= 3 and item.peer_median_s < 1.0
@@ -112,7 +100,7 @@ def test_dead_actors_have_rank_and_cause(ray_cluster):
             return by_name
         return None
 
-    by_name = poll(found)
+    by_name = poll(found, timeout=TIMEOUT)
     assert by_name, "both dead actors should be listed"
     killed_entry, crashed_entry = by_name["forensics_killed_rank2"], by_name["forensics_crashed"]
     assert killed_entry.death_cause == "killed" and killed_entry.rank == 2
@@ -130,7 +118,7 @@ def test_failed_task_and_cli_json(ray_cluster, capsys):
         report = find_tasks(ray_cluster.address, pending=False, stuck=False, dead=False)
         return next((item for item in report.failed if item.task_id == task_id), None)
 
-    item = poll(found)
+    item = poll(found, timeout=TIMEOUT)
     assert item is not None and item.error_type == "TASK_EXECUTION_EXCEPTION"
     assert "victim task failed on purpose" in item.error_message
 
