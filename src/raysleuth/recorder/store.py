@@ -298,21 +298,11 @@ class EvidenceStore:
             jobs = [job] if isinstance(job, str) else list(job)
             where.append(f"job_id IN ({','.join('?' * len(jobs))})")
             args += jobs
-        if name is not None:
-            where.append("name = ?")
-            args.append(name)
-        if since is not None:
-            where.append("time >= ?")
-            args.append(since)
-        if after_id is not None:
-            where.append("id > ?")
-            args.append(after_id)
-        if step_min is not None:
-            where.append("step >= ?")
-            args.append(step_min)
-        if step_max is not None:
-            where.append("step <= ?")
-            args.append(step_max)
+        for value, clause in ((name, "name = ?"), (since, "time >= ?"), (after_id, "id > ?"),
+                              (step_min, "step >= ?"), (step_max, "step <= ?")):
+            if value is not None:
+                where.append(clause)
+                args.append(value)
         if levels is not None:
             level_list = list(levels)
             where.append(f"level IN ({','.join('?' * len(level_list))})")
