@@ -68,7 +68,9 @@ def test_actor_task_node_and_worker_records_from_real_rows(probe, ray_cluster):
     assert set(mine.to_dict()) >= {"node_id", "node_ip", "alive", "is_head_node", "resources_total", "labels"}
 
     def done_task():
-        return [row for row in _state_rows("list_tasks", name="records_probe_task") if row.get("state") == "FINISHED"]
+        # the owner's FINISHED event may arrive before the worker's, which carries the worker pid
+        return [row for row in _state_rows("list_tasks", name="records_probe_task")
+                if row.get("state") == "FINISHED" and row.get("worker_pid")]
 
     task = RayTask.from_state(poll(done_task, timeout=30.0, interval=0.3)[0])
     assert task.name == "records_probe_task" and task.function.endswith("records_probe_task")
