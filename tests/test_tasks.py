@@ -47,7 +47,8 @@ def test_task_waiting_on_upstream_names_it(ray_cluster):
         def found():
             report = find_tasks(ray_cluster.address, stuck=False, failed=False, dead=False)
             item = next((p for p in report.pending if p.task_id == waiting.task_id().hex()), None)
-            return item if item and item.upstream else None
+            # the upstream is named from the moment it is submitted; wait until it runs
+            return item if item and item.upstream and item.upstream[0]["state"] == "RUNNING" else None
 
         item = poll(found, timeout=TIMEOUT)
         assert item is not None, "the downstream task never showed as waiting with its upstream"

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-import time
 
 import ray
+from polling import poll
 
+from raysleuth import cluster
 from raysleuth.cli import main
 from raysleuth.recorder import open_store
 from raysleuth.timeline import build_timeline, timeline_summary
@@ -20,16 +21,16 @@ def test_timeline_merges_ranks_spans_and_ray_tasks(ray_cluster, tmp_path, capsys
             ray.get([worker.step.remote(step, 0.02 if rank == 0 else 0.3) for rank, worker in enumerate(workers)],
                     timeout=60)
         assert all(ray.get([worker.flush.remote() for worker in workers], timeout=60))
-        step_ids = set()
-        deadline = time.monotonic() + 60
-        timeline = None
-        while time.monotonic() < deadline:
-            timeline = build_timeline(ray_cluster.address, home=ray_cluster.home, ranks=[0, 1])
-            step_ids = {e["args"].get("task_id") for e in timeline.events if e.get("cat") == "ray_task"
-                        and e["name"] == "Worker.step" and e["args"].get("state") == "FINISHED"}
-            if len(step_ids) >= 6:
-                break
-            time.sleep(0.5)
+        pids = ray.get([worker.pid.remote() for worker in workers], timeout=60)
+
+        def finished_steps():  # Ray's task events arrive late: wait for them before building (it reads the whole run)
+            return [task for pid in pids for task in cluster.tasks(worker_pid=pid, state="FINISHED")
+                    if task.name == "Worker.step"]
+
+        poll(finished_steps, lambda found: len(found) >= 6, timeout=60)
+        timeline = build_timeline(ray_cluster.address, home=ray_cluster.home, ranks=[0, 1])
+        step_ids = {e["args"].get("task_id") for e in timeline.events if e.get("cat") == "ray_task"
+                    and e["name"] == "Worker.step" and e["args"].get("state") == "FINISHED"}
         assert len(step_ids) >= 6, "every Worker.step call should appear as a Ray task event"
 
         output = tmp_path / "trace.json"
