@@ -141,11 +141,18 @@ def driver_of(data: dict, victim: Victim) -> dict:
     return next(p for p in data["processes"] if p["pid"] == victim.proc.pid)
 
 
+def _peers_wait(data: dict, stuck: int) -> bool:
+    """Every other DDPRank rank sits waiting (until then the stuck rank is named by the driver's wait-for chain)."""
+    peers = [p for p in data["processes"] if p["actor_class"] == "DDPRank" and p["rank"] != stuck]
+    return bool(peers) and all(p["activity"] in ("waiting", "blocked") for p in peers)
+
+
 def test_gloo_rank_stuck_before_the_collective(ray_cluster, victims, capsys):
     victim = victims["gloo_stuck"].ready()
     try:
         victim.wait_for("DDPRank", 3)
-        code, data = poll(ray_cluster.address, victim, lambda code, data: data["verdict"]["culprits"], capsys)
+        code, data = poll(ray_cluster.address, victim,
+                          lambda code, data: data["verdict"]["culprits"] and _peers_wait(data, 1), capsys)
         assert code == 1, data["verdict"]
         assert culprits(data) == [(1, "peers", "environment")]
         culprit = data["verdict"]["culprits"][0]

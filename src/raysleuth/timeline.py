@@ -284,11 +284,12 @@ def _add_ray_tasks(timeline: Timeline, tracks: _Tracks, address: str | None, wor
 def _task_listing(ranks, worker_ranks, live, node_ips, actors) -> tuple[list, bool]:
     """Ray's tasks for the timeline, and whether a listing was cut at the State API's limit.
 
-    With ``ranks``: only the tasks of those ranks' workers (known from the
-    evidence, live labels or actor names), one filtered query per worker. A
-    long-lived cluster holds many thousands of finished tasks (each listed
-    with its events), and listing them all takes seconds and may be cut
-    before the ones asked for.
+    With ``ranks``: only the tasks of those ranks' actors (known from the
+    evidence, live labels or actor names), one query per actor, filtered by
+    the GCS itself. A long-lived cluster holds many thousands of finished
+    tasks (each listed with its events); listing them all takes seconds and
+    may be cut before the ones asked for. Only ranked task workers (not
+    actors, not drivers) need the whole listing, once.
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -298,15 +299,28 @@ def _task_listing(ranks, worker_ranks, live, node_ips, actors) -> tuple[list, bo
         listing = cluster.tasks()
         return list(listing), listing.truncated
     node_of_ip = {node_ip: node_id for node_id, node_ip in node_ips.items()}
-    wanted = {key for key, rank in worker_ranks.items() if rank in ranks}
-    wanted |= {(node_of_ip.get(ip), pid) for (ip, pid), rank in live.items() if rank in ranks}
-    wanted |= {(actor.node_id, actor.pid) for actor in actors.values()
-               if actor.pid and cluster.rank_from_name(actor.name) in ranks}
-    wanted = {(node_id, pid) for node_id, pid in wanted if pid}
+    wanted = {key for key, rank in worker_ranks.items() if rank in ranks and key[1]}
+    wanted |= {(node_of_ip.get(ip), pid) for (ip, pid), rank in live.items() if rank in ranks and pid}
+    actor_of = {(actor.node_id, actor.pid): actor.actor_id for actor in actors.values() if actor.pid}
+    actor_of.update({(None, actor.pid): actor.actor_id for actor in actors.values() if actor.pid})
+    ids = {actor.actor_id for actor in actors.values()
+           if actor.pid and cluster.rank_from_name(actor.name) in ranks}
+    ids |= {actor_of[key] for key in wanted if key in actor_of}
+    others = {key for key in wanted if key not in actor_of}
+    if others:  # plain task workers run tasks; drivers and processes Ray no longer knows do not
+        task_workers = {(worker.node_id, worker.pid) for worker in cluster.workers(alive_only=False)
+                        if worker.worker_type == "WORKER"}
+        task_workers |= {(None, pid) for _node, pid in task_workers}
+        others &= task_workers
     with ThreadPoolExecutor(max_workers=8) as pool:
-        listings = list(pool.map(lambda key: cluster.tasks(worker_pid=key[1], node_id=key[0]),
-                                 sorted(wanted, key=str)))
-    return [task for listing in listings for task in listing], any(listing.truncated for listing in listings)
+        listings = list(pool.map(lambda actor_id: cluster.tasks(actor_id=actor_id), sorted(ids)))
+    found = [task for listing in listings for task in listing]
+    if others:
+        everything = cluster.tasks()
+        listings.append(everything)
+        found += [task for task in everything if not task.actor_id and
+                  ((task.node_id, task.worker_pid) in others or (None, task.worker_pid) in others)]
+    return found, any(listing.truncated for listing in listings)
 
 
 def export_timeline(path: Path | str, address: str | None = None, **options: Any) -> Timeline:
