@@ -9,16 +9,11 @@ checks one death, then the faces (tasks --dead, crashes, explain, advise, report
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 import uuid
-from pathlib import Path
 
 import pytest
-
-HERE = Path(__file__).parent
+from own_cluster import run_victim
 
 
 def _wait_for_capsule(tag: str, timeout: float = 60.0) -> None:
@@ -215,13 +210,7 @@ def test_report_crash_section_shows_deaths(deaths, tmp_path):
 
 def test_memory_monitor_kill_on_its_own_cluster(tmp_path):
     """Ray's memory monitor, forced with a threshold just above this machine's current use."""
-    env = {**os.environ, "RAYSLEUTH_HOME": str(tmp_path / "home"), "RAY_ADDRESS": ""}
-    env.setdefault("RAY_raylet_start_wait_time_s", "180")  # a loaded machine registers raylets slowly
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(HERE.parent / "src"), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, "-m", "victims.memory_monitor_death"], capture_output=True, text=True,
-                          timeout=400, env=env, cwd=str(tmp_path))
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = run_victim("memory_monitor_death", tmp_path, timeout=400)
     assert result["outcome"] != "survived", result
     death = result["deaths"][0]
     assert death["rank"] == 0 and death["cause"] == "memory_monitor", death
