@@ -129,7 +129,7 @@ def dump_stacks(
     processes.sort(key=lambda p: (p.role != "driver", p.rank if p.rank is not None else 1 << 30, p.node_ip or "", p.pid))
     report.processes = processes
     readable = [proc for proc in processes if proc.threads]
-    context = VerdictContext(tasks=[t for t in found["tasks"] if t.state not in _TERMINAL],
+    context = VerdictContext(tasks=found["tasks"],  # unfinished only: the listing asked the GCS for those
                              dead=found["dead"], calls=found["calls"], samples=samples,
                              collective_positions=found.get("collectives") or [])
     report.verdict = build_verdict(readable, context=context)
