@@ -101,32 +101,36 @@ def _poll_loop() -> None:
     polled, born = float("-inf"), time.monotonic()
     while True:
         _run_ticks()
+        if time.monotonic() - polled >= POLL_INTERVAL:
+            polled = time.monotonic()
+            handle = _poll(handle, seen)
         with _lock:
             pending = bool(_ticks) and time.monotonic() - born < FAST_TICKS_S
-        if pending and time.monotonic() - polled < POLL_INTERVAL:
-            # ticks waiting (a rank not known yet): look again soon, poll the writer at its own pace
-            time.sleep(TICK_INTERVAL)
-            continue
-        polled = time.monotonic()
-        try:
-            with _lock:
-                handlers = dict(_handlers)
-            ray = sys.modules.get("ray")
-            if handlers and ray is not None and ray.is_initialized():
-                if handle is None:
-                    from raysleuth.recorder import get_writer
-
-                    handle = get_writer(create=False)
-                controls = ray.get(handle.get_controls.remote(), timeout=10)
-                for key, handler in handlers.items():
-                    value = controls.get(key)
-                    if key in seen and seen[key] == value:
-                        continue
-                    seen[key] = value
-                    _dispatch(key, handler, value)
-        except Exception:
-            handle = None  # no writer yet, or it moved: look it up again next time
+        # ticks waiting early on (a rank not known yet) run again soon; the writer is polled at its own pace
         time.sleep(TICK_INTERVAL if pending else POLL_INTERVAL)
+
+
+def _poll(handle: Any, seen: dict[str, Any]) -> Any:
+    """One read of the writer's controls: each handler whose key changed is called. Returns the writer handle."""
+    try:
+        with _lock:
+            handlers = dict(_handlers)
+        ray = sys.modules.get("ray")
+        if handlers and ray is not None and ray.is_initialized():
+            if handle is None:
+                from raysleuth.recorder import get_writer
+
+                handle = get_writer(create=False)
+            controls = ray.get(handle.get_controls.remote(), timeout=10)
+            for key, handler in handlers.items():
+                value = controls.get(key)
+                if key in seen and seen[key] == value:
+                    continue
+                seen[key] = value
+                _dispatch(key, handler, value)
+        return handle
+    except Exception:
+        return None  # no writer yet, or it moved: look it up again next time
 
 
 def _dispatch(key: str, handler: Callable[[Any], None], value: Any) -> None:
