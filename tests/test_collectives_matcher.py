@@ -73,6 +73,26 @@ def test_without_liveness_a_dead_rank_reads_as_stuck_not_as_healthy():
     assert [(c.rank, c.kind) for c in result.culprits] == [(1, "stuck")]
 
 
+def test_flight_recorder_lagging_behind_a_returned_call_still_reads_stuck():
+    """gloo marks a collective completed in the Flight Recorder a moment after the call returned (CI saw it lag
+    while rank 1 sat in its data loader): the wrapper saw the blocking call return, so it completed."""
+    saved = load("stuck")
+    records = copy.deepcopy(saved["records"])
+    for record in records:
+        if record["data"]["rank"] == 1:
+            record["data"]["flight_recorder"]["pg_status"]["0"]["last_completed_collective"] = "7"
+    result = match(positions_from_records(records, alive={tuple(a) for a in saved["alive"]}), now=saved["time"])
+    assert [(c.rank, c.kind) for c in result.culprits] == [(1, "stuck")]
+    assert "never entered #9" in result.culprits[0].reason
+
+
+def test_a_call_still_inside_gloo_reads_pending_even_if_the_wrapper_returned_an_earlier_one():
+    saved = load("stuck")
+    record = [r for r in saved["records"] if r["data"]["rank"] == 0][-1]
+    entries = entries_from_dump(record["data"])["0"]
+    assert entries[9].state == "pending" and entries[8].state == "completed"
+
+
 @pytest.mark.parametrize("fault", ["skip", "shape", "op", "stuck"])
 def test_wrapper_only_records_give_the_same_culprit(fault):
     """Where torch's Flight Recorder is off, the wrapper's own sequence numbers are aligned instead."""

@@ -141,10 +141,11 @@ def driver_of(data: dict, victim: Victim) -> dict:
     return next(p for p in data["processes"] if p["pid"] == victim.proc.pid)
 
 
-def _peers_wait(data: dict, stuck: int) -> bool:
-    """Every other DDPRank rank sits waiting (until then the stuck rank is named by the driver's wait-for chain)."""
-    peers = [p for p in data["processes"] if p["actor_class"] == "DDPRank" and p["rank"] != stuck]
-    return bool(peers) and all(p["activity"] in ("waiting", "blocked") for p in peers)
+def _peers_wait(data: dict, stuck: int, actor_class: str = "DDPRank", settled=("waiting", "blocked")) -> bool:
+    """Every other rank of the class has settled (until then the stuck rank is named by the driver's wait-for chain:
+    the same rank, by weaker evidence)."""
+    peers = [p for p in data["processes"] if (p["actor_class"] or "").endswith(actor_class) and p["rank"] != stuck]
+    return bool(peers) and all(p["activity"] in settled for p in peers)
 
 
 def test_gloo_rank_stuck_before_the_collective(ray_cluster, victims, capsys):
@@ -227,7 +228,8 @@ def test_ray_train_rank_stuck_and_healthy(ray_cluster, victims, capsys):
     victim = victims["train_stuck"].ready()
     try:
         victim.wait_for("RayTrainWorker", 2)
-        code, data = poll(ray_cluster.address, victim, lambda code, data: data["verdict"]["culprits"], capsys)
+        code, data = poll(ray_cluster.address, victim, lambda code, data: data["verdict"]["culprits"]
+                          and _peers_wait(data, 1, "RayTrainWorker"), capsys)
         assert code == 1, data["verdict"]
         assert culprits(data) == [(1, "peers", "ray train")]
         assert data["verdict"]["culprits"][0]["function"] == "fetch_batch"
@@ -253,7 +255,8 @@ def test_verl_group_of_two_rank_never_returns(ray_cluster, victims, capsys):
     pytest.importorskip("verl.single_controller.ray")
     victim = victims["verl_stuck"].ready()
     try:
-        code, data = poll(ray_cluster.address, victim, lambda code, data: data["verdict"]["culprits"], capsys)
+        code, data = poll(ray_cluster.address, victim, lambda code, data: data["verdict"]["culprits"]
+                          and _peers_wait(data, 1, "ToyWorker", ("returned",)), capsys)
         assert code == 1, data["verdict"]
         assert culprits(data) == [(1, "peers", "verl environment")]
         assert "have returned" in data["verdict"]["culprits"][0]["reason"]

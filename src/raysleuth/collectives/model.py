@@ -158,7 +158,7 @@ def entries_from_dump(data: dict[str, Any]) -> dict[str, dict[int, Entry]]:
             seq = int(raw["collective_seq_id"])
             call = _call_at(by_group.get(group, []), raw.get("time_created_ns"))
             done = _int((status.get(group) or {}).get("last_completed_collective"), -1)
-            state = "completed" if seq <= done else "pending"
+            state = "completed" if seq <= done or _returned_around(call, raw.get("time_created_ns")) else "pending"
             if call is not None and call.get("state") == "error":
                 state = "error"
             inputs = [[list(shape), _DTYPES.get(dtype, str(dtype).lower())]
@@ -194,6 +194,20 @@ def _call_at(calls: list[dict], created_ns: int | None) -> dict | None:
             return call
     near = [c for c in calls if abs((c.get("start_ns") or 0) - created_ns) <= slack]
     return min(near, key=lambda c: abs((c.get("start_ns") or 0) - created_ns)) if near else None
+
+
+def _returned_around(call: dict | None, created_ns: int | None) -> bool:
+    """Whether torch created this entry inside a blocking wrapper call that has returned: then it completed.
+
+    The Flight Recorder marks a gloo collective completed from gloo's own
+    thread, a moment after the call returned (measured: one call in seven
+    still reads pending right after it returns, longer under load), so a rank
+    blocked just after a collective would read as still inside it.
+    """
+    if not call or not created_ns or call.get("state") != "completed":
+        return False
+    start, end = call.get("start_ns"), call.get("end_ns")
+    return start is not None and end is not None and start <= created_ns <= end
 
 
 def _entry(seq, op, inputs, state, created, call) -> Entry:
