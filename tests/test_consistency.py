@@ -202,3 +202,8 @@ def test_cli_lists_checks_and_exits_1_on_mismatch(ranks, ray_cluster, capsys):
     code = main(["consistency", "--home", str(ray_cluster.home)])
     out = capsys.readouterr().out
     assert code == 1 and "0.weight" in out and "cli-bad" in out
+    mine = ray.get_runtime_context().get_job_id()
+    code = main(["consistency", "--home", str(ray_cluster.home), "--json", "--job", mine])
+    assert code == 1 and json.loads(capsys.readouterr().out)["checks"][0]["key"] == "cli-bad"
+    code = main(["consistency", "--home", str(ray_cluster.home), "--json", "--job", "7f000000"])
+    assert code == 0 and json.loads(capsys.readouterr().out)["checks"] == []

@@ -69,6 +69,16 @@ def test_timeline_merges_ranks_spans_and_ray_tasks(ray_cluster, tmp_path, capsys
         payload = json.loads(capsys.readouterr().out)
         assert code == 0 and {row["step"] for row in payload["summary"]} == {1, 2}
         assert open_store(home=ray_cluster.home).count("span") > 0
+
+        # --job: a cluster shared by several jobs; another job's timeline holds none of these spans or tasks
+        mine = ray.get_runtime_context().get_job_id()
+        ours = build_timeline(ray_cluster.address, home=ray_cluster.home, jobs=[mine])
+        assert {e["args"]["rank"] for e in ours.events if e.get("cat") == "span" and e["name"] == "forward"} == {0, 1}
+        assert step_ids <= {e["args"].get("task_id") for e in ours.events if e.get("cat") == "ray_task"}
+        other = build_timeline(ray_cluster.address, home=ray_cluster.home, jobs=["7f000000"], ranks=[0, 1])
+        assert other.spans == 0 and other.ray_tasks == 0
+        code = main(["timeline", "--summary", "--json", "--job", "7f000000", "--home", str(ray_cluster.home)])
+        assert code == 0 and json.loads(capsys.readouterr().out)["summary"] == []
     finally:
         for worker in workers:
             ray.kill(worker)

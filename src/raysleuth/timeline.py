@@ -149,13 +149,15 @@ def build_timeline(
     home: Path | str | None = None,
     steps: tuple[int | None, int | None] | None = None,
     ranks: list[int] | None = None,
+    jobs: list[str] | None = None,
     ray_tasks: bool = True,
 ) -> Timeline:
     """Merge the run's spans, events and memory with Ray's task events into trace events.
 
     ``run``/``home`` pick the evidence store (default: the latest run).
     ``ray_tasks``: also read the State API (skipped, with a warning, when no
-    cluster answers). ``steps`` (inclusive range) and ``ranks`` bound it.
+    cluster answers). ``steps`` (inclusive range), ``ranks`` and ``jobs`` (Ray
+    job ids: a cluster shared by several jobs) bound it.
     """
     from raysleuth.recorder import open_store
 
@@ -163,7 +165,7 @@ def build_timeline(
     timeline = Timeline(events=[], run=store.path.parent.name)
     tracks = _Tracks()
     step_min, step_max = steps if steps else (None, None)
-    records = store.query(["span", "event", "heartbeat"], rank=ranks, step_min=step_min, step_max=step_max)
+    records = store.query(["span", "event", "heartbeat"], rank=ranks, job=jobs, step_min=step_min, step_max=step_max)
     worker_ranks: dict[tuple[str | None, int | None], int] = {}
     window = [float("inf"), float("-inf")]
     for record in records:
@@ -198,7 +200,7 @@ def build_timeline(
                                     "pid": pid, "tid": tid, "args": {"step": record.step, "rank": record.rank, **data}})
             timeline.instant_events += 1
     bounded = steps is not None and window[0] <= window[1]
-    for sample in store.query("memory", rank=ranks):
+    for sample in store.query("memory", rank=ranks, job=jobs):
         if bounded and not (window[0] <= sample.time <= window[1]):
             continue
         pid = tracks.pid(sample.node_id, sample.node_ip)
@@ -212,12 +214,12 @@ def build_timeline(
                                 "pid": pid, "tid": 0, "args": values})
         timeline.memory_samples += 1
     if ray_tasks:
-        _add_ray_tasks(timeline, tracks, address, worker_ranks, ranks, window if bounded else None)
+        _add_ray_tasks(timeline, tracks, address, worker_ranks, ranks, window if bounded else None, jobs)
     timeline.events = tracks.metadata() + sorted(timeline.events, key=lambda event: event["ts"])
     return timeline
 
 
-def _add_ray_tasks(timeline: Timeline, tracks: _Tracks, address: str | None, worker_ranks, ranks, window) -> None:
+def _add_ray_tasks(timeline: Timeline, tracks: _Tracks, address: str | None, worker_ranks, ranks, window, jobs):
     from raysleuth import cluster
 
     try:
@@ -238,7 +240,7 @@ def _add_ray_tasks(timeline: Timeline, tracks: _Tracks, address: str | None, wor
     except Exception:
         live = {}
     try:
-        listing, truncated = _task_listing(ranks, worker_ranks, live, node_ips, actors)
+        listing, truncated = _task_listing(ranks, worker_ranks, live, node_ips, actors, jobs)
     except Exception as error:
         timeline.warnings.append(f"Ray task events left out: the State API did not answer ({str(error)[:160]})")
         return
@@ -281,7 +283,7 @@ def _add_ray_tasks(timeline: Timeline, tracks: _Tracks, address: str | None, wor
         timeline.ray_tasks += 1
 
 
-def _task_listing(ranks, worker_ranks, live, node_ips, actors) -> tuple[list, bool]:
+def _task_listing(ranks, worker_ranks, live, node_ips, actors, jobs=None) -> tuple[list, bool]:
     """Ray's tasks for the timeline, and whether a listing was cut at the State API's limit.
 
     With ``ranks``: only the tasks of those ranks' actors (known from the
@@ -289,15 +291,24 @@ def _task_listing(ranks, worker_ranks, live, node_ips, actors) -> tuple[list, bo
     the GCS itself. A long-lived cluster holds many thousands of finished
     tasks (each listed with its events); listing them all takes seconds and
     may be cut before the ones asked for. Only ranked task workers (not
-    actors, not drivers) need the whole listing, once.
+    actors, not drivers) need the whole listing, once. With ``jobs``: one
+    listing per job, filtered by the GCS, and only those jobs' tasks.
     """
     from concurrent.futures import ThreadPoolExecutor
 
     from raysleuth import cluster
 
+    def everything() -> list:
+        if not jobs:
+            return [cluster.tasks()]
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            return list(pool.map(lambda job: cluster.tasks(job_id=job), sorted(set(jobs))))
+
     if ranks is None:
-        listing = cluster.tasks()
-        return list(listing), listing.truncated
+        listings = everything()
+        return [task for listing in listings for task in listing], any(listing.truncated for listing in listings)
+    if jobs:
+        actors = {key: actor for key, actor in actors.items() if actor.job_id in jobs}
     node_of_ip = {node_ip: node_id for node_id, node_ip in node_ips.items()}
     wanted = {key for key, rank in worker_ranks.items() if rank in ranks and key[1]}
     wanted |= {(node_of_ip.get(ip), pid) for (ip, pid), rank in live.items() if rank in ranks and pid}
@@ -316,9 +327,9 @@ def _task_listing(ranks, worker_ranks, live, node_ips, actors) -> tuple[list, bo
         listings = list(pool.map(lambda actor_id: cluster.tasks(actor_id=actor_id), sorted(ids)))
     found = [task for listing in listings for task in listing]
     if others:
-        everything = cluster.tasks()
-        listings.append(everything)
-        found += [task for task in everything if not task.actor_id and
+        whole = everything()
+        listings += whole
+        found += [task for listing in whole for task in listing if not task.actor_id and
                   ((task.node_id, task.worker_pid) in others or (None, task.worker_pid) in others)]
     return found, any(listing.truncated for listing in listings)
 
@@ -377,7 +388,7 @@ def summarize_steps(spans: list[dict[str, Any]]) -> list[StepPhase]:
 
 def timeline_summary(*, run: str | None = None, home: Path | str | None = None,
                      steps: tuple[int | None, int | None] | None = None,
-                     ranks: list[int] | None = None) -> list[StepPhase]:
+                     ranks: list[int] | None = None, jobs: list[str] | None = None) -> list[StepPhase]:
     """Per step and phase: each rank's duration, the slowest rank and its lag behind the median."""
     from raysleuth.recorder import open_store
 
@@ -385,5 +396,5 @@ def timeline_summary(*, run: str | None = None, home: Path | str | None = None,
     step_min, step_max = steps if steps else (None, None)
     spans = [{"step": record.step, "name": record.name, "rank": record.rank, "pid": record.pid,
               "duration_s": (record.data or {}).get("duration_s")}
-             for record in store.query("span", rank=ranks, step_min=step_min, step_max=step_max)]
+             for record in store.query("span", rank=ranks, job=jobs, step_min=step_min, step_max=step_max)]
     return summarize_steps(spans)

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from raysleuth.cli._app import (
-    HomeOption, JsonOption, RunOption, app, at_least_one, console, emit_json, finish, home_path, name_run,
+    HomeOption, JobOption, JsonOption, RunOption, app, at_least_one, console, emit_json, finish, home_path, name_run,
 )
 
 
@@ -18,13 +18,14 @@ def consistency(
     run: RunOption = None,
     home: HomeOption = None,
     key: Annotated[str | None, typer.Option("--key", help="Only checks with this key (e.g. params, gradients).")] = None,
+    job: JobOption = None,
     limit: Annotated[int, typer.Option("--limit", help="How many checks to list, newest first.", callback=at_least_one)] = 20,
     json_: JsonOption = False,
 ) -> None:
     """List stored consistency checks (which tensor, which rank, which element); exit 1 if the latest mismatched."""
     from raysleuth.consistency import latest_checks
 
-    checks = latest_checks(name_run(run, home), home=home_path(home), key=key, limit=limit)
+    checks = latest_checks(name_run(run, home), home=home_path(home), key=key, limit=limit, jobs=job)
     latest_bad = bool(checks) and not checks[0][1].consistent
     if json_:
         emit_json({"checks": [dict(report.to_dict(), time=rec.time, recorded_by_rank=rec.rank)

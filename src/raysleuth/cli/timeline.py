@@ -9,8 +9,8 @@ import typer
 from rich.table import Table
 
 from raysleuth.cli._app import (
-    AddressOption, HomeOption, JsonOption, RanksOption, RunOption, StepsOption, app, console, emit_json, finish,
-    home_path, name_run, non_negative,
+    AddressOption, HomeOption, JobOption, JsonOption, RanksOption, RunOption, StepsOption, app, console, emit_json,
+    finish, home_path, name_run, non_negative,
 )
 from raysleuth.errors import UsageError
 
@@ -20,6 +20,7 @@ def timeline(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the trace JSON here (open at ui.perfetto.dev).")] = None,
     steps: StepsOption = None,
     ranks: RanksOption = None,
+    job: JobOption = None,
     summary: Annotated[bool, typer.Option("--summary", help="Print per step and phase: duration per rank, slowest rank, lag.")] = False,
     ray_tasks: Annotated[bool, typer.Option("--ray-tasks/--no-ray-tasks", help="Merge Ray's task events (needs the cluster).")] = True,
     lag_threshold: Annotated[float, typer.Option("--lag", help="With --summary: exit 1 when a rank lags the median by this ratio.", callback=non_negative)] = 0.0,
@@ -39,7 +40,7 @@ def timeline(
     run = name_run(run, home)
     if output is not None:
         exported = export_timeline(output, address, run=run, home=home_path(home), steps=steps,
-                                   ranks=ranks, ray_tasks=ray_tasks)
+                                   ranks=ranks, jobs=job, ray_tasks=ray_tasks)
         result["timeline"] = exported.to_dict()
         if not json_:
             console.print(f"wrote [bold]{exported.path}[/bold]: {exported.spans} spans, {exported.ray_tasks} Ray tasks, "
@@ -48,7 +49,7 @@ def timeline(
             for warning in exported.warnings:
                 console.print(f"[yellow]⚠️  {warning}[/yellow]")
     if summary:
-        rows = timeline_summary(run=run, home=home_path(home), steps=steps, ranks=ranks)
+        rows = timeline_summary(run=run, home=home_path(home), steps=steps, ranks=ranks, jobs=job)
         result["summary"] = rows
         if lag_threshold and any(row.lag_ratio >= lag_threshold for row in rows):
             code = 1

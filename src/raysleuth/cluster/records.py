@@ -55,17 +55,18 @@ class RayTaskEvent:
 
 def task_filters(*, state: str | None = None, not_states: tuple[str, ...] = (), name: str | None = None,
                  actor_id: str | None = None, worker_pid: int | None = None,
-                 node_id: str | None = None) -> list[tuple[str, str, str]]:
+                 node_id: str | None = None, job_id: str | None = None) -> list[tuple[str, str, str]]:
     """State API filters for a task listing (ANDed; Ray's column names stay in this module).
 
-    The GCS itself filters on state, name, actor id (and job and task id);
+    The GCS itself filters on state, name, actor id and job id (and task id);
     ``worker_pid`` and ``node_id`` are applied by the dashboard after the
     GCS sent every task, so they save the transfer to the caller only.
     """
     filters = [("state", "=", state)] if state else []
     filters += [("state", "!=", other) for other in not_states]
     filters += [(column, "=", str(value)) for column, value in
-                (("name", name), ("actor_id", actor_id), ("worker_pid", worker_pid), ("node_id", node_id)) if value]
+                (("name", name), ("actor_id", actor_id), ("job_id", job_id), ("worker_pid", worker_pid),
+                 ("node_id", node_id)) if value]
     return filters
 
 

@@ -116,17 +116,17 @@ def actors(*, state: str | None = None, limit: int = STATE_LIMIT, detail: bool =
 
 def tasks(*, state: str | None = None, limit: int = STATE_LIMIT, detail: bool = True, filters=None,
           not_states: tuple[str, ...] = (), name: str | None = None, actor_id: str | None = None,
-          worker_pid: int | None = None, node_id: str | None = None) -> Listing:
+          worker_pid: int | None = None, node_id: str | None = None, job_id: str | None = None) -> Listing:
     """Tasks and actor calls from the task events (the newest attempt of each), as :class:`RayTask`.
 
     Filtered by the State API (``state``, none of ``not_states``, the task
-    ``name``, the ``actor_id``: by the GCS itself; the worker ``worker_pid``
+    ``name``, the ``actor_id``, the ``job_id``: by the GCS itself; the worker ``worker_pid``
     on ``node_id``: by the dashboard, after the GCS sent every task): a
     long-lived cluster keeps many thousands of finished tasks, and listing
     them all takes seconds and is cut at ``limit`` before the ones asked for.
     """
     filters = list(filters or []) + task_filters(state=state, not_states=not_states, name=name, actor_id=actor_id,
-                                                 worker_pid=worker_pid, node_id=node_id)
+                                                 worker_pid=worker_pid, node_id=node_id, job_id=job_id)
     return _listing(_state().list_tasks, filters=filters or None, limit=limit, detail=detail,
                     record=RayTask.from_state)
 

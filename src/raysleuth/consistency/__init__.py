@@ -55,13 +55,14 @@ __all__ = [
 ]
 
 
-def latest_checks(run: str | None = None, *, home=None, key: str | None = None, limit: int = 50):
-    """Stored checks of a run, newest first, as ``(record, ConsistencyReport)`` pairs."""
+def latest_checks(run: str | None = None, *, home=None, key: str | None = None, limit: int = 50,
+                  jobs: list[str] | None = None):
+    """Stored checks of a run (of ``jobs`` only, when given), newest first, as ``(record, ConsistencyReport)`` pairs."""
     from raysleuth.recorder import open_store
 
     store = open_store(run, home=home)
     try:
-        records = store.query("consistency", name=key, limit=limit, newest_first=True)
+        records = store.query("consistency", name=key, job=jobs, limit=limit, newest_first=True)
     finally:
         store.close()
     checks = []
