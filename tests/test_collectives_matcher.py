@@ -194,3 +194,35 @@ def test_report_has_a_collectives_section_from_a_stored_run(tmp_path):
     assert result.sections["collectives"] == 1
     assert "<h2>Collectives</h2>" in text and "rank 1 called another op as #10" in text
     assert "broadcast(float32[1])" in text
+
+
+def test_an_nccl_call_that_returned_is_not_completed_until_the_flight_recorder_says_so():
+    """An NCCL collective returns once queued on the GPU stream: a rank hung inside it has 'returned'."""
+    record = copy.deepcopy([r for r in load("stuck")["records"] if r["data"]["rank"] == 1][-1]["data"])
+    record["flight_recorder"]["pg_status"]["0"]["last_completed_collective"] = "7"
+    assert entries_from_dump(record)["0"][8].state == "completed"  # gloo: the blocking call returned
+    for entry in record["flight_recorder"]["entries"]:
+        entry["profiling_name"] = entry["profiling_name"].replace("gloo:", "nccl:")
+    entries = entries_from_dump(record)["0"]
+    assert entries[8].state == "pending" and entries[7].state == "completed" and entries[8].op == "all_reduce"
+
+
+def test_gloo_and_nccl_flight_recorders_are_read_together():
+    """torch keeps one Flight Recorder per event kind (gloo's, NCCL's); a job with both groups needs both."""
+    from types import SimpleNamespace
+
+    from raysleuth.collectives.record import _read_fr
+
+    def dump(group, enqueued, op):
+        entry = {"collective_seq_id": 1, "profiling_name": op, "process_group": [group, group]}
+        return json.dumps({"version": "2.10", "entries": [entry] if enqueued > 0 else [],
+                           "pg_status": {"0": {"last_enqueued_collective": str(enqueued)},
+                                         group: {"last_enqueued_collective": str(enqueued)}}}).encode()
+
+    bindings = SimpleNamespace(_dump_fr_trace_json=lambda includeCollectives: dump("1", 1, "gloo:all_reduce"),
+                               _dump_nccl_trace_json=lambda includeCollectives: dump("0", 3, "nccl:all_reduce"))
+    merged = _read_fr(bindings, True)
+    assert [e["profiling_name"] for e in merged["entries"]] == ["gloo:all_reduce", "nccl:all_reduce"]
+    assert merged["pg_status"]["0"]["last_enqueued_collective"] == "3"  # the recorder that group really used
+    assert merged["pg_status"]["1"]["last_enqueued_collective"] == "1"
+    assert _read_fr(SimpleNamespace(_dump_fr_trace_json=lambda includeCollectives: b"not json"), True) is None

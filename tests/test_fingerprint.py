@@ -112,6 +112,23 @@ def test_stats_are_float64_and_count_nan_inf():
     assert stats.l1 == 6.0 and stats.l2 == pytest.approx(14 ** 0.5) and stats.mean == 0.0
 
 
+@pytest.mark.parametrize("values", [
+    torch.randn(3_000_001).to(torch.bfloat16), torch.tensor([1.0, float("nan"), float("inf"), -3.0, -float("inf")]),
+    torch.tensor([float("nan")] * 3), torch.randn(999, dtype=torch.complex64), torch.arange(-50, 50, dtype=torch.int32),
+], ids=["bf16", "nan-inf", "all-nan", "complex", "int32"])
+def test_device_statistics_equal_the_host_ones(values, monkeypatch):
+    """The GPU path (sums kept on the device, one copy at the end) is plain torch: run here on CPU tensors,
+    in small chunks so that several are summed, it must give what the host path gives."""
+    from raysleuth.fingerprints import stats as stats_module
+
+    monkeypatch.setattr(stats_module, "DEVICE_STEP", 1 << 20)
+    host = stats_module.stats_torch(values)
+    device = stats_module._stats_on_device(values.reshape(-1), torch)
+    for field, expected in vars(host).items():
+        got = getattr(device, field)
+        assert got == pytest.approx(expected, rel=1e-9) if expected is not None else got is None, field
+
+
 def test_bad_entries_are_a_type_error_naming_them():
     with pytest.raises(TypeError, match="entry 'labels'.*list"):
         fingerprint_many({"weights": np.ones(3), "labels": [1, 2, 3]})

@@ -158,7 +158,9 @@ def entries_from_dump(data: dict[str, Any]) -> dict[str, dict[int, Entry]]:
             seq = int(raw["collective_seq_id"])
             call = _call_at(by_group.get(group, []), raw.get("time_created_ns"))
             done = _int((status.get(group) or {}).get("last_completed_collective"), -1)
-            state = "completed" if seq <= done or _returned_around(call, raw.get("time_created_ns")) else "pending"
+            blocking = str(raw.get("profiling_name") or "").startswith("gloo:")
+            state = "completed" if seq <= done or (blocking and _returned_around(call, raw.get("time_created_ns"))) \
+                else "pending"
             if call is not None and call.get("state") == "error":
                 state = "error"
             inputs = [[list(shape), _DTYPES.get(dtype, str(dtype).lower())]
@@ -202,7 +204,9 @@ def _returned_around(call: dict | None, created_ns: int | None) -> bool:
     The Flight Recorder marks a gloo collective completed from gloo's own
     thread, a moment after the call returned (measured: one call in seven
     still reads pending right after it returns, longer under load), so a rank
-    blocked just after a collective would read as still inside it.
+    blocked just after a collective would read as still inside it. Only for
+    gloo: an NCCL call returns once the work is queued on the GPU stream, and
+    its entry is completed only when the Flight Recorder says so.
     """
     if not call or not created_ns or call.get("state") != "completed":
         return False

@@ -101,16 +101,48 @@ def install() -> None:
 # --------------------------------------------------------------------- dump
 
 
+#: torch keeps one Flight Recorder per kind of work event: gloo's (and other CPU backends') is read with
+#: ``_dump_fr_trace_json``, NCCL's (CUDA events) with ``_dump_nccl_trace_json``, which only builds with NCCL have.
+_FR_READERS = ("_dump_fr_trace_json", "_dump_nccl_trace_json")
+
+
+def _read_fr(c10d_bindings: Any, include_collectives: bool) -> dict | None:
+    """Every Flight Recorder this torch has, merged: entries in one list, ``pg_status`` per group."""
+    merged: dict | None = None
+    for reader in _FR_READERS:
+        dump_json = getattr(c10d_bindings, reader, None)
+        if dump_json is None:
+            continue
+        try:
+            raw = dump_json(includeCollectives=include_collectives)
+            data = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+        except Exception:
+            continue
+        if not isinstance(data, dict):
+            continue
+        if merged is None:
+            merged = {**data, "entries": [], "pg_status": {}}
+        merged["entries"] += list(data.get("entries") or [])
+        for group, status in (data.get("pg_status") or {}).items():
+            if _enqueued(status) >= _enqueued(merged["pg_status"].get(group)):
+                merged["pg_status"][group] = status  # the recorder this group really uses is the one that moved
+    return merged
+
+
+def _enqueued(status: Any) -> int:
+    try:
+        return int(status.get("last_enqueued_collective"))
+    except (AttributeError, TypeError, ValueError):
+        return -1
+
+
 def read_flight_recorder() -> dict | None:
     """torch's Flight Recorder for this process, as JSON (None where it is off or missing)."""
     try:
         ready = _torch()
         if ready is None or not ready[1].is_initialized():
             return None
-        raw = ready[0]._C._distributed_c10d._dump_fr_trace_json(includeCollectives=True)
-        text = raw.decode() if isinstance(raw, bytes) else raw
-        data = json.loads(text)
-        return data if isinstance(data, dict) else None
+        return _read_fr(ready[0]._C._distributed_c10d, True)
     except Exception:
         return None
 
@@ -233,8 +265,7 @@ def _fr_position() -> Any:
         ready = _torch()
         if ready is None or not ready[1].is_initialized():
             return None
-        raw = ready[0]._C._distributed_c10d._dump_fr_trace_json(includeCollectives=False)
-        status = json.loads(raw.decode() if isinstance(raw, bytes) else raw).get("pg_status") or {}
+        status = (_read_fr(ready[0]._C._distributed_c10d, False) or {}).get("pg_status") or {}
         return tuple(sorted((k, v.get("last_enqueued_collective"), v.get("last_completed_collective"))
                             for k, v in status.items()))
     except Exception:

@@ -34,20 +34,54 @@ def stats_torch(tensor: Any) -> TensorStats | None:
     stats = _StatsAccumulator()
     step = max(1, CHUNK_BYTES // 8)
     try:
+        if flat.device.type != "cpu":
+            return _stats_on_device(flat, torch)
         for start in range(0, flat.numel(), step):
             part = flat[start:start + step]
             if part.is_complex():
                 part = part.abs()
-            if part.device.type == "cpu":
-                # narrow floats convert fastest through float32 (exact), then numpy float64 reductions
-                narrow = part.is_floating_point() and part.element_size() <= 2
-                values = part.to(torch.float32).numpy() if narrow else part.to(torch.float64).numpy()
-                with np.errstate(invalid="ignore"):  # signalling NaN bit patterns
-                    stats.add(values.astype(np.float64), np)
-            else:
-                stats.add(part.to(torch.float64), torch)
+            # narrow floats convert fastest through float32 (exact), then numpy float64 reductions
+            narrow = part.is_floating_point() and part.element_size() <= 2
+            values = part.to(torch.float32).numpy() if narrow else part.to(torch.float64).numpy()
+            with np.errstate(invalid="ignore"):  # signalling NaN bit patterns
+                stats.add(values.astype(np.float64), np)
     except (RuntimeError, TypeError):
         return None  # a dtype with no float conversion on this device
+    return stats.result(int(flat.numel()))
+
+
+DEVICE_STEP = 1 << 25
+"""Elements per pass on a GPU (256 MiB of float64 at a time)."""
+
+
+def _stats_on_device(flat: Any, torch: Any) -> TensorStats:
+    """The same statistics summed on the device, in large chunks, with one copy to the host at the end.
+
+    Chunk by chunk with a host read per figure (as on the CPU) waits on the
+    GPU thousands of times: measured 2.4 GiB/s on an H200 for 1 GiB of bf16.
+    """
+    f64 = dict(dtype=torch.float64, device=flat.device)
+    counts = torch.zeros(3, dtype=torch.int64, device=flat.device)  # nan, inf, finite
+    sums = torch.zeros(3, **f64)  # l1, l2, total
+    low, high = torch.tensor(math.inf, **f64), torch.tensor(-math.inf, **f64)
+    for start in range(0, flat.numel(), DEVICE_STEP):
+        part = flat[start:start + DEVICE_STEP]
+        values = (part.abs() if part.is_complex() else part).to(torch.float64)
+        finite = torch.isfinite(values)
+        nan = torch.isnan(values).sum()
+        finite_count = finite.sum()
+        counts += torch.stack([nan, values.numel() - finite_count - nan, finite_count])
+        kept = torch.where(finite, values, 0.0)
+        sums += torch.stack([kept.abs().sum(), (kept * kept).sum(), kept.sum()])
+        low = torch.minimum(low, torch.where(finite, values, math.inf).min())
+        high = torch.maximum(high, torch.where(finite, values, -math.inf).max())
+    (nan, inf, finite_count), (l1, l2, total), (low, high) = (
+        counts.tolist(), sums.tolist(), torch.stack([low, high]).tolist())
+    stats = _StatsAccumulator()
+    stats.nan, stats.inf, stats.finite = int(nan), int(inf), int(finite_count)
+    if stats.finite:
+        stats.l1, stats.l2, stats.total, stats.min, stats.max = l1, l2, total, low, high
+        stats.max_abs = max(abs(low), abs(high))
     return stats.result(int(flat.numel()))
 
 
