@@ -19,10 +19,17 @@ What raysleuth uses, and why:
   setup wraps the methods a worker runs), ``get_dashboard_url``;
 - ``ray._private.worker._global_node``: this process's Ray logs folder;
 - ``RemoteFunction._remote``, ``ActorMethod._remote``: detailed Ray-call
-  tracing wraps the submission paths; ``RemoteFunction._function``: crash
+  tracing wraps the submission paths (and labels each call from the
+  descriptors Ray keeps on them); ``RemoteFunction._function``: crash
   capture wraps a remote function in place;
 - ``ActorHandle.__ray_call__`` and ``ActorHandle._actor_id``: run a function
-  on a live actor instance without changing its class;
+  on a live actor instance without changing its class; ``ActorMethod._actor``:
+  which actor a traced call went to; ``ActorHandle._ray_actor_creation_function_descriptor``:
+  the class behind a handle (labels);
+- ``FunctionActorManager._make_actor_method_executor``: the zero-code setup
+  rebuilds an actor method's executor around the wrapped method;
+- ``ray.train.v2._internal.execution.worker_group.thread_runner``: where Ray
+  Train (v2) sees the user's training function raise;
 - the ``node:__internal_head__`` resource: pin the evidence writer to the
   head node.
 """
@@ -37,7 +44,10 @@ from raysleuth.errors import RaySleuthError
 __all__ = [
     "HEAD_NODE_RESOURCE",
     "RayInternalsChanged",
+    "actor_class_name",
     "actor_id_hex",
+    "actor_of_method",
+    "actor_method_executor_maker",
     "config_initialize",
     "dashboard_url",
     "gcs_client_class",
@@ -45,9 +55,13 @@ __all__ = [
     "global_worker",
     "function_execution_table",
     "ray_call",
+    "ray_train_thread_runner",
+    "remote_function_body",
     "require",
     "services",
+    "set_remote_function_body",
     "submission_classes",
+    "submission_label",
 ]
 
 #: The resource only the head node has (Ray sets it): used to pin the evidence writer there.
@@ -126,6 +140,90 @@ def function_execution_table() -> dict[Any, Any]:
             f"{_ray_version()} does not have",
             fix=UPGRADE_FIX)
     return table
+
+
+def actor_method_executor_maker() -> Any:
+    """``FunctionActorManager._make_actor_method_executor(name, method)``: an actor method's executor."""
+    maker = getattr(global_worker().function_actor_manager, "_make_actor_method_executor", None)
+    if maker is None:
+        raise RayInternalsChanged(
+            f"raysleuth needs Ray's private `FunctionActorManager._make_actor_method_executor`, which Ray "
+            f"{_ray_version()} does not have",
+            fix=UPGRADE_FIX)
+    return maker
+
+
+RAY_TRAIN_THREAD_RUNNER = "ray.train.v2._internal.execution.worker_group.thread_runner"
+
+
+def ray_train_thread_runner() -> Any:
+    """Ray Train (v2)'s thread runner module where this worker has loaded it, else None (never imports it)."""
+    import sys
+
+    return sys.modules.get(RAY_TRAIN_THREAD_RUNNER)
+
+
+def actor_of_method(method: Any) -> Any:
+    """The actor handle an ``ActorMethod`` calls (``ActorMethod._actor``)."""
+    actor = getattr(method, "_actor", None)
+    if actor is None:
+        raise RayInternalsChanged(
+            f"raysleuth needs `ActorMethod._actor`, which Ray {_ray_version()} does not have", fix=UPGRADE_FIX)
+    return actor
+
+
+def remote_function_body(target: Any) -> Any:
+    """The user's function inside a ``RemoteFunction`` (``_function``), or None when ``target`` is not one.
+
+    Never imports Ray: a process that has not imported it holds no remote function.
+    """
+    import sys
+
+    module = sys.modules.get("ray.remote_function")
+    remote_function = getattr(module, "RemoteFunction", None)
+    if remote_function is None or not isinstance(target, remote_function):
+        return None
+    body = getattr(target, "_function", None)
+    if not callable(body):
+        raise RayInternalsChanged(
+            f"raysleuth needs `RemoteFunction._function`, which Ray {_ray_version()} does not have",
+            fix=UPGRADE_FIX)
+    return body
+
+
+def set_remote_function_body(target: Any, body: Any) -> bool:
+    """Replace a ``RemoteFunction``'s function before it is shipped; False when it was already shipped."""
+    shipped = getattr(target, "_pickled_function", None) is not None
+    target._function = body
+    return not shipped
+
+
+def actor_class_name(handle: Any) -> str:
+    """The class name of the actor behind a handle (``ActorHandle._ray_actor_creation_function_descriptor``)."""
+    descriptor = getattr(handle, "_ray_actor_creation_function_descriptor", None)
+    if descriptor is None:
+        raise RayInternalsChanged(
+            f"raysleuth needs `ActorHandle._ray_actor_creation_function_descriptor`, which Ray {_ray_version()} "
+            "does not have", fix=UPGRADE_FIX)
+    return descriptor.class_name.rsplit(".", 1)[-1]
+
+
+def submission_label(kind: str, target: Any) -> str:
+    """``module.function`` of a traced task, ``Class.method`` of a traced actor call; a plain name if Ray moved.
+
+    Reads ``RemoteFunction._function_descriptor``, ``ActorMethod._actor``,
+    ``ActorHandle._ray_actor_creation_function_descriptor`` and
+    ``ActorMethod._method_name``: a label only, so a Ray without them gives
+    the bare name instead of an error.
+    """
+    try:
+        if kind == "task":
+            descriptor = target._function_descriptor
+            return f"{descriptor.module_name}.{descriptor.function_name}".rsplit(".", 2)[-1] \
+                if descriptor.function_name else "task"
+        return f"{actor_class_name(actor_of_method(target))}.{target._method_name}"
+    except Exception:
+        return getattr(target, "_method_name", None) or getattr(target, "__name__", kind)
 
 
 def submission_classes() -> tuple[Any, Any]:

@@ -332,8 +332,9 @@ def forget_identity() -> None:
 
 def _actor_class_name(context) -> str | None:
     try:
-        handle = context.current_actor
-        return handle._ray_actor_creation_function_descriptor.class_name.rsplit(".", 1)[-1]
+        from raysleuth.ray_private import actor_class_name
+
+        return actor_class_name(context.current_actor)
     except Exception:
         return None
 

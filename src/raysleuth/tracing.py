@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, overload
 
-from raysleuth import runtime
+from raysleuth import ray_private, runtime
 from raysleuth.recorder import get_client, record
 from raysleuth.recorder.client import register_lazy_data
 
@@ -204,20 +204,6 @@ def detailed_tracing_active() -> bool:
     return _enabled_here.get()
 
 
-def _call_name(kind: str, target: Any) -> str:
-    try:
-        if kind == "task":
-            descriptor = target._function_descriptor
-            return f"{descriptor.module_name}.{descriptor.function_name}".rsplit(".", 2)[-1] \
-                if descriptor.function_name else "task"
-        actor = getattr(target, "_actor", None)  # ActorMethod -> its ActorHandle (Ray 2.4x+)
-        descriptor = getattr(actor, "_ray_actor_creation_function_descriptor", None)
-        class_name = descriptor.class_name.rsplit(".", 1)[-1] if descriptor is not None else ""
-        return f"{class_name}.{target._method_name}"
-    except Exception:
-        return getattr(target, "_method_name", None) or getattr(target, "__name__", kind)
-
-
 def _traced(kind: str, original: Callable) -> Callable:
     def traced_remote(self, *args, **kwargs):
         result = original(self, *args, **kwargs)
@@ -242,10 +228,10 @@ def _record_call(kind: str, target: Any, result: Any, kwargs: dict) -> None:
         task_id = ref.task_id().hex()
     except Exception:
         ref = None
-    label = _call_name(kind, target)
+    label = ray_private.submission_label(kind, target)
     if kind == "actor_call":
         try:
-            actor_id = target._actor._actor_id.hex()
+            actor_id = ray_private.actor_id_hex(ray_private.actor_of_method(target))
         except Exception:
             actor_id = None
     else:

@@ -6,7 +6,6 @@ or False/None when Ray moved.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from raysleuth import ray_private
@@ -42,7 +41,7 @@ def wrap_worker_calls(wrap: Any) -> bool:
         if getattr(original, "_raysleuth_wrapped", False):
             return True
         table = ray_private.function_execution_table()
-        make_executor = manager._make_actor_method_executor
+        make_executor = ray_private.actor_method_executor_maker()
     except Exception:
         return False
     seen: set = set()
@@ -95,7 +94,7 @@ def on_ray_train_user_error(callback: Any) -> bool:
     the one place that sees it, without changing what Ray Train reports.
     Returns False when Ray Train is not loaded here or has moved.
     """
-    module = sys.modules.get("ray.train.v2._internal.execution.worker_group.thread_runner")
+    module = ray_private.ray_train_thread_runner()
     if module is None:
         return False
     original = getattr(module, "construct_user_exception_with_traceback", None)

@@ -15,6 +15,7 @@ from typing import Any
 
 import raysleuth as rs
 from raysleuth.demo.job import Fault, GRPOTrainer, JobConfig, RolloutWorker, score_group
+from raysleuth.ray_private import actor_id_hex
 
 __all__ = ["Job", "JobOutcome", "ScenarioResult", "flush_evidence"]
 
@@ -125,7 +126,7 @@ class Job:
         ids = set()
         for actor in [self.rollout, *self.trainers, *self.extra_actors]:
             try:
-                ids.add(actor._actor_id.hex())
+                ids.add(actor_id_hex(actor))
             except Exception:
                 pass
         return ids

@@ -16,6 +16,7 @@ from typing import Any
 
 import raysleuth as rs
 from raysleuth.demo.harness import Job, ScenarioResult, flush_evidence
+from raysleuth.ray_private import actor_id_hex
 from raysleuth.demo.job import Fault, JobConfig, RolloutWorker, policy_weights
 
 __all__ = ["EXPECTED", "FOUND_BY", "INJECTED", "RUNNERS", "SCENARIOS"]
@@ -288,7 +289,7 @@ def pending(config: JobConfig, say: Say) -> ScenarioResult:
 
     worker_class = ray.remote(num_gpus=1, num_cpus=1)(RolloutWorker)
     actor = worker_class.options(name=f"demo-pending-gpu-rollout-{int(time.time())}").remote(config.seed)
-    actor_id = actor._actor_id.hex()
+    actor_id = actor_id_hex(actor)
     try:
         say("  raysleuth tasks --pending")
         deadline = time.monotonic() + 30

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from raysleuth import cluster, runtime
+from raysleuth import cluster, ray_private, runtime
 from raysleuth.errors import CaptureTimeout, UsageError
 
 __all__ = ["InstrumentOptions", "InstrumentedWorker", "install_here", "instrument"]
@@ -165,7 +165,7 @@ def instrument(actor_handles: Sequence[Any], ranks: Sequence[int] | None = None,
     options = InstrumentOptions(crash_capture=crash_capture, log_shipping=log_shipping,
                                 memory_watch=memory_watch, memory_interval=memory_interval)
     deadline = time.monotonic() + timeout
-    probe_refs = [handle.__ray_call__.remote(_probe) for handle in handles]
+    probe_refs = [ray_private.ray_call(handle, _probe) for handle in handles]
     try:
         probes = ray.get(probe_refs, timeout=timeout)
     except ray.exceptions.GetTimeoutError:
@@ -175,7 +175,7 @@ def instrument(actor_handles: Sequence[Any], ranks: Sequence[int] | None = None,
                              fix="instrument actors before they start long calls, or give them max_concurrency > 1") from None
     decided = _decide_ranks(probes, ranks)
     size = world_size or len(handles)
-    refs = [handle.__ray_call__.remote(_install_in_actor, rank, size, options)
+    refs = [ray_private.ray_call(handle, _install_in_actor, rank, size, options)
             for handle, (rank, _source) in zip(handles, decided)]
     results = ray.get(refs, timeout=max(1.0, deadline - time.monotonic()))
     workers = []

@@ -161,12 +161,13 @@ def capture_crashes(target: T | None = None) -> T:
     if modified is not None:
         _wrap_class(modified)
         return target
-    remote_function = getattr(target, "_function", None)
-    if remote_function is not None and callable(remote_function) and hasattr(target, "_function_descriptor"):
-        if getattr(target, "_pickled_function", None) is not None:
+    from raysleuth.ray_private import remote_function_body, set_remote_function_body
+
+    remote_function = remote_function_body(target)
+    if remote_function is not None:
+        if not set_remote_function_body(target, _wrap_function(remote_function)):
             log.warning("raysleuth: %r was already shipped to the cluster; wrap it before its first .remote()",
                         target)
-        target._function = _wrap_function(remote_function)  # type: ignore[attr-defined]
         return target
     if callable(target):
         return _wrap_function(target)  # type: ignore[arg-type, return-value]
