@@ -207,3 +207,26 @@ def test_cli_lists_checks_and_exits_1_on_mismatch(ranks, ray_cluster, capsys):
     assert code == 1 and json.loads(capsys.readouterr().out)["checks"][0]["key"] == "cli-bad"
     code = main(["consistency", "--home", str(ray_cluster.home), "--json", "--job", "7f000000"])
     assert code == 0 and json.loads(capsys.readouterr().out)["checks"] == []
+
+
+def test_an_incomplete_meeting_keeps_its_topics_until_every_rank_that_came_has_closed(ranks):
+    """Full-suite CI under load: the lowest rank of an incomplete check dropped the topics at once, and a peer
+    still reading the data after its own deadline found it empty (every rank, itself too, listed as missing)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from raysleuth.consistency.exchange import MailboxExchange
+    from raysleuth.recorder.writer import get_writer
+
+    writer, base = get_writer(), f"consistency/test-close/{time.time_ns()}"
+    exchanges = [MailboxExchange(rank, 4, 1.0, base, writer) for rank in range(3)]  # rank 3 never comes
+    with ThreadPoolExecutor(3) as pool:
+        posted = list(pool.map(lambda ex: ex.round("fp", {"rank": ex.rank}, expected=[0, 1, 2, 3]), exchanges))
+    assert [sorted(p) for p in posted] == [[0, 1, 2]] * 3
+    exchanges[0].close([0, 1, 2], complete=False)  # the lowest rank is done first
+    assert sorted(ray.get(writer.read.remote(f"{base}/fp"), timeout=30)) == ["0", "1", "2"]  # peers still read it
+    exchanges[1].close([0, 1, 2], complete=False)
+    exchanges[2].close([0, 1, 2], complete=False)
+    deadline = time.monotonic() + 30
+    while ray.get(writer.read.remote(f"{base}/fp"), timeout=30) and time.monotonic() < deadline:
+        time.sleep(0.1)  # drop is fire-and-forget
+    assert ray.get(writer.read.remote(f"{base}/fp"), timeout=30) == {}  # the last one cleans up

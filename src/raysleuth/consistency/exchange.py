@@ -94,9 +94,19 @@ class MailboxExchange(Exchange):
         return {int(member): item for member, item in posted.items() if member in wanted}
 
     def close(self, arrived: list[int], complete: bool) -> None:
+        """Drop the meeting's topics once every rank that joined it has closed.
+
+        Joined = posted to the first round's ready topic, which may be more
+        than ``arrived`` (a rank that came after this one's deadline). A rank
+        past its deadline may still be reading the data: dropping earlier
+        (the first version let the lowest rank drop an incomplete meeting at
+        once) left a slower peer reading an empty topic, where it lost even
+        its own post and listed every rank as missing.
+        """
         try:
             done = self._call("post", f"{self.base}/done", str(self.rank), True)
-            if done >= len(arrived) or (not complete and self.rank == min(arrived)):
+            joined = len(self._call("read", self.topics[1])) if len(self.topics) > 1 else 0
+            if done >= max(len(arrived), joined):
                 for topic in self.topics + [f"{self.base}/done"]:
                     self.writer.drop.remote(topic)
         except Exception:  # cleanup only: a leftover topic is harmless
