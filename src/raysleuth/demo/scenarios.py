@@ -16,8 +16,8 @@ from typing import Any
 
 import raysleuth as rs
 from raysleuth.demo.harness import Job, ScenarioResult, flush_evidence
-from raysleuth.ray_private import actor_id_hex
 from raysleuth.demo.job import Fault, JobConfig, RolloutWorker, policy_weights
+from raysleuth.ray_private import actor_id_hex
 
 __all__ = ["EXPECTED", "FOUND_BY", "INJECTED", "RUNNERS", "SCENARIOS"]
 

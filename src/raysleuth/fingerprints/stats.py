@@ -22,7 +22,7 @@ def stats_numpy(array: np.ndarray) -> TensorStats | None:
     for start in range(0, flat.size, step):
         part = flat[start:start + step]
         values = np.abs(part).astype(np.float64) if part.dtype.kind == "c" else part.astype(np.float64)
-        stats.add(values, np)
+        stats.add(values)
     return stats.result(int(flat.size))
 
 
@@ -44,7 +44,7 @@ def stats_torch(tensor: Any) -> TensorStats | None:
             narrow = part.is_floating_point() and part.element_size() <= 2
             values = part.to(torch.float32).numpy() if narrow else part.to(torch.float64).numpy()
             with np.errstate(invalid="ignore"):  # signalling NaN bit patterns
-                stats.add(values.astype(np.float64), np)
+                stats.add(values.astype(np.float64))
     except (RuntimeError, TypeError):
         return None  # a dtype with no float conversion on this device
     return stats.result(int(flat.numel()))
@@ -86,27 +86,27 @@ def _stats_on_device(flat: Any, torch: Any) -> TensorStats:
 
 
 class _StatsAccumulator:
-    """Float64 running statistics over chunks (numpy or torch, same calls)."""
+    """Float64 running statistics over numpy chunks (a GPU tensor's are summed on the device instead)."""
 
     def __init__(self) -> None:
         self.nan = self.inf = self.finite = 0
         self.l1 = self.l2 = self.total = 0.0
         self.max_abs = self.min = self.max = None
 
-    def add(self, values: Any, lib: Any) -> None:
-        finite_mask = lib.isfinite(values)
+    def add(self, values: np.ndarray) -> None:
+        finite_mask = np.isfinite(values)
         if bool(finite_mask.all()):
             finite = values  # the common case: no mask, no copy
         else:
-            nan = int(lib.isnan(values).sum())
+            nan = int(np.isnan(values).sum())
             self.nan += nan
             self.inf += int((~finite_mask).sum()) - nan
             finite = values[finite_mask]
-        count = int(finite.numel() if hasattr(finite, "numel") else finite.size)
+        count = int(finite.size)
         if not count:
             return
         self.finite += count
-        self.l1 += float(lib.abs(finite).sum())
+        self.l1 += float(np.abs(finite).sum())
         self.l2 += float((finite * finite).sum())
         self.total += float(finite.sum())
         low, high = float(finite.min()), float(finite.max())
