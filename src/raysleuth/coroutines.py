@@ -25,6 +25,7 @@ chain is walked (the chain is then cut short). Errors never reach the job.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import threading
@@ -72,7 +73,13 @@ def _next_of(awaitable: Any) -> Any:
     for name in ("cr_await", "gi_yieldfrom", "ag_await"):
         if hasattr(awaitable, name):
             return getattr(awaitable, name)
-    return None
+    if isinstance(awaitable, asyncio.Future):
+        return None
+    # A compiled await wrapper (Cython's, around Ray's async actor calls) exposes nothing: the coroutine
+    # it drives is among the objects it refers to.
+    inner = [obj for obj in gc.get_referents(awaitable) if _frame_of(obj) is not None or
+             type(obj).__name__ in ("coroutine", "generator", "async_generator")]
+    return inner[0] if len(inner) == 1 else None
 
 
 def describe_task(task: asyncio.Task) -> dict[str, Any]:
@@ -82,20 +89,24 @@ def describe_task(task: asyncio.Task) -> dict[str, Any]:
     awaited, awaited_id = None, None
     for _depth in range(MAX_DEPTH):
         frame = _frame_of(awaitable)
-        if frame is None:
+        following = _next_of(awaitable)
+        if frame is None and following is None:
             if awaitable is not None:
                 awaited, awaited_id = _awaited_name(awaitable), id(awaitable)
             break
-        code = frame.f_code
-        frames.append({"function": getattr(code, "co_qualname", code.co_name), "file": code.co_filename,
-                       "line": frame.f_lineno})
-        following = _next_of(awaitable)
+        if frame is not None:  # (a compiled coroutine, Ray's wrapper among them, has no frame: walk through it)
+            code = frame.f_code
+            frames.append({"function": getattr(code, "co_qualname", code.co_name), "file": code.co_filename,
+                           "line": frame.f_lineno})
         if following is None:
             break
         awaitable = following
     waiter = getattr(task, "_fut_waiter", None)
-    if awaited is None and waiter is not None:
-        awaited, awaited_id = _awaited_name(waiter), id(waiter)
+    if waiter is not None:
+        awaited_id = id(waiter)
+        awaited = awaited or _awaited_name(waiter)
+    if frames and "/asyncio/" in frames[-1]["file"]:
+        awaited = f"asyncio {frames[-1]['function']}"  # Event.wait, Queue.get, Lock.acquire, sleep...
     return {"task": task.get_name(), "frames": frames, "awaits": awaited,
             "point": [tuple((f["file"], f["line"]) for f in frames), awaited_id]}
 

@@ -103,6 +103,10 @@ def sink_candidate(graph: WaitGraph, key: str, context: Any) -> Candidate | None
     kinds = {edge.kind for edge in into}
     if not into and not node.detail.get("not returned") and process.role != "driver":
         return None  # nobody waits for it: not what a hang waits on
+    differ = [edge for edge in into if edge.evidence.endswith("the ops differ")]
+    if differ and process.activity == "waiting":
+        return Candidate(2, key, make_culprit(process, f"{headline(process)}: {differ[0].evidence}", "peers",
+                                              evidence=differ[0].evidence))
     if node.detail.get("not returned"):
         evidence = node.detail["not returned"]
         return Candidate(2, key, make_culprit(process, f"{evidence}: {headline(process)}", "call not returned",

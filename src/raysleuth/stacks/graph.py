@@ -26,7 +26,8 @@ progress waits for nobody. Cycles are deadlocks; sinks explain the rest.
 from __future__ import annotations
 
 import dataclasses
-from collections import defaultdict
+import time
+from collections import Counter, defaultdict
 from typing import Any
 
 from raysleuth.cluster.records import RayTask
@@ -38,6 +39,8 @@ __all__ = ["STUCK_AWAIT_SECONDS", "WaitGraph", "build_graph", "node_key"]
 
 DRIVER_TASK_PREFIX = "f" * 40
 WAITING = ("waiting", "blocked")
+PENDING_SECONDS = 30.0
+"""A call not running after this long is what its caller waits on; a younger one is still being scheduled."""
 STUCK_AWAIT_SECONDS = 5.0
 """A coroutine that has awaited one point this long (and longer than the whole capture window) while
 its loop is idle is what its callers wait for."""
@@ -173,17 +176,18 @@ def _ray_call_edges(graph: WaitGraph, processes: list[ProcessStack], tasks: list
             children[task.parent_task_id].append(task)
     by_worker = {(p.node_id, p.pid): p for p in processes}
     by_actor = {p.actor_id: p for p in processes if p.actor_id}
+    now = time.time()
     for process in processes:
         thread = key_thread(process)
         if process.activity not in WAITING or thread is None or not in_ray_wait(thread):
             continue
         for own in _own_tasks(process, running):
             for call in children.get(own, []):
-                _call_edge(graph, process, call, by_worker, by_actor, running)
+                _call_edge(graph, process, call, by_worker, by_actor, running, now)
 
 
 def _call_edge(graph: WaitGraph, caller: ProcessStack, call: RayTask, by_worker: dict, by_actor: dict,
-               running: dict) -> None:
+               running: dict, now: float) -> None:
     source = node_key(caller)
     name = call.name or call.function or call.task_id[:12]
     if call.state == "RUNNING" and call.worker_pid:
@@ -193,6 +197,8 @@ def _call_edge(graph: WaitGraph, caller: ProcessStack, call: RayTask, by_worker:
             graph.link(source, node_key(target), "ray call", f"waits in ray.get for {name}")
         return
     actor = by_actor.get(call.actor_id) if call.actor_id else None
+    if actor is not None and call.type == "ACTOR_CREATION_TASK":
+        return  # the actor is up (its process was read): a creation event the State API has not caught up with
     if actor is not None:
         busy = sorted({t.name or "?" for t in running.get((actor.node_id, actor.pid), [])}) or (
             [actor.task_name] if actor.task_name else [])
@@ -201,8 +207,11 @@ def _call_edge(graph: WaitGraph, caller: ProcessStack, call: RayTask, by_worker:
                    f"waits for {name}, queued on {actor.actor_class or 'the actor'}{behind}")
         return
     key = f"pending:{call.task_id}"
-    graph.add(Node(key, f"task {name} ({call.state or 'pending'})", "pending",
-                   detail={"task_id": call.task_id, "state": call.state}))
+    age = (now - call.creation_time_ms / 1000.0) if call.creation_time_ms else None
+    # A call submitted a moment ago is being scheduled (progress); one that waits for long is what its caller waits on.
+    state = "pending" if age is None or age >= PENDING_SECONDS else "working"
+    graph.add(Node(key, f"task {name} ({call.state or 'pending'})", state,
+                   detail={"task_id": call.task_id, "state": call.state, "age_s": age}))
     graph.link(source, key, "ray call", f"waits for {name}, not running yet ({call.state}): "
                                         "raysleuth tasks --pending says why")
 
@@ -227,13 +236,18 @@ def _collective_edges(graph: WaitGraph, processes: list[ProcessStack], dead: lis
         waiters = [p for p in peers if _group_wait(p, called)]
         if not waiters:
             continue
+        counts = Counter(p.wait for p in waiters)
+        ranked = counts.most_common()
+        majority = ranked[0][0] if len(ranked) == 1 or ranked[0][1] > ranked[1][1] else None
         for waiter in waiters:
             kind = "collective" if in_collective(waiter) else "peers"
             for peer in peers:
                 if peer is waiter:
                     continue
                 if _group_wait(peer, called):
-                    if peer.wait != waiter.wait:
+                    # Ranks in different ops: the majority waits for the few in another op; an even split
+                    # has no majority and no edge (the verdict cannot tell which side is wrong).
+                    if peer.wait != waiter.wait and waiter.wait == majority:
                         graph.link(node_key(waiter), node_key(peer), kind,
                                    f"in {_op(waiter)} while {_who(peer)} is in {_op(peer)}: the ops differ")
                     continue

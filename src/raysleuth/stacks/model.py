@@ -80,6 +80,8 @@ class ProcessStack:
     """How long py-spy took on this process."""
     event_loop: bool = False
     """A thread runs an asyncio event loop (an async actor: its calls await off the main thread)."""
+    event_loop_thread: int | None = None
+    """The OS thread id of that event loop: an async actor's progress is measured on it."""
     moved: bool | None = None
     """Between the two samples: True when the key thread's frames changed or it used CPU or woke; None with one sample."""
     moved_frames: bool | None = None

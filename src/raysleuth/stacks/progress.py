@@ -37,7 +37,7 @@ WORKING_CPU_SECONDS = 0.03
 IO_BYTES = 1 << 20
 """Bytes of I/O (read + written through system calls) by the key thread over the window that count as
 progress: a checkpoint being written or a data set being read; a spinning wait moves none."""
-WAKEUPS_PER_SECOND = 2.0
+WAKEUPS_PER_SECOND = 3.0
 """Voluntary context switches per second of the window that make a thread active: a loop that
 sleeps between steps switches at least once a step; a thread blocked for good does not switch,
 and a blocked ``ray.get`` wakes well under once a second (measured in bench/bench_verdicts.py)."""

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
 from typing import Any
 
 from raysleuth import cluster
-from raysleuth.stacks.analysis import key_thread, signature
+from raysleuth.stacks.analysis import is_ray_idle, key_thread, signature
 from raysleuth.stacks.clues import (
     collective_positions, dead_actors, failed_calls, progress_records, read_coroutines, recorded_calls,
     request_coroutines, thread_times,
@@ -84,7 +84,7 @@ def _result(future, deadline: float, report: StackReport, name: str) -> Any:
     except FutureTimeout:
         report.missing.append(Missing(reason=f"{name}: not read within --timeout"))
         return None
-    if error and name:
+    if error and name and not error.startswith("StoreNotFound"):  # no evidence yet: a job without raysleuth
         report.missing.append(Missing(reason=f"{name}: {error}"))
     return value
 
@@ -113,13 +113,20 @@ def _second(report: StackReport, targets: dict[str, list[ProcessStack]], found: 
         proc = next((p for p in targets.get(key[0], []) if p.pid == key[1]), None)
         if proc is None:
             continue
-        thread = key_thread(proc)
         proc.moved_frames = signature(proc) != old_signature
-        proc.counters = thread_deltas(before.get(key), after.get(key), thread.os_thread_id if thread else None,
-                                      window)
-        if listed is not None and was.get(key, set()) != now.get(key, set()):
-            ended, begun = len(was.get(key, set()) - now.get(key, set())), len(now.get(key, set()) - was.get(key, set()))
-            proc.progress.append(f"Ray calls {ended} finished, {begun} started")
+        proc.counters = thread_deltas(before.get(key), after.get(key), progress_thread(proc), window)
+        ended = len(was.get(key, set()) - now.get(key, set())) if listed is not None else 0
+        if ended:  # (a call that started counts for nothing: a request that starts and then hangs starts too)
+            proc.progress.append(f"Ray calls finished: {ended} in the window")
+
+
+def progress_thread(proc: ProcessStack) -> int | None:
+    """The thread whose counters tell this process's progress: the key thread, or, for an async actor idle
+    in Ray's task loop (its main thread wakes all the time), its event loop's thread."""
+    thread = key_thread(proc)
+    if thread is not None and proc.event_loop_thread and is_ray_idle(thread):
+        return proc.event_loop_thread
+    return thread.os_thread_id if thread else None
 
 
 def _attach(targets: dict[str, list[ProcessStack]], found: dict[str, Any]) -> None:
