@@ -128,7 +128,7 @@ def build_verdict(processes: list[ProcessStack], tasks: list[RayTask] | None = N
         _root_causes(verdict, graph, candidates, processes)
     else:
         _without_root_cause(verdict, graph, processes, context)
-    verdict.notes = list(context.errors) + verdict.notes + _invisible_coroutines(processes)
+    verdict.notes = list(context.errors) + verdict.notes + _invisible_coroutines(processes, graph)
     verdict.signals = _signals(processes)
     _consequences(verdict, graph, processes)
     return verdict
@@ -250,10 +250,12 @@ def _hung_summary(unexplained: list[ProcessStack]) -> str:
     return f"hung: {len(unexplained)} process(es) make no progress and no root cause was found — {where}{more}"
 
 
-def _invisible_coroutines(processes: list[ProcessStack]) -> list[str]:
+def _invisible_coroutines(processes: list[ProcessStack], graph: WaitGraph) -> list[str]:
     notes = []
     for process in processes:
-        if process.event_loop and process.activity == "waiting" and process.coroutines is None:
+        waited_on = bool(graph.into(node_key(process)))
+        if process.event_loop and process.coroutines is None and (
+                process.activity in WAITING or (waited_on and process.activity == "returned")):
             notes.append(f"{process.label} is an async actor whose coroutines are invisible from outside: run the "
                          "job under `raysleuth run` (or give Ray the setup hook raysleuth.setup_worker) to list what "
                          "each request awaits; on Python >= 3.14, `python -m asyncio pstree PID` reads them")
