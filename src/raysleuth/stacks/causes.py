@@ -113,6 +113,11 @@ def sink_candidate(graph: WaitGraph, key: str, context: Any) -> Candidate | None
                                                evidence=evidence))
     if process.activity == "blocked" and _in_user_code(process):
         rule = "peers" if kinds & {"collective", "peers"} else "wait-for chain"
+        left = [n.process for n in graph.nodes.values() if n.process is not None and n.process is not process
+                and n.process.group is not None and n.process.group == process.group]
+        if rule == "wait-for chain" and left and all(p.activity == "returned" for p in left):
+            rule = "peers"  # the same call to its peers returned: it stands apart from its group
+            how = f"{len(left)} of {len(left) + 1} {process.actor_class or 'peer'} peers have returned; {how}"
         return Candidate(2, key, make_culprit(process, f"{headline(process)}; {how}" if how else headline(process),
                                                rule, evidence=how))
     measured = not any(signal.startswith("on CPU") for signal in process.progress)

@@ -47,7 +47,7 @@ from collections.abc import Callable
 from typing import Any
 
 from raysleuth.cluster.records import RayTask
-from raysleuth.stacks.analysis import headline, wait_chains
+from raysleuth.stacks.analysis import headline, signature, wait_chains
 from raysleuth.stacks.causes import Candidate, collective_candidates, extra_candidates, make_culprit, sink_candidate
 from raysleuth.stacks.graph import WAITING, WaitGraph, build_graph, node_key
 from raysleuth.stacks.model import Consequence, Culprit, ProcessStack, Verdict, WaitLink
@@ -143,6 +143,8 @@ def _peer_text(graph: WaitGraph, key: str, processes: list[ProcessStack]) -> str
     group = waiters[0].group
     size = len([p for p in processes if p.group == group]) + (1 if key.startswith("dead:") else 0)
     where = sorted({w.wait for w in waiters if w.wait})
+    if len({signature(w) for w in waiters}) == 1 and not any("(torch." in w for w in where):
+        where = [headline(waiters[0]).removeprefix("waiting in ")]  # ray.get inside the user's own collective
     return (f"{len(waiters)} of {size} {waiters[0].actor_class or 'peer'} peers ({_who(waiters)}) wait in "
             f"{', '.join(where) or 'a collective'}")
 
