@@ -81,6 +81,8 @@ def sink_candidate(graph: WaitGraph, key: str, context: Any) -> Candidate | None
     into = graph.into(key)
     how = "; ".join(sorted({edge.evidence for edge in into})[:2])
     if node.state == "coroutine":
+        if node.process is None or not graph.into(node_key(node.process)):
+            return None  # nobody waits for this actor: a coroutine idle on its queue is just idle
         item = node.detail
         reason = (f"coroutine {item.get('task')} has awaited {item.get('awaits') or '?'} at {coroutine_where(item)} "
                   f"for {float(item.get('waited_s') or 0):.0f}s while its event loop is idle")

@@ -283,11 +283,14 @@ def _who(process: ProcessStack) -> str:
 
 def _coroutine_edges(graph: WaitGraph, processes: list[ProcessStack], window: float) -> None:
     for process in processes:
-        if not process.coroutines or process.activity not in WAITING + ("returned",):
+        if not process.coroutines or process.activity not in WAITING + ("returned", "active"):
             continue
         waited = sorted(float(t.get("waited_s") or 0.0) for t in process.coroutines)
         median = waited[len(waited) // 2] if waited else 0.0
-        for item in process.coroutines:
+        method = (process.task_name or "").rsplit(".", 1)[-1]
+        serving = [t for t in process.coroutines if method and any(
+            (f.get("function") or "").rsplit(".", 1)[-1] == method for f in t.get("frames") or [])]
+        for item in serving or process.coroutines:  # the requests its callers wait for, when we can tell them
             seconds = float(item.get("waited_s") or 0.0)
             if seconds < max(STUCK_AWAIT_SECONDS, window) or (len(waited) > 2 and seconds < 4 * max(median, 0.5)):
                 continue

@@ -34,6 +34,9 @@ __all__ = ["IO_BYTES", "WAKEUPS_PER_SECOND", "WORKING_CPU_SECONDS", "classify", 
 
 WORKING_CPU_SECONDS = 0.03
 """CPU a key thread must use between the samples to count as active (a blocked wait uses ~0)."""
+LOOP_WAKEUPS_PER_SECOND = 0.75
+"""The same for an asyncio event loop's thread: an idle loop with nothing scheduled sleeps in ``select``
+without waking; a loop that polls (Ray Train's controller) wakes on every timer."""
 IO_BYTES = 1 << 20
 """Bytes of I/O (read + written through system calls) by the key thread over the window that count as
 progress: a checkpoint being written or a data set being read; a spinning wait moves none."""
@@ -71,7 +74,8 @@ def _is_active(counters: dict[str, Any] | None) -> list[str]:
     if float(counters.get("cpu") or 0.0) >= WORKING_CPU_SECONDS:
         found.append(f"cpu {counters['cpu']:.2f}s in {window:.1f}s")
     switches = counters.get("switches")
-    if switches is not None and switches / window >= WAKEUPS_PER_SECOND:
+    rate = LOOP_WAKEUPS_PER_SECOND if counters.get("event_loop") else WAKEUPS_PER_SECOND
+    if switches is not None and switches / window >= rate:
         found.append(f"woke {int(switches)} times in {window:.1f}s")
     return found
 

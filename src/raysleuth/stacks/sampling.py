@@ -114,7 +114,10 @@ def _second(report: StackReport, targets: dict[str, list[ProcessStack]], found: 
         if proc is None:
             continue
         proc.moved_frames = signature(proc) != old_signature
-        proc.counters = thread_deltas(before.get(key), after.get(key), progress_thread(proc), window)
+        tid = progress_thread(proc)
+        proc.counters = thread_deltas(before.get(key), after.get(key), tid, window)
+        if proc.counters is not None and tid == proc.event_loop_thread:
+            proc.counters["event_loop"] = 1.0  # an idle loop sleeps without waking; any timer wakes it
         ended = len(was.get(key, set()) - now.get(key, set())) if listed is not None else 0
         if ended:  # (a call that started counts for nothing: a request that starts and then hangs starts too)
             proc.progress.append(f"Ray calls finished: {ended} in the window")
