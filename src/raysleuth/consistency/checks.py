@@ -122,14 +122,14 @@ def _meet(exchange: Exchange, report: ConsistencyReport, mine: dict[str, Fingerp
         raise RuntimeError("this rank's own fingerprints did not reach the mailbox")
     mismatches, requests, rehash = compare_fingerprints(posted)
     if rehash:
-        # CPU (xxh3) and CUDA (wsum) ranks hold the same tensor: compare wsum digests.
-        again = {name: fingerprint(tensors[name], name=name, stats=atol > 0 or rtol > 0, algorithm="wsum")
+        # CPU (xxh3) and CUDA (mix64) ranks hold the same tensor: compare mix64 digests.
+        again = {name: fingerprint(tensors[name], name=name, stats=atol > 0 or rtol > 0, algorithm="mix64")
                  for name in rehash if name in tensors}
         redo = exchange.round("rehash", again, expected=report.arrived_ranks)
         for rank, fps in redo.items():
             posted[rank].update(fps)
         mismatches, requests, still = compare_fingerprints(posted)
-        for name in still:  # a rank's wsum rehash did not arrive: say so, never count it consistent
+        for name in still:  # a rank's mix64 rehash did not arrive: say so, never count it consistent
             report.incomparable.append(name)
             report.notes.append(f"{name}: not compared, digests differ in algorithm ({algorithms_of(posted, name)})")
     if requests:

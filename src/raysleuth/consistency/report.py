@@ -83,7 +83,7 @@ class ConsistencyReport:
     error: str | None = None
     notes: list[str] = field(default_factory=list)
     incomparable: list[str] = field(default_factory=list)
-    """Tensors whose ranks' digests use different algorithms (xxh3/blake2b/wsum) and could not be
+    """Tensors whose ranks' digests use different algorithms (xxh3/blake2b/mix64) and could not be
     rehashed alike: not compared, so the check cannot say they are consistent."""
 
     @property
@@ -177,7 +177,7 @@ def compare_fingerprints(
     Returns the mismatches (values not yet localised), the chunks to fetch
     to localise value mismatches, and the names whose ranks used different
     digest algorithms (CPU and CUDA ranks: fingerprint those again with
-    ``wsum``).
+    ``mix64``).
     """
     ranks = sorted(posted)
     names: list[str] = []
@@ -239,7 +239,7 @@ def compare_fingerprints(
 
 
 def algorithms_of(posted: dict[int, dict[str, Fingerprint]], name: str) -> str:
-    """``xxh3 on [0, 1], wsum on [2]``: which rank digested ``name`` how."""
+    """``xxh3 on [0, 1], mix64 on [2]``: which rank digested ``name`` how."""
     by_algorithm: dict[str, list[int]] = defaultdict(list)
     for rank in sorted(posted):
         if name in posted[rank]:
