@@ -118,6 +118,7 @@ def _meet(exchange: Exchange, report: ConsistencyReport, mine: dict[str, Fingerp
             del posted[rank]
     report.arrived_ranks = sorted(posted)
     report.missing_ranks = [rank for rank in world if rank not in posted]
+    report.tensors_checked = len({name for fps in posted.values() for name in fps})
     if report.rank not in posted:  # only possible if our own post was lost
         raise RuntimeError("this rank's own fingerprints did not reach the mailbox")
     mismatches, requests, rehash = compare_fingerprints(posted)
@@ -146,8 +147,7 @@ def _meet(exchange: Exchange, report: ConsistencyReport, mine: dict[str, Fingerp
 
 
 def _finish(report: ConsistencyReport, started: float, record: bool) -> ConsistencyReport:
-    report.consistent = (not report.mismatches and not report.missing_ranks and not report.incomparable
-                         and report.error is None)
+    report.settle()
     report.seconds = round(time.monotonic() - started, 4)
     if report.consistent:
         log.info(report.summary())
@@ -158,8 +158,7 @@ def _finish(report: ConsistencyReport, started: float, record: bool) -> Consiste
         try:
             from raysleuth.recorder import record as store
 
-            store("consistency", report.to_dict(), name=report.key, step=report.step,
-                  level="info" if report.consistent else "error")
+            store("consistency", report.to_dict(), name=report.key, step=report.step, level=report.level)
         except Exception:  # the recorder never blocks or raises, but be sure
             log.debug("could not record consistency report", exc_info=True)
     return report

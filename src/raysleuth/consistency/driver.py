@@ -167,14 +167,13 @@ def compare(actor_handles: list[Any], fn: Callable[[Any], Any], atol: float = 0,
     finally:
         for rank in posted:
             ray_call(handles[rank], functools.partial(_forget, token=token))
-    report.consistent = (not report.mismatches and not report.missing_ranks and not report.incomparable
-                         and report.error is None)
+    report.settle()
     report.seconds = round(time.monotonic() - started, 4)
     (log.info if report.consistent else log.warning)(report.summary())
     if record:
         from raysleuth.recorder import record as store
 
-        store("consistency", report.to_dict(), name=key, level="info" if report.consistent else "error")
+        store("consistency", report.to_dict(), name=key, level=report.level)
     return report
 
 
