@@ -198,6 +198,11 @@ LOOKALIKES: list[tuple[str, object]] = [
     ("repr", ("path", "/data/shards/part-00001.parquet")),
     ("repr", ("config", {"lr": 0.1, "batch_size": 32, "pad_token_id": 0})),
     ("repr", ("PWD", "/home/user/project")),
+    ("repr", ("forward_pass", "fused")),
+    ("repr", ("dead_actor", HEX32)),
+    ("repr", ("owner", HEX40 + HEX32[:16])),
+    ("record", ("actor_ids", [HEX32, HEX32[::-1]])),
+    ("record", ("config", json.dumps({"lr": 0.1, "layers": [1, 2]}))),
 ]
 
 
@@ -216,7 +221,7 @@ def _apply(kind: str, value: object) -> str:
 
 
 def test_corpus_sizes():
-    assert len(SECRETS) >= 95 and len(LOOKALIKES) >= 40
+    assert len(SECRETS) >= 95 and len(LOOKALIKES) >= 45
 
 
 @pytest.mark.parametrize(("kind", "value", "secret"), SECRETS, ids=[f"s{i}" for i in range(len(SECRETS))])

@@ -127,7 +127,7 @@ def test_evidence_that_is_no_secret_is_kept_whole():
     from raysleuth.redaction import redact_record
 
     actor = "5f" * 16
-    data = {"actor_id": actor, "dead_actor_ids": [actor, "7a" * 16], "pids": list(range(500)), "loss": 0.25,
+    data = {"actor_id": actor, "dead_actors": [actor, "7a" * 16], "pids": list(range(500)), "loss": 0.25,
             "file": "/tmp/ray/session_x/logs/worker-" + "ab" * 28 + "-01000000-42.out",
             "summary": f"actor {actor} died: killed by SIGKILL", "digest": "c0ffee" * 6, "ok": True, "none": None,
             "config": json.dumps({"lr": 0.1, "layers": [1, 2]})}

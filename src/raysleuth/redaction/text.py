@@ -105,8 +105,13 @@ def names_identifier(name: Any) -> bool:
     if not name or not isinstance(name, str):
         return False
     words = _words(name)
-    return bool(words) and (words[-1] in _ID_WORDS or words[-1].endswith("id") and len(words[-1]) <= 8
-                            and words[-1] in {"id", "runid", "jobid", "taskid", "nodeid", "actorid", "objectid"})
+    return bool(words) and (words[-1] in _ID_WORDS or words[-1] in _RAY_ENTITIES
+                            or words[-1] in {"id", "runid", "jobid", "taskid", "nodeid", "actorid", "objectid"})
+
+
+#: A name ending in one of these holds a Ray id in evidence (``dead_actor``, ``owner``, ``parent_task``).
+_RAY_ENTITIES = frozenset({"actor", "actors", "task", "tasks", "node", "nodes", "worker", "workers", "owner",
+                           "parent", "ref", "refs", "placement", "group"})
 
 
 # ------------------------------------------------------------------ shapes
