@@ -20,10 +20,14 @@ Redacted (the value, never the name around it):
   ``--api-key=X``), ``(name, value)`` pairs, ``name=value`` and
   ``"name": "value"`` in free text. A name is secret when one of its words
   (split at ``_ - .`` and camelCase) is ``password passwd passphrase secret
-  credential(s) cookie auth authorization apikey ...``, or it ends in
-  ``token``/``key`` with a secret-ish sense (``hf_token``, ``api_key``,
-  ``access_key``; not ``pad_token``, ``max_tokens``, ``sort_key``,
-  ``key_states``);
+  credential(s) cookie auth authorization apikey webhook ...``, or it ends in
+  ``token``/``key``/``pass`` with a secret-ish sense (``hf_token``,
+  ``api_key``, ``access_key``, ``DB_PASS``; not ``pad_token``,
+  ``max_tokens``, ``sort_key``, ``key_states``, ``forward_pass``), or it is
+  a connection string (``*_CONNECTION_STRING``) or a database/broker URL
+  (``DATABASE_URL``, ``REDIS_URL``, ``SQLALCHEMY_DATABASE_URI``);
+- JSON text (``RAY_JOB_CONFIG_JSON_ENV_VAR``, JSON held in a JSON string):
+  parsed and redacted by its structure, so its names count;
 - ``Authorization: Basic|Bearer|Token <credential>`` and a lone
   ``Bearer <credential>``;
 - the password of a URL (``scheme://user:PASSWORD@host``), and a URL's
@@ -32,7 +36,8 @@ Redacted (the value, never the name around it):
   Face ``hf_``, GitHub ``ghp_ gho_ ghs_ ghu_ ghr_ github_pat_``, GitLab
   ``glpat-``, Slack ``xox?-``, AWS ``AKIA/ASIA`` key ids, Google ``AIza``
   keys and ``ya29.`` tokens, Stripe ``sk_live_``/``rk_live_``, npm
-  ``npm_``, PyPI ``pypi-``, JWTs, PEM private-key blocks;
+  ``npm_``, PyPI ``pypi-``, JWTs (also glued to text, ``Bearer%20eyJ...``,
+  and unsigned), Slack and Discord webhook URLs, PEM private-key blocks;
 - a run of 32 or more hex digits inside text (mixing letters and digits),
   unless it is named as an identifier (below);
 - a whole string value that is one long hex word, or one long base64 word
@@ -45,7 +50,8 @@ names (hex inside a path or a file name, e.g. Ray's
 ``...id``/``..._id`` name (``actor_id=``, ``run_id:``, ``task id``), or a
 Ray id repr (``ObjectRef(...)``, ``ActorID(...)``, ``TaskID(...)``,
 ``NodeID(...)``), or a name itself saying identifier (``commit``,
-``actor_id``). A secret behind a name that says identifier *and* a shape
+``actor_id``, a name ending in ``actor``/``task``/``node``/``worker``/
+``owner``; the items of a list under such a name too). A secret behind a name that says identifier *and* a shape
 that says token (``"run_id": "hf_..."``) is still redacted: known token
 shapes always win.
 
