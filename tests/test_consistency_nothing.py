@@ -52,7 +52,7 @@ def test_nothing_compared_over_gloo_is_a_warning_and_a_tie_names_no_rank(tmp_pat
     assert all(isinstance(result, dict) for result in results), results
     for result in results:
         consistent, nothing, level, summary = result["before"]
-        assert not consistent and nothing and level == "warning" and "NOTHING COMPARED" in summary, result
+        assert not consistent and nothing and level == "WARNING" and "NOTHING COMPARED" in summary, result
         assert result["spent"] == [False, True]
         consistent, [mismatch], outliers, summary = result["split"]
         assert not consistent and mismatch["ambiguous"] and mismatch["outlier_ranks"] == [] and outliers == []
@@ -100,4 +100,4 @@ def test_a_stored_zero_tensor_pass_reads_back_as_nothing_compared():
     assert not report.consistent and report.nothing_compared and "NOTHING COMPARED" in report.summary()
     fine = ConsistencyReport(key="p", consistent=False, world_size=2, tensors_checked=3, arrived_ranks=[0, 1])
     fine.settle()
-    assert fine.consistent and not fine.nothing_compared and fine.level == "info"
+    assert fine.consistent and not fine.nothing_compared and fine.level == "INFO"

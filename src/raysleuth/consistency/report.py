@@ -96,8 +96,8 @@ class ConsistencyReport:
 
     @property
     def level(self) -> str:
-        """The record level: ``info`` consistent, ``warning`` when nothing was compared, else ``error``."""
-        return "info" if self.consistent else ("warning" if self.nothing_compared else "error")
+        """The record level: ``INFO`` consistent, ``WARNING`` when nothing was compared, else ``ERROR``."""
+        return "INFO" if self.consistent else ("WARNING" if self.nothing_compared else "ERROR")
 
     def settle(self) -> None:
         """Set :attr:`consistent` (and :attr:`nothing_compared`) from what the check found."""
