@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from raysleuth import runtime
-from raysleuth.recorder import spool
+from raysleuth.recorder import spool, store
 from raysleuth.recorder.sinks import Sink
 
 __all__ = ["ClientStats", "RecordClient", "register_lazy_data"]
@@ -172,7 +172,7 @@ class RecordClient:
                 if self._wal_fd is None:
                     self._wal_path.parent.mkdir(parents=True, exist_ok=True)
                     self._wal_fd = os.open(self._wal_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-                text = json.dumps(list(row), default=repr, separators=(",", ":")) + "\n"
+                text = json.dumps(list(store.redacted_row(row)), default=repr, separators=(",", ":")) + "\n"
                 if not self._wal_headed:
                     text = json.dumps({"header": self.header()}, default=repr, separators=(",", ":")) + "\n" + text
                     self._wal_headed = True
@@ -245,7 +245,7 @@ class RecordClient:
             row = buffer.popleft()
             if type(row[7]) is tuple and row[0] in _lazy_data:  # spans: the dict is built here, not when traced
                 row = (*row[:7], _lazy_data[row[0]](row[7]), row[8])
-            batch.append(row)
+            batch.append(store.redacted_row(row))  # every row of every kind leaves through the one redactor
         return batch
 
     def _deliver_pending(self) -> bool:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from raysleuth.errors import StoreCorrupt, StoreNotFound, UsageError
+from raysleuth.redaction import redact_record
 
 __all__ = [
     "COLUMNS",
@@ -113,6 +114,17 @@ class Record:
     def to_dict(self) -> dict[str, Any]:
         """The record as a JSON-ready dict."""
         return dict(self.__dict__)
+
+
+def redacted_row(row: Sequence[Any]) -> tuple:
+    """A row (``ROW_COLUMNS``) as it may be written: its phase, name and data through the one redactor.
+
+    The client applies it to every row leaving a worker's buffer (and to
+    write-ahead lines), :meth:`EvidenceStore.add` to direct writes.
+    """
+    phase, name = row[4], row[5]
+    return (row[0], row[1], row[2], row[3], redact_record(phase) if type(phase) is str else phase,
+            redact_record(name) if type(name) is str else name, row[6], redact_record(row[7]), row[8])
 
 
 def _dumps(value: Any) -> str:
@@ -265,7 +277,7 @@ class EvidenceStore:
         row = (kind, columns.pop("time", time.time()), columns.pop("rank", None), columns.pop("step", None),
                columns.pop("phase", None), columns.pop("name", None), columns.pop("level", None),
                data or {}, None)
-        self.write_batch(columns, [row])
+        self.write_batch(columns, [redacted_row(row)])
 
     # ------------------------------------------------------------------ read
 
