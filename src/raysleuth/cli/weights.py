@@ -14,18 +14,9 @@ _STYLE = {"intact": "green", "stale": "red", "differs": "red", "unreceived": "re
 
 
 def _ranges(versions: list[int]) -> str:
-    spans, start, last = [], None, None
-    for version in versions:
-        if start is None:
-            start = last = version
-        elif version == last + 1:
-            last = version
-        else:
-            spans.append(f"{start}-{last}" if start != last else str(start))
-            start = last = version
-    if start is not None:
-        spans.append(f"{start}-{last}" if start != last else str(start))
-    return ", ".join(spans) or "none"
+    from raysleuth.logs.aggregate import format_ranks
+
+    return format_ranks(versions) or "none"
 
 
 def _line(sync, gap) -> str:
