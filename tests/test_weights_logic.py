@@ -329,3 +329,29 @@ def test_the_html_report_has_a_weights_section(tmp_path):
     text = result.path.read_text()
     assert result.sections["weights"] == 2
     assert 'id="weights"' in text and "STALE" in text and "INTACT" in text and "equals the previous version" in text
+
+
+def test_verl_engines_are_checked_with_no_change(tmp_path):
+    """verl's own colocated backend (a plain generator), created by CheckpointEngineRegistry.new, checked as is."""
+    checkpoint_engine = pytest.importorskip("verl.checkpoint_engine")
+    from raysleuth.integrations import verl_weights
+    from raysleuth.recorder import RecordClient, StoreSink, reset_client
+
+    store = EvidenceStore(tmp_path / "evidence.sqlite")
+    client = RecordClient(StoreSink(store), run_id="verl-naive")
+    old = reset_client(client)
+    try:
+        assert verl_weights.install()  # verl is imported already: the registry is wrapped at once
+        engine = checkpoint_engine.CheckpointEngineRegistry.new("naive", bucket_size=1 << 20)
+        assert isinstance(engine, checkpoint_engine.ColocatedCheckpointEngine)
+        state = _state()
+        engine.send_weights(iter(state.items()), global_steps=7)
+        got = list(engine.receive_weights(global_steps=7))
+        assert [(n, t is state[n]) for n, t in got] == [(n, True) for n in state]
+        assert client.flush(10)
+    finally:
+        reset_client(old)
+    report = build_weights_report(store.query("weight_sync"))
+    [sync] = report.syncs
+    assert (sync.version, sync.status, sync.sent, sync.received) == (7, "intact", 3, [3])
+    assert {r.data["source"] for r in store.query("weight_sync")} == {"verl:ColocatedCheckpointEngine"}

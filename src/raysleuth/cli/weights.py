@@ -44,13 +44,17 @@ def _details(sync) -> list[str]:
     if sync.extra:
         lines.append(f"extra ({len(sync.extra)}): {escape(', '.join(sync.extra[:5]))}"
                      + (" ..." if len(sync.extra) > 5 else ""))
-    mismatched = [d for d in sync.diffs if d.kind in ("dtype", "shape")]
+    mismatched = [d for d in sync.diffs if d.kind in ("dtype", "shape") and d.stage == "transit"]
     for diff in mismatched[:5]:
         lines.append(f"{diff.kind} mismatch: {escape(diff.describe())}")
-    first = next((d for d in sync.diffs if d.kind not in ("missing", "extra", "dtype", "shape")), None)
-    if first is not None:
-        more = len(sync.diffs) - 1
-        lines.append(f"first differing tensor: {escape(first.describe())}" + (f" (+{more} more)" if more > 0 else ""))
+    transit = [d for d in sync.diffs if d.stage == "transit" and d.kind not in ("missing", "extra", "dtype", "shape")]
+    if transit:
+        more = f" (+{len(transit) - 1} more)" if len(transit) > 1 else ""
+        lines.append(f"first differing tensor: {escape(transit[0].describe())}{more}")
+    load = [d for d in sync.diffs if d.stage == "load"]
+    if load:
+        more = f" (+{len(load) - 1} more)" if len(load) > 1 else ""
+        lines.append(f"loaded wrong: {escape(load[0].describe())}{more}")
     lines.extend(escape(note) for note in sync.notes)
     return lines
 

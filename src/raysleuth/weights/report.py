@@ -56,6 +56,11 @@ class WeightsReport:
                 "intact": bool(self.syncs) and not any(not s.intact for s in self.syncs), "problem": self.problem}
 
 
+_PHRASE = {"stale": "stale (the rollout kept the old weights)", "differs": "not intact (tensors differ)",
+           "unreceived": "never received", "unsent": "unverified (no sender recorded)",
+           "incomplete": "incomplete"}
+
+
 def _jump_verdicts(syncs: list[SyncCheck], gaps: list[Gap], jumps: list[Gap]) -> list[dict[str, Any]]:
     import statistics
 
@@ -65,7 +70,8 @@ def _jump_verdicts(syncs: list[SyncCheck], gaps: list[Gap], jumps: list[Gap]) ->
         before = [s for s in syncs if s.version <= jump.step]
         sync = before[-1] if before else None
         if sync is not None and not sync.intact:
-            verdict = f"the sync of version {sync.version} just before it is {sync.status}: look there first"
+            state = _PHRASE.get(sync.status, sync.status)
+            verdict = f"the sync of version {sync.version} just before it is {state}: look there first"
         elif before and all(s.intact for s in before):
             verdict = (f"every sync up to step {jump.step} is intact: the weights arrived as sent, so the cause is "
                        "elsewhere (kernels, precision, sampling settings)")
