@@ -355,3 +355,14 @@ def test_verl_engines_are_checked_with_no_change(tmp_path):
     [sync] = report.syncs
     assert (sync.version, sync.status, sync.sent, sync.received) == (7, "intact", 3, [3])
     assert {r.data["source"] for r in store.query("weight_sync")} == {"verl:ColocatedCheckpointEngine"}
+
+
+def test_a_fused_parameter_missing_a_part_names_the_part():
+    model = _qwen2()
+    engine = _fused(model)
+    engine.load_weights(model.named_parameters())
+    state = {n: p for n, p in model.named_parameters(remove_duplicate=False) if "layers.0.mlp.up_proj" not in n}
+    check = rs.check_weight_sync(state, engine, record=False)
+    [diff] = check.diffs
+    assert (diff.name, diff.kind) == ("model.layers.0.mlp.up_proj.weight", "missing")
+    assert "gate_up_proj.weight is built from it" in diff.detail

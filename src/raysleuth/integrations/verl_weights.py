@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 __all__ = ["MODULE", "install", "wrap_engine", "wrap_registry"]
@@ -45,31 +46,36 @@ def _checked(engine: Any) -> bool:
     return getattr(engine, "wire_format", "named_tensors") == "named_tensors"
 
 
+def _checked_stream(engine: Any, stream: Any, kind: str, args: tuple, kwargs: dict) -> Any:
+    """``stream`` fingerprinted on its way; unchanged when it is not a stream of named tensors (or anything fails)."""
+    try:
+        if not _checked(engine) or not (hasattr(stream, "__aiter__") or isinstance(stream, Iterable)) \
+                or isinstance(stream, (str, bytes, dict)):
+            return stream
+        from raysleuth.weights.stream import pass_through
+
+        version = kwargs.get("global_steps", args[0] if args else None)
+        return pass_through(stream, _side(kind, version, engine))
+    except Exception:
+        return stream
+
+
 def wrap_engine(engine: Any) -> Any:
     """Fingerprint this engine's syncs (idempotent; returns the engine itself)."""
     try:
         if getattr(engine, _MARK, False):
             return engine
-        from raysleuth.weights.stream import pass_through
-
         send, receive = getattr(engine, "send_weights", None), getattr(engine, "receive_weights", None)
         if callable(send):
             @functools.wraps(send)
             def send_weights(weights, *args, **kwargs):
-                if _checked(engine):
-                    weights = pass_through(weights, _side("sent", kwargs.get("global_steps", args[0] if args else None),
-                                                          engine))
-                return send(weights, *args, **kwargs)
+                return send(_checked_stream(engine, weights, "sent", args, kwargs), *args, **kwargs)
 
             engine.send_weights = send_weights
         if callable(receive):
             @functools.wraps(receive)
             def receive_weights(*args, **kwargs):
-                stream = receive(*args, **kwargs)
-                if not _checked(engine):
-                    return stream
-                return pass_through(stream, _side("received", kwargs.get("global_steps", args[0] if args else None),
-                                                  engine))
+                return _checked_stream(engine, receive(*args, **kwargs), "received", args, kwargs)
 
             engine.receive_weights = receive_weights
         setattr(engine, _MARK, True)

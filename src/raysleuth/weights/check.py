@@ -21,7 +21,7 @@ from raysleuth import runtime
 from raysleuth.errors import UsageError
 from raysleuth.fingerprints import chunk_bytes, first_difference, fingerprint
 from raysleuth.weights.compare import TensorDiff
-from raysleuth.weights.layouts import EMBED_NAME, Source, expected_parts, resolve
+from raysleuth.weights.layouts import EMBED_NAME, Source, expected_parts, fused_parts, resolve
 from raysleuth.weights.prints import cast_to, lower_precision
 from raysleuth.weights.stream import KIND, next_version
 
@@ -177,8 +177,14 @@ def check_weight_sync(trainer_model_or_state: Any, engine_model_or_state: Any, m
         _check_source(source, engine[source.engine], expected_parts(source, trainer, tp_rank=tp_rank,
                                                                     tp_size=tp_size), check)
     for name in unsourced:
-        check.diffs.append(TensorDiff(name=name, kind="extra", stage="load",
-                                      detail="engine parameter built from no trainer tensor (pass mapping=)"))
+        absent = [part for part in fused_parts(name) if part not in trainer]
+        unheld = [part for part in unheld if not absent or part not in fused_parts(name)]  # not checkable
+        for part in absent:
+            check.diffs.append(TensorDiff(name=part, kind="missing", stage="load", shard=check.shard if tp_size > 1
+                                          else None, detail=f"{name} is built from it, but the trainer side has none"))
+        if not absent:
+            check.diffs.append(TensorDiff(name=name, kind="extra", stage="load",
+                                          detail="engine parameter built from no trainer tensor (pass mapping=)"))
     for name in unheld:
         if name == "lm_head.weight" and EMBED_NAME in trainer and _same_tensor(trainer[name], trainer[EMBED_NAME]):
             check.tied.append(name)  # the trainer ties it too: the engine's embed_tokens holds it

@@ -26,7 +26,7 @@ from typing import Any
 
 from raysleuth.errors import UsageError
 
-__all__ = ["EMBED_NAME", "FUSED", "Source", "expected_parts", "resolve"]
+__all__ = ["EMBED_NAME", "FUSED", "Source", "expected_parts", "fused_parts", "resolve"]
 
 #: Fused engine module -> the trainer modules stacked into it on dim 0, in order.
 FUSED: dict[str, tuple[str, ...]] = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -84,13 +84,20 @@ def _from_mapping(engine_name: str, entry: Any, trainer: Mapping[str, Any]) -> S
     return Source(engine=engine_name, parts=parts, shard_dim=shard_dim)
 
 
+def fused_parts(engine_name: str) -> list[str]:
+    """The trainer names a fused engine parameter is stacked from (``[]`` when it is not fused)."""
+    module = _module_of(engine_name)
+    if module not in FUSED or engine_name.count(".") < 2:
+        return []
+    prefix, leaf = engine_name.rsplit(".", 2)[0], engine_name.rsplit(".", 1)[-1]
+    return [f"{prefix}.{part}.{leaf}" for part in FUSED[module]]
+
+
 def _rule(engine_name: str, trainer: Mapping[str, Any]) -> Source | None:
     if engine_name in trainer:
         return Source(engine=engine_name, parts=[engine_name], shard_dim=_shard_dim(engine_name))
-    module = _module_of(engine_name)
-    if module in FUSED:
-        prefix, leaf = engine_name.rsplit(".", 2)[0], engine_name.rsplit(".", 1)[-1]
-        parts = [f"{prefix}.{part}.{leaf}" for part in FUSED[module]]
+    parts = fused_parts(engine_name)
+    if parts:
         if all(part in trainer for part in parts):
             return Source(engine=engine_name, parts=parts, shard_dim=0)
     if engine_name == "lm_head.weight" and EMBED_NAME in trainer:
