@@ -91,7 +91,7 @@ def test_a_zero_code_side_notes_a_bad_item_and_goes_on():
     side = SyncSide("received", 4, strict=False)
     items = [("a", torch.ones(3)), ("b", "not a tensor"), ("c", torch.zeros(2))]
     assert list(pass_through(items, side)) == items
-    assert "'b' is not a tensor" in side.error
+    assert "'b' is not a tensor" in side.error and side.errors == 1 and [p.name for p in side.prints] == ["a", "c"]
 
 
 # ------------------------------------------------------------------ sent vs received
