@@ -9,7 +9,9 @@ few large matrices and many small ones) with one broadcast each; rank 1
 receives them. Plain and checked syncs alternate (checked: the stream goes
 through ``rs.weights_sent`` on rank 0 and ``rs.weights_received`` on rank 1,
 so every tensor is fingerprinted on both sides and each side writes one
-record). The figure is the median sync time, checked over plain.
+record). The figure is the median sync time, checked over plain. Then
+``--healthy`` (default 200) more checked syncs of a small stream, and every
+checked sync is read back from the store: each must be intact, with no alarm.
 
 Target (CPU): the checked sync takes < 5% longer than the plain one. The
 check reads every byte once on each side (XXH3: ~11 GiB/s on one core here)
@@ -88,7 +90,7 @@ def _receive(buffers, checked: bool, version: int) -> None:
         pass
 
 
-def worker(rank: int, port: int, size: int, repeat: int, queue) -> None:
+def worker(rank: int, port: int, size: int, repeat: int, healthy: int, queue) -> None:
     import torch
     import torch.distributed as dist
 
@@ -105,13 +107,22 @@ def worker(rank: int, port: int, size: int, repeat: int, queue) -> None:
         dist.barrier()
         if version >= 2:  # the first pair warms up
             times[checked].append(time.perf_counter() - started)
+    intact = bool(all(torch.equal(a, b) for (_, a), (_, b) in zip(weights, buffers)))
+    small = [weights[0][0], weights[1][0]]
+    for version in range(1000, 1000 + healthy):  # many healthy checked syncs of a small stream: no alarm
+        dist.barrier()
+        (_send if rank == 0 else _receive)([w for w in (weights if rank == 0 else buffers) if w[0] in small],
+                                           True, version)
+    from raysleuth.recorder import flush
+
+    flush(30)
+    dist.barrier()
     if rank == 1:
-        queue.put({"plain": times[False], "checked": times[True],
-                   "intact": bool(all(torch.equal(a, b) for (_, a), (_, b) in zip(weights, buffers)))})
+        queue.put({"plain": times[False], "checked": times[True], "intact": intact})
     dist.destroy_process_group()
 
 
-def transport_sync(size: int, repeat: int) -> dict:
+def transport_sync(size: int, repeat: int, healthy: int) -> dict:
     import multiprocessing
 
     context = multiprocessing.get_context("spawn")
@@ -119,7 +130,7 @@ def transport_sync(size: int, repeat: int) -> dict:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     queue = context.Queue()
-    processes = [context.Process(target=worker, args=(rank, port, size, repeat, queue)) for rank in (0, 1)]
+    processes = [context.Process(target=worker, args=(rank, port, size, repeat, healthy, queue)) for rank in (0, 1)]
     for process in processes:
         process.start()
     result = queue.get(timeout=900)
@@ -138,7 +149,7 @@ def colocated_copy(size: int, repeat: int) -> tuple[float, float]:
 
     def sync(checked: bool, version: int) -> float:
         started = time.perf_counter()
-        stream = rs.weights_received(iter(weights), version=version) if checked else iter(weights)
+        stream = rs.weights_received(iter(weights), version=100_000 + version) if checked else iter(weights)
         for (_, tensor), target_buffer in zip(stream, engine):
             target_buffer.copy_(tensor)
         return time.perf_counter() - started
@@ -151,20 +162,35 @@ def colocated_copy(size: int, repeat: int) -> tuple[float, float]:
     return statistics.median(plain), statistics.median(checked)
 
 
+def healthy_syncs(home: Path, repeat: int, healthy: int) -> None:
+    """Every checked sync of the run, read back from the store: each intact, no alarm."""
+    from raysleuth.weights import weights_report
+
+    report = weights_report("local", home=home)
+    checked = [sync for sync in report.syncs if sync.sent]
+    bad = [sync.version for sync in checked if not sync.intact]
+    expected = repeat + 1 + healthy
+    print(f"{len(checked)} checked syncs read back from the store, {len(bad)} not intact", flush=True)
+    target(f"{expected} healthy syncs raise no alarm", len(checked) == expected and not bad and not report.problem,
+           f"{len(checked)} syncs, not intact: {bad[:5]}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="256M", help="bytes of weights per sync (default 256M; at least 256M)")
     parser.add_argument("--repeat", type=int, default=5, help="syncs of each kind (default 5)")
+    parser.add_argument("--healthy", type=int, default=200, help="healthy checked syncs of a small stream (default 200)")
     args = parser.parse_args()
     size = parse_size(args.size)
     os.environ.setdefault("RAYSLEUTH_HOME", tempfile.mkdtemp(prefix="rs-bench-weights-"))
-    result = transport_sync(size, max(1, args.repeat))
+    result = transport_sync(size, max(1, args.repeat), max(1, args.healthy))
     plain, checked = statistics.median(result["plain"]), statistics.median(result["checked"])
     overhead = checked / plain - 1
     print(f"sync of {size / MiB:.0f} MiB over gloo (2 processes), median of {len(result['plain'])}: "
           f"plain {plain * 1000:.1f} ms ({size / plain / 1024**3:.2f} GiB/s), checked {checked * 1000:.1f} ms; "
           f"overhead {overhead * 100:+.1f}% (every run: plain {[round(t * 1000) for t in result['plain']]}, "
           f"checked {[round(t * 1000) for t in result['checked']]})", flush=True)
+    healthy_syncs(Path(os.environ["RAYSLEUTH_HOME"]), max(1, args.repeat), max(1, args.healthy))
     copy_plain, copy_checked = colocated_copy(size, max(1, args.repeat))
     print(f"not a target: a colocated sync that is only an in-memory copy: plain {copy_plain * 1000:.1f} ms, "
           f"checked {copy_checked * 1000:.1f} ms ({copy_checked / copy_plain:.2f}x: the check reads each byte once, "
