@@ -170,6 +170,8 @@ def check_weight_sync(trainer_model_or_state: Any, engine_model_or_state: Any, m
     if not (isinstance(tp_size, int) and isinstance(tp_rank, int) and tp_size >= 1 and 0 <= tp_rank < tp_size):
         raise UsageError(f"check_weight_sync: tp_rank={tp_rank!r}, tp_size={tp_size!r}",
                          fix="pass 0 <= tp_rank < tp_size")
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+        raise UsageError(f"check_weight_sync: version={version!r} is not an int", fix="pass the trainer step")
     trainer, engine = _named(trainer_model_or_state, "trainer"), _named(engine_model_or_state, "engine")
     sources, unsourced, unheld = resolve(engine, trainer, mapping)
     check = WeightCheck(intact=True, checked=0, version=version, shard=tp_rank, tp_size=tp_size)
