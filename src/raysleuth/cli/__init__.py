@@ -32,6 +32,7 @@ COMMAND_MODULES = (
     "stacks",
     "tasks",
     "timeline",
+    "weights",
 )
 
 for _module in COMMAND_MODULES:

@@ -33,8 +33,8 @@ from typing import Any, Callable
 from raysleuth import runtime
 from raysleuth.collectives import hook
 from raysleuth.collectives.hook import (
+    WrapOnImport,
     _STATE,
-    _WrapOnImport,
     _groups,
     _plain,
     _progress,
@@ -87,7 +87,7 @@ def install() -> None:
         if "torch.distributed" in sys.modules:
             wrap_collectives()
         else:
-            sys.meta_path.insert(0, _WrapOnImport())
+            sys.meta_path.insert(0, WrapOnImport())
         from raysleuth import control
 
         control.register("collectives.dump", _on_request)
