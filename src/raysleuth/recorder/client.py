@@ -281,6 +281,15 @@ class RecordClient:
 
     # -------------------------------------------------------------- control
 
+    def nudge(self) -> None:
+        """Have the background thread deliver now (an urgent record); returns at once. Never raises."""
+        try:
+            if self._thread is None:
+                self._start()
+            self._wake.set()
+        except Exception:
+            pass
+
     def flush(self, timeout: float = 10.0) -> bool:
         """Deliver everything queued now; True when all of it reached the sink."""
         deadline = time.monotonic() + timeout
