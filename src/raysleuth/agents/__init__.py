@@ -286,7 +286,7 @@ def call_agents(method: str, *args: Any, timeout: float = 30.0, nodes: list[str]
     return results
 
 
-def remove_agents(*, timeout: float = 30.0) -> list[str]:
+def remove_agents() -> list[str]:
     """Remove every node's agent (the documented cleanup); returns the names removed.
 
     Agents otherwise live as long as the cluster. A later call that needs an

@@ -38,8 +38,8 @@ from typing import Any, Callable
 
 from raysleuth import runtime
 from raysleuth.recorder import spool
-from raysleuth.recorder.write_ahead import WriteAhead
 from raysleuth.recorder.sinks import Sink
+from raysleuth.recorder.write_ahead import WriteAhead
 
 __all__ = ["ClientStats", "RecordClient", "register_lazy_data"]
 
