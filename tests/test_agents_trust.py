@@ -81,10 +81,17 @@ def test_an_agent_runs_and_reads_only_what_raysleuth_needs_and_can_be_removed(ra
         with pytest.raises(Exception, match="read_files refuses"):
             ray.get(agent.read_files.remote([path]), timeout=60)
 
+    from raysleuth.recorder.writer import AGENT_FORWARD_S, AGENTS_CONTROL, get_writer
+
     handles = [handle for handle, _ip in agents.get_agents().values()]
     removed = agents.remove_agents()
     assert len(removed) >= 2 and all(name.startswith(agents.AGENT_PREFIX) for name in removed)
     for handle in handles:
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(handle.ping.remote(), timeout=60)
-    assert ray.get(agents.get_agents()[ray_cluster.worker_node_id][0].ping.remote(), timeout=120)  # made again
+    time.sleep(AGENT_FORWARD_S + 2)  # the writer's next rounds make none again
+    assert agents.existing_agents() == []
+    try:
+        assert ray.get(agents.get_agents()[ray_cluster.worker_node_id][0].ping.remote(), timeout=120)  # on demand
+    finally:
+        ray.get(get_writer().set_control.remote(AGENTS_CONTROL, None), timeout=60)  # back to the default

@@ -9,8 +9,8 @@ deliver before it died) to the writer (:mod:`raysleuth.agents.spools`).
 
 Lifetime: agents live as long as the Ray cluster (detached; the writer keeps
 one on every alive node so that each node's spool is forwarded). They reserve
-no CPU. :func:`remove_agents` removes them all (a later call creates them
-again). What callers may run and read through them is narrowed by
+no CPU. :func:`remove_agents` removes them all, and the writer then makes
+none (a command that needs an agent makes it again). What callers may run and read through them is narrowed by
 :mod:`raysleuth.agents.guard`.
 
 :func:`call_agents` fans one method out to every node in parallel and
@@ -38,10 +38,14 @@ from raysleuth.agents.spools import SpoolForwarder
 from raysleuth.errors import ClusterUnreachable
 
 __all__ = ["AgentResult", "NodeAgent", "call_agents", "find_tool", "get_agents", "rank_hints", "read_train_logs",
-           "remove_agents", "thread_times", "versions"]
+           "existing_agents", "remove_agents", "thread_times", "versions"]
 
 AGENT_PREFIX = "raysleuth-agent-"
 NAMESPACE = "raysleuth"
+# recorder.writer's WRITER_NAME and AGENTS_CONTROL, by value: the writer makes agents, so importing it here
+# would close an import loop.
+_WRITER_NAME = "raysleuth-writer"
+_AGENTS_CONTROL = "agents"
 
 
 def _module_version(name: str) -> str | None:
@@ -286,24 +290,51 @@ def call_agents(method: str, *args: Any, timeout: float = 30.0, nodes: list[str]
     return results
 
 
+def _agent_names() -> list[str]:
+    import ray
+
+    names = []
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        name = entry.get("name", "") if isinstance(entry, dict) else str(entry)
+        if name.startswith(AGENT_PREFIX) and (not isinstance(entry, dict) or entry.get("namespace") == NAMESPACE):
+            names.append(name)
+    return sorted(names)
+
+
+def existing_agents() -> list[Any]:
+    """Handles of the agents that exist now (none is created)."""
+    import ray
+
+    handles = []
+    for name in _agent_names():
+        try:
+            handles.append(ray.get_actor(name, namespace=NAMESPACE))
+        except ValueError:
+            continue
+    return handles
+
+
 def remove_agents() -> list[str]:
     """Remove every node's agent (the documented cleanup); returns the names removed.
 
-    Agents otherwise live as long as the cluster. A later call that needs an
-    agent (``raysleuth stacks``, the writer's next check) creates it again.
+    Agents otherwise live as long as the cluster. The writer then stops
+    making them; a command that needs an agent (``raysleuth stacks``...) makes
+    it again, and the writer asks the agents that exist to forward spools.
     """
     import ray
 
     if not ray.is_initialized():
         raise ClusterUnreachable("not connected to Ray", fix="connect first (raysleuth.cluster.connect)")
+    try:
+        writer = ray.get_actor(_WRITER_NAME, namespace=NAMESPACE)
+        ray.get(writer.set_control.remote(_AGENTS_CONTROL, "removed"), timeout=30)
+    except Exception:
+        pass  # no writer: nothing makes agents again
     removed = []
-    for entry in ray.util.list_named_actors(all_namespaces=True):
-        name = entry.get("name", "") if isinstance(entry, dict) else str(entry)
-        if not name.startswith(AGENT_PREFIX) or (isinstance(entry, dict) and entry.get("namespace") != NAMESPACE):
-            continue
+    for name in _agent_names():
         try:
             ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
             removed.append(name)
         except Exception:
             continue
-    return sorted(removed)
+    return removed

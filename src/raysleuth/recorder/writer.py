@@ -45,6 +45,8 @@ NAMESPACE = "raysleuth"
 SPOOL_SCAN_S = 1.0
 #: How often the writer asks every node's agent to forward its node's spool (seconds).
 AGENT_FORWARD_S = 5.0
+#: Control key ``raysleuth.agents.remove_agents`` sets to ``"removed"``: the writer then makes no agents.
+AGENTS_CONTROL = "agents"
 
 
 class EvidenceWriter:
@@ -83,7 +85,8 @@ class EvidenceWriter:
             self.ingest_spool()
             if time.monotonic() - asked >= AGENT_FORWARD_S:
                 asked = time.monotonic()
-                _ask_agents_to_forward()
+                # after remove_agents() only the agents that commands made again are asked; none is made
+                _ask_agents_to_forward(create=self.get_controls().get(AGENTS_CONTROL) != "removed")
 
     def ingest(self, header: dict[str, Any], rows: list) -> int:
         """Store a batch an agent read from a dead worker's spool (not a live client: no registry entry)."""
@@ -168,15 +171,20 @@ def _own_node_id() -> str | None:
         return None
 
 
-def _ask_agents_to_forward() -> None:
-    """Every node's agent sends its node's abandoned spool files to this writer (no wait for the answers)."""
+def _ask_agents_to_forward(create: bool = True) -> None:
+    """Every node's agent (``create``: made where missing) sends its node's abandoned spool files to this writer.
+
+    No wait for the answers.
+    """
     try:
         import ray
 
         from raysleuth import agents
 
         me = ray.get_runtime_context().current_actor
-        for handle, _ip in agents.get_agents(timeout=10).values():
+        handles = [handle for handle, _ip in agents.get_agents(timeout=10).values()] if create else \
+            agents.existing_agents()
+        for handle in handles:
             handle.forward_spools.remote(me)
     except Exception:
         pass  # no State API yet, a node going away: the next round asks again
