@@ -237,5 +237,8 @@ def _consider(frame: FrameType, name: str | None, rank_filter: Any, when: Any) -
 
 
 def _disarmed() -> bool:
-    """Breakpoints were disarmed (``raysleuth debug disarm``, ``rs.disarm()``): a waiting one lets go."""
-    return not _armed
+    """Breakpoints were disarmed on purpose (``raysleuth debug disarm``, ``rs.disarm()``): a waiting one lets go.
+
+    Falling back to the environment (the first poll of an unset control, ``debug disarm --reset``) releases none.
+    """
+    return not _armed and _arm_source != "env"
