@@ -25,6 +25,7 @@ from typing import Any
 
 from raysleuth.errors import StoreCorrupt, StoreNotFound, UsageError
 from raysleuth.redaction import redact_record
+from raysleuth.recorder.files import private_file, write_private
 
 __all__ = [
     "COLUMNS",
@@ -199,7 +200,8 @@ class EvidenceStore:
                 self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True,
                                            check_same_thread=False, timeout=10)
             else:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                if not self.path.exists():  # 0600 (SQLite gives its -wal and -shm the same mode), in a 0700 folder
+                    os.close(private_file(self.path, os.O_WRONLY | os.O_CREAT))
                 self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=30)
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=NORMAL")
@@ -391,6 +393,6 @@ def open_run(home: Path, run_id: str, *, take_latest: bool = True) -> EvidenceSt
     if not take_latest and latest_run(home) not in (None, run_id):
         return store
     tmp = marker.with_name(f".latest.{os.getpid()}")
-    tmp.write_text(run_id)
+    write_private(tmp, run_id.encode())
     os.replace(tmp, marker)
     return store

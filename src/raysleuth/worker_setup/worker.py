@@ -11,8 +11,11 @@ at start-up, because user code may need them at once (cheap):
       the worker first looks the function up), and Ray Train training
       functions, and uncaught exceptions in the process and its threads;
     - log shipping of the root logger at the mode's level (light: WARNING+);
-    - ``raysleuth.collectives.install()`` (Flight Recorder before any
-      process group exists, collective progress);
+    - ``raysleuth.collectives.install()`` (the collective wrapper and its
+      progress; torch's Flight Recorder too in full mode, before any process
+      group exists);
+    - the coroutine tracker of async actors (``raysleuth.coroutines.install()``: what each pending
+      asyncio task awaits, read on the control thread);
     - the weight-sync check of every verl CheckpointEngine the job creates
       (``raysleuth.integrations.verl_weights.install()``: an import hook only);
     - the control thread (:mod:`raysleuth.control`).
