@@ -130,8 +130,7 @@ class RecordClient:
                 next(self._seq),
             )
             if level in URGENT_LEVELS and self._wal.enabled:
-                # redacted before the lock is taken; queued too, under the same lock as the file is emptied
-                self._wal.write(store.redacted_row(row), buffer, self.header)
+                self._wal.write(row, buffer, self.header)  # queues it too, under the same lock as the file is emptied
             else:
                 buffer.append(row)
             self.stats.recorded += 1

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from raysleuth.recorder.files import private_file
+from raysleuth.recorder.store import redacted_row
 
 __all__ = ["WriteAhead"]
 
@@ -48,7 +49,7 @@ class WriteAhead:
                     return  # full: the row is still queued (and spooled, under the spool's own cap)
                 if self._fd is None:
                     self._fd = private_file(self.path)
-                text = json.dumps(list(row), default=repr, separators=(",", ":")) + "\n"
+                text = json.dumps(list(redacted_row(row)), default=repr, separators=(",", ":")) + "\n"
                 if not self._headed:
                     text = json.dumps({"header": header()}, default=repr, separators=(",", ":")) + "\n" + text
                     self._headed = True
