@@ -62,7 +62,7 @@ def render_report(report, *, show_frames: int = MAX_FRAMES, out=None) -> None:
         out.print(f"[dim]decided by: {escape('; '.join(verdict.signals))}[/dim]")
     out.print()
     if verdict.problem:
-        out.print(f"[red bold]verdict ({verdict.state}):[/red bold] [red]{escape(verdict.summary)}[/red]")
+        out.print(f"[red bold]verdict:[/red bold] [red]{escape(verdict.summary)}[/red]")
         title = "root cause" if verdict.state == "culprit" else "in the cycle"
         for culprit in verdict.culprits:
             name = f"rank {culprit.rank}" if culprit.rank is not None else "no rank"
@@ -81,9 +81,9 @@ def render_report(report, *, show_frames: int = MAX_FRAMES, out=None) -> None:
         if verdict.next_command:
             out.print(f"[bold]next:[/bold] {escape(verdict.next_command)}")
     elif verdict.state in ("unsure", "unread"):
-        out.print(f"[yellow bold]verdict ({verdict.state}):[/yellow bold] [yellow]{escape(verdict.summary)}[/yellow]")
+        out.print(f"[yellow bold]verdict:[/yellow bold] [yellow]{escape(verdict.summary)}[/yellow]")
     else:
-        out.print(f"[green]verdict ({verdict.state}):[/green] {escape(verdict.summary)}")
+        out.print(f"[green]verdict:[/green] {escape(verdict.summary)}")
 
 
 def frame_lines(frames, limit: int = MAX_FRAMES) -> list[str]:

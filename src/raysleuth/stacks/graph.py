@@ -227,16 +227,19 @@ def in_collective(process: ProcessStack) -> bool:
     return process.activity in WAITING and ("(torch.distributed" in wait or "(torch.autograd" in wait)
 
 
-def _group_wait(process: ProcessStack, called: set[str]) -> bool:
-    """Waits with its peers: in a collective, or in ``ray.get`` on no call we can see (a Ray-based collective)."""
+def _group_wait(process: ProcessStack, moving_calls: set[str]) -> bool:
+    """Waits with its peers: in a collective, or in ``ray.get`` on calls that make no progress we can see
+    (a collective built on Ray calls: a barrier actor, a parameter server)."""
     return in_collective(process) or (process.activity in WAITING and process.wait is not None
-                                      and node_key(process) not in called)
+                                      and node_key(process) not in moving_calls)
 
 
 def _collective_edges(graph: WaitGraph, processes: list[ProcessStack], dead: list[dict[str, Any]]) -> None:
     called = {edge.source for edge in graph.edges}
+    moving_calls = {key for key in called if any(
+        graph.nodes[sink].state in ("working", "active") for sink in graph.sinks_from(key))}
     for group, peers in peer_groups(processes).items():
-        waiters = [p for p in peers if _group_wait(p, called)]
+        waiters = [p for p in peers if _group_wait(p, moving_calls)]
         if not waiters:
             continue
         counts = Counter(p.wait for p in waiters)
@@ -247,7 +250,7 @@ def _collective_edges(graph: WaitGraph, processes: list[ProcessStack], dead: lis
             for peer in peers:
                 if peer is waiter:
                     continue
-                if _group_wait(peer, called):
+                if _group_wait(peer, moving_calls):
                     # Ranks in different ops: the majority waits for the few in another op; an even split
                     # has no majority and no edge (the verdict cannot tell which side is wrong).
                     if peer.wait != waiter.wait and waiter.wait == majority:

@@ -220,7 +220,7 @@ def _without_root_cause(verdict: Verdict, graph: WaitGraph, processes: list[Proc
         working = [p for p in moving if p.role != "driver"] or moving
         by = sorted({signal.split(" ")[0] for p in working for signal in p.progress})
         verdict.state = "busy"
-        verdict.summary = (f"no culprit: busy — {len(working)} process(es) make progress"
+        verdict.summary = (f"busy: {len(working)} process(es) make progress, no culprit"
                            + (f" ({', '.join(by)})" if by else ""))
         if context.samples < 2 and not any("on CPU" not in s for p in working for s in p.progress):
             verdict.state = "unsure"
