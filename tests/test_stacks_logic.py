@@ -231,7 +231,9 @@ def test_two_samples_tell_hung_from_busy():
     # a healthy DDP job: one rank computes (moving) while its peers sit in all_reduce
     healthy = [ddp_rank(95 + r, r, ALL_REDUCE, moved=False) for r in range(3)]
     healthy[2] = ddp_rank(97, 2, [frame("forward", "/job/model.py", 9)], active=True, moved=True)
-    assert not build_verdict(healthy, context=VerdictContext(samples=2)).problem
+    verdict = build_verdict(healthy, context=VerdictContext(samples=2))
+    assert not verdict.problem and verdict.state == "busy"
+    assert any("rank 2" in note and "raysleuth stragglers" in note for note in verdict.notes)  # slow, not hung
 
 
 def _driver_chain(ends):

@@ -222,6 +222,7 @@ def _without_root_cause(verdict: Verdict, graph: WaitGraph, processes: list[Proc
         verdict.state = "busy"
         verdict.summary = (f"busy: {len(working)} process(es) make progress, no culprit"
                            + (f" ({', '.join(by)})" if by else ""))
+        verdict.notes += _slow_ranks(graph)
         if context.samples < 2 and not any("on CPU" not in s for p in working for s in p.progress):
             verdict.state = "unsure"
             verdict.summary = "unsure: processes were on CPU in one sample; progress was not measured"
@@ -239,6 +240,17 @@ def _relevant(graph: WaitGraph, process: ProcessStack, processes: list[ProcessSt
         return True
     peers = [p for p in processes if process.group is not None and p.group == process.group]
     return len(peers) >= 2 and all(p.activity in WAITING for p in peers)
+
+
+def _slow_ranks(graph: WaitGraph) -> list[str]:
+    """Ranks their peers wait for in a collective while they work: slow, not hung."""
+    notes = []
+    for key, node in graph.nodes.items():
+        waiting = [e for e in graph.into(key) if e.kind in ("collective", "peers")]
+        if node.process is not None and node.state in ("working", "active") and waiting:
+            notes.append(f"{node.label} is what {len(waiting)} peer(s) wait for in the collective while it works: "
+                         "a slow rank, not a hang; `raysleuth stragglers` measures how slow and where")
+    return notes
 
 
 def _hung_summary(unexplained: list[ProcessStack]) -> str:
