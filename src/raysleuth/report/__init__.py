@@ -8,7 +8,8 @@ embedded inline, so the file opens offline with no network at all.
 
 Sections: run summary, doctor, stacks and verdicts, tasks, consistency
 checks, per-rank memory curves and leak verdicts, crashes, warning/error logs
-by rank, per-step phase durations per rank (stragglers), and a link to the
+by rank, per-step phase durations per rank, the ranks that entered
+collectives late (:mod:`raysleuth.report.stragglers`), and a link to the
 Perfetto trace when one was exported next to the report.
 
 Scaling note: the report reads every record of the kinds it shows, capped at
@@ -28,6 +29,7 @@ from typing import Any
 
 from raysleuth.recorder import open_store
 from raysleuth.report import sections
+from raysleuth.report.stragglers import straggler_section
 
 __all__ = ["MAX_RECORDS", "ReportResult", "build_report_data", "generate_report", "render_report"]
 
@@ -44,6 +46,7 @@ SECTION_KINDS = {
     "crashes": ("crash", "death"),
     "logs": ("log",),
     "spans": ("span",),
+    "stragglers": ("straggler",),
 }
 
 
@@ -89,6 +92,8 @@ def build_report_data(store) -> dict[str, Any]:
         "crashes": _robust(sections.crash_section, fetched["crashes"]),
         "logs": _robust(sections.log_section, fetched["logs"]),
         "spans": _robust(sections.span_section, fetched["spans"]),
+        "stragglers": _robust(lambda records: straggler_section(records, fetched["collectives"]),
+                              fetched["stragglers"]),
     }
 
 
@@ -246,6 +251,7 @@ def generate_report(output: Path | str = "report.html", *, run: str | None = Non
         "crashes": len(data["crashes"]),
         "logs": sum(len(lines) for lines in data["logs"].values()),
         "spans": len(data["spans"]["steps"]),
+        "stragglers": len(data["stragglers"]["reported"]) + bool(data["stragglers"]["verdict"]) if data["stragglers"] else 0,
     }
     return ReportResult(path=output, run_id=run_id, store_path=store_path, sections=counts, trace_path=trace,
                         bytes=len(text.encode()), seconds=round(time.monotonic() - started, 3))

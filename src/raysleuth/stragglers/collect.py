@@ -193,16 +193,30 @@ def _stored_phases(report: StragglerReport, stored: list[dict[str, Any]]) -> Non
             data = row.get("data") if isinstance(row.get("data"), dict) else {}
             if report.job_id and data.get("job_id") not in (None, report.job_id):
                 continue
-            phase = next((s.get("phase") for s in data.get("stragglers") or []
+            named = data.get("stragglers") if isinstance(data.get("stragglers"), list) else []
+            phase = next((s.get("phase") for s in named
                           if isinstance(s, dict) and s.get("rank") == straggler.rank and isinstance(s.get("phase"), dict)),
                          None)
-            if phase:
-                fields = {f.name for f in dataclasses.fields(SlowPhase)}
-                try:
-                    straggler.phase = SlowPhase(**{k: v for k, v in phase.items() if k in fields})
-                except TypeError:
-                    continue
+            straggler.phase = phase_from(phase)
+            if straggler.phase is not None:
                 break
     if report.stragglers and not any(s.phase for s in report.stragglers):
         report.notes.append("stored run: the slow phase needs the live job (stack samples); "
                             "`raysleuth watch --slow` records it while the job runs")
+
+
+def phase_from(data: Any) -> SlowPhase | None:
+    """A stored slow phase back as a :class:`SlowPhase`; None for data of another shape."""
+    if not isinstance(data, dict):
+        return None
+    text = all(isinstance(data.get(k), str) for k in ("function", "file", "thread"))
+    numbers = all(isinstance(data.get(k), (int, float)) and not isinstance(data.get(k), bool)
+                  for k in ("line", "share", "peer_share", "samples", "peer_samples"))
+    if not (text and numbers and isinstance(data.get("stack"), list)):
+        return None
+    wait = data.get("peers_wait")
+    wait_ok = isinstance(wait, dict) and isinstance(wait.get("file"), str) and isinstance(wait.get("share"), (int, float))
+    return SlowPhase(function=data["function"], file=data["file"], line=int(data["line"]), share=float(data["share"]),
+                     peer_share=float(data["peer_share"]), stack=[str(f) for f in data["stack"]],
+                     thread=data["thread"], samples=int(data["samples"]), peer_samples=int(data["peer_samples"]),
+                     peers_wait=wait if wait_ok else None)

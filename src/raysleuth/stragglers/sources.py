@@ -20,7 +20,6 @@ import dataclasses
 from collections import defaultdict
 from typing import Any, Iterable
 
-from raysleuth.collectives.model import latest_job
 from raysleuth.stragglers.analysis import Call, complete_collectives
 
 WRAPPER, FLIGHT_RECORDER = "wrapper", "flight recorder"
@@ -77,6 +76,25 @@ def _flight_call(entry: Any) -> Call | None:
     return Call(group=name, seq=seq, enter_ns=created, op=op, site=(op, str(entry.get("input_sizes"))))
 
 
+def _time(record: dict[str, Any]) -> float:
+    """When a record was dumped (its data's time, else the row's); 0 when neither is a number."""
+    for value in (record["data"].get("time"), record.get("time")):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return 0.0
+
+
+def _list(value: Any) -> list:
+    return value if isinstance(value, list) else []
+
+
+def newest_job(records: list[dict[str, Any]]) -> str | None:
+    """The job of the newest record (a run may hold several jobs' collectives)."""
+    newest = max(records, key=_time, default=None)
+    job = newest["data"].get("job_id") if newest else None
+    return job if isinstance(job, str) else None
+
+
 def _rank_of(record: dict[str, Any]) -> int | None:
     data = record.get("data") if isinstance(record.get("data"), dict) else {}
     rank = _int(data.get("rank"))
@@ -86,11 +104,11 @@ def _rank_of(record: dict[str, Any]) -> int | None:
 def calls_from_records(records: Iterable[dict[str, Any]], job: str | None = None) -> RankCalls:
     """Every rank's collective calls from ``collectives`` records (store rows as dicts), for one job."""
     records = [r for r in records if isinstance(r, dict) and isinstance(r.get("data"), dict)]
-    job = job if job is not None else latest_job(records)
+    job = job if job is not None else newest_job(records)
     records = [r for r in records if job is None or r["data"].get("job_id") in (None, job)]
     merged: dict[str, dict[int, dict[tuple, Call]]] = {WRAPPER: defaultdict(dict), FLIGHT_RECORDER: defaultdict(dict)}
     nodes, pids, node_ids = {}, {}, {}
-    for record in sorted(records, key=lambda r: r["data"].get("time") or r.get("time") or 0):
+    for record in sorted(records, key=_time):
         rank = _rank_of(record)
         if rank is None:
             continue
@@ -98,12 +116,12 @@ def calls_from_records(records: Iterable[dict[str, Any]], job: str | None = None
         pid = _int(record["data"].get("pid")) or _int(record.get("pid"))
         if pid is not None:
             pids[rank] = pid
-        for entry in record["data"].get("calls") or []:
+        for entry in _list(record["data"].get("calls")):
             call = _wrapper_call(entry)
             if call is not None:
                 merged[WRAPPER][rank][(call.group, call.seq)] = call
         flight = record["data"].get("flight_recorder")
-        for entry in (flight.get("entries") or []) if isinstance(flight, dict) else []:
+        for entry in _list(flight.get("entries")) if isinstance(flight, dict) else []:
             call = _flight_call(entry)
             if call is not None:
                 merged[FLIGHT_RECORDER][rank][(call.group, call.seq)] = call
