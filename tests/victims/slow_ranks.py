@@ -7,6 +7,9 @@
 - ``pause``: it stops once, for a few seconds, to save a checkpoint;
 - ``none``: every rank even.
 
+``--slow-after S``: the rank turns slow only S seconds into training (the
+disk throttles, the device heats up), for the time-to-verdict benchmark.
+
 Run: ``python -m victims.slow_ranks --slow data --slow-rank 2 [--address A] [--steps N]``.
 Prints ``training JOB PIDS`` once the ranks train, ``finished`` at the end.
 """
@@ -74,21 +77,30 @@ def save_checkpoint(model: torch.nn.Module, seconds: float) -> None:
 
 @ray.remote(num_cpus=0)
 class Trainer:
-    def __init__(self, rank: int, world_size: int, port: int, slow: str, slow_rank: int) -> None:
+    def __init__(self, rank: int, world_size: int, port: int, slow: str, slow_rank: int,
+                 slow_after: float = 0.0) -> None:
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
         torch.manual_seed(0)
         mine = rank == slow_rank
-        self.reader = ShardReader(rank, READ_SECONDS * (4 if mine and slow == "data" else 1))
-        self.model = DistributedDataParallel(Net(0.06 if mine and slow == "backward" else 0.0))
+        self.slow_read = READ_SECONDS * (4 if mine and slow == "data" else 1)
+        self.reader = ShardReader(rank, self.slow_read if not slow_after else READ_SECONDS)
+        self.net = Net(0.0)
+        self.slow_backward = 0.06 if mine and slow == "backward" else 0.0
+        self.net.backward_seconds = self.slow_backward if not slow_after else 0.0
+        self.model = DistributedDataParallel(self.net)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
         self.pause_at = 40 if mine and slow == "pause" else None
+        self.slow_after = slow_after
 
     def pid(self) -> int:
         return os.getpid()
 
     def train(self, steps: int) -> int:
+        started = time.monotonic()
         for step in range(steps):
+            if self.slow_after and time.monotonic() - started >= self.slow_after:
+                self.reader.read_seconds, self.net.backward_seconds = self.slow_read, self.slow_backward
             inputs, targets = self.reader.read(step)
             loss = torch.nn.functional.mse_loss(self.model(inputs), targets)
             self.optimizer.zero_grad()
@@ -111,12 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slow-rank", type=int, default=1)
     parser.add_argument("--world-size", type=int, default=3)
     parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--slow-after", type=float, default=0.0, help="turn slow this many seconds into training")
     parser.add_argument("--linger", type=float, default=0.0, help="seconds to stay up after training")
     parser.add_argument("--address", default=None)
     args = parser.parse_args(argv)
     ray.init(address=args.address, log_to_driver=False)
     port = free_port()
-    workers = [Trainer.remote(rank, args.world_size, port, args.slow, args.slow_rank)
+    workers = [Trainer.remote(rank, args.world_size, port, args.slow, args.slow_rank, args.slow_after)
                for rank in range(args.world_size)]
     pids = ray.get([worker.pid.remote() for worker in workers], timeout=600)
     refs = [worker.train.remote(args.steps) for worker in workers]

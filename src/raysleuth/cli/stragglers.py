@@ -94,6 +94,12 @@ def render_stragglers(report: Any) -> None:
     console.print(f"[bold {style}]{report.state}[/bold {style}]: {escape(report.summary)}")
     for straggler in report.stragglers:
         _draw_phase(straggler)
+    named = {s.rank for s in report.stragglers}
+    for rank, phase in ((report.sampling or {}).get("phases") or {}).items():
+        if phase and int(rank) not in named:  # a rank asked for with --rank, not named
+            console.print(f"  rank {rank} (asked for, not a straggler) spends {phase['share']:.0%} of its samples in "
+                          f"{escape(phase['function'])} ({escape(phase['file'].rsplit('/', 1)[-1])}:{phase['line']}), "
+                          f"its peers {phase['peer_share']:.0%}")
     for line in report.missing:
         console.print(f"[yellow]missing: {escape(line)}[/yellow]")
     for note in report.notes:
