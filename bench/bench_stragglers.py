@@ -86,9 +86,9 @@ def measure_cost() -> None:
     py_spy = find_tool("py-spy")
     plain = make_group({"RAYSLEUTH_BENCH": "plain"})
     instrumented = make_group({"RAYSLEUTH_BENCH": "instrumented", HOOK_ENV: "raysleuth.setup_worker"})
-    pids = pids_of(instrumented)
     for group in (plain, instrumented):
         ray.get([worker.train.remote(20) for worker in group])  # warm up
+    pids = pids_of(instrumented)
     walls: dict[str, list[float]] = {"plain": [], "recorded": [], "recorded+sampled": []}
     spy_cpu, spy_seconds = 0.0, 0.0
     for index in range(ROUNDS):
