@@ -32,7 +32,7 @@ LAYERS: dict[str, int] = {
     "errors": CORE, "runtime": CORE, "cluster": CORE, "agents": CORE, "recorder": CORE,
     "control": CORE, "labels": CORE, "modes": CORE, "redaction": CORE, "native_stderr": CORE,
     "ray_private": CORE, "options": CORE,
-    "progress": INSTRUMENTS, "tracing": INSTRUMENTS,
+    "progress": INSTRUMENTS, "tracing": INSTRUMENTS, "coroutines": INSTRUMENTS,
     "advise": FEATURES, "breakpoints": FEATURES, "collectives": FEATURES, "consistency": FEATURES,
     "deaths": FEATURES, "doctor": FEATURES, "explain": FEATURES, "fingerprints": FEATURES,
     "logs": FEATURES, "memory": FEATURES, "postmortem": FEATURES, "stacks": FEATURES,

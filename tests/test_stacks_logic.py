@@ -6,7 +6,7 @@ import pytest
 
 from raysleuth.cluster.records import RayTask
 from raysleuth.stacks import Culprit, ProcessStack, VerdictContext, build_verdict, group_processes, headline, parse_py_spy
-from raysleuth.stacks.analysis import fold_threads, key_thread, moved_between, signature
+from raysleuth.stacks.analysis import fold_threads, key_thread, signature
 
 SITE = "/venv/lib/python3.11/site-packages/"
 
@@ -150,6 +150,13 @@ TRAIN_PLUMBING = [
 ]
 
 
+def sampled(moved):
+    """What two samples measured: frames that moved, or the same frames with no CPU and no wake-ups."""
+    if moved is None:
+        return {}
+    return {"moved_frames": moved, "counters": None if moved else {"cpu": 0.0, "switches": 0, "window": 2.0}}
+
+
 def ddp_rank(pid, rank, inner, *, active=False, moved=None):
     """A gloo DDP actor (rank from its environment): the main thread runs the train call."""
     raw = [thread(pid, inner + [frame("DDPRank.train", "/job/ddp.py", 70)] + RAY_BOTTOM, active=active),
@@ -157,7 +164,7 @@ def ddp_rank(pid, rank, inner, *, active=False, moved=None):
     threads, folded = fold_threads(parse_py_spy(raw, pid=pid), include_idle=False)
     return ProcessStack(pid=pid, node_ip="10.0.0.1", role="actor", actor_class="DDPRank", rank=rank,
                         rank_source="environment", task_name="DDPRank.train", threads=threads,
-                        folded_threads=folded, moved=moved, job_id="02000000")
+                        folded_threads=folded, job_id="02000000", **sampled(moved))
 
 
 def train_worker(pid, rank, inner, *, active=False, moved=None):
@@ -170,7 +177,7 @@ def train_worker(pid, rank, inner, *, active=False, moved=None):
                   name="TrainingThread(train_fn_with_final_checkpoint_flush)", os_thread_id=pid + 2, active=active)]
     threads, folded = fold_threads(parse_py_spy(raw, pid=pid), include_idle=False)
     return ProcessStack(pid=pid, node_ip="10.0.0.1", role="actor", actor_class="RayTrainWorker", rank=rank,
-                        rank_source="ray train", threads=threads, folded_threads=folded, moved=moved)
+                        rank_source="ray train", threads=threads, folded_threads=folded, **sampled(moved))
 
 
 STUCK_LOADER = [frame("next_batch", "/job/ddp.py", 64)]
@@ -270,7 +277,7 @@ def test_a_call_that_did_not_return_while_its_peers_did():
     calls = [{"kind": "verl_call", "method": "generate_sequences", "rank": r, "returned": r == 0, "submitted": 100.0,
               "worker_pid": 140 + r} for r in (0, 1)]
     verdict = build_verdict(ranks, context=VerdictContext(calls=calls, samples=2))
-    assert [(c.rank, c.rule) for c in verdict.culprits] == [(1, "peers")]  # peers name it first
+    assert [(c.rank, c.rule) for c in verdict.culprits] == [(1, "call not returned")]
     verdict = build_verdict(ranks[1:], context=VerdictContext(calls=calls, samples=2))
     assert [(c.rank, c.rule) for c in verdict.culprits] == [(1, "call not returned")]
     assert "has not returned from generate_sequences" in verdict.culprits[0].reason
@@ -293,21 +300,32 @@ def test_extra_rules_hook():
     assert any("boom" in note for note in verdict.notes)
 
 
-def test_moved_between_two_samples():
+def test_progress_is_measured_from_counters_not_frames():
+    from raysleuth.stacks.progress import classify, thread_deltas
+
     stuck = ddp_rank(160, 0, STUCK_LOADER)
     tid = key_thread(stuck).os_thread_id
-    before = signature(stuck), stuck.threads
-    # same frames, no CPU used by the key thread: not moving (whatever other threads do)
-    assert not moved_between(*before, stuck, {tid: 1.0, 7: 1.0}, {tid: 1.0, 7: 9.0})
-    # same line twice, but its thread used CPU in between: a loop that sleeps most of each step
-    assert moved_between(*before, stuck, {tid: 1.0}, {tid: 1.2})
-    # frames changed: moving
-    other = ddp_rank(160, 0, [frame("forward", "/job/model.py", 9)])
-    assert moved_between(*before, other, None, None)
-    # without CPU times, py-spy's on-CPU flag stands in
-    assert not moved_between(*before, stuck, None, None)
+    # same frames, no CPU and no wake-ups of the key thread: blocked (whatever other threads do)
+    stuck.moved_frames = False
+    stuck.counters = thread_deltas({tid: {"cpu": 1.0, "switches": 5}, 7: {"cpu": 1.0, "switches": 0}},
+                                   {tid: {"cpu": 1.0, "switches": 5}, 7: {"cpu": 9.0, "switches": 900}}, tid, 2.0)
+    assert classify(stuck, 2) == "blocked" and stuck.progress == []
+    # same line twice, but the thread woke 40 times: a loop that sleeps between steps is active, not blocked
+    stuck.counters = {"cpu": 0.0, "switches": 40, "window": 2.0}
+    assert classify(stuck, 2) == "active" and stuck.progress == ["woke 40 times in 2.0s"]
+    # a progress counter moved (heartbeat, collectives, Ray calls): working, whatever the frames
+    stuck.counters = {"cpu": 0.0, "switches": 0, "window": 2.0}
+    stuck.progress = ["collectives 120 → 180"]
+    assert classify(stuck, 2) == "working"
+    # a checkpoint being written moves I/O: working
+    stuck.progress, stuck.counters = [], {"cpu": 0.0, "switches": 0, "io": 8 << 20, "window": 2.0}
+    assert classify(stuck, 2) == "working" and stuck.progress == ["8.0 MiB of I/O"]
+    # frames changed: working; one sample: py-spy's on-CPU flag only says active
+    stuck.counters, stuck.moved_frames = None, True
+    assert classify(stuck, 2) == "working"
+    stuck.moved_frames = None
     stuck.threads[0].idle = False
-    assert moved_between(*before, stuck, None, None)
+    assert classify(stuck, 1) == "active"
 
 
 def test_collective_positions_name_the_rank_that_skipped_while_every_rank_waits_in_all_reduce():

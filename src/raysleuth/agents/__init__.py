@@ -134,8 +134,8 @@ class NodeAgent:
         # This node's workers are the children of its raylet, which is the agent's own parent.
         return rank_hints(pids, logs_dir=cluster.local_logs_dir(), cache=self._train_cache, parent=os.getppid())
 
-    def thread_times(self, pids: list[int]) -> dict[int, dict[int, float]]:
-        """CPU seconds used so far by each thread of each pid (to tell a working thread from a stuck one)."""
+    def thread_times(self, pids: list[int]) -> dict[int, dict[int, dict[str, float]]]:
+        """Progress counters of each thread of each pid: CPU seconds, voluntary and involuntary switches."""
         return thread_times(pids)
 
     def run_tool(self, argv: list[str], timeout: float = 10.0) -> dict[str, Any]:

@@ -89,6 +89,7 @@ def setup_worker() -> None:
             _attempt("excepthooks", _install_excepthooks)
             _attempt("log_shipping", _ship_logs)
             _attempt("collectives", _install_collectives)
+            _attempt("coroutines", _install_coroutines)
             _state["started"] = time.monotonic()
             _state["setup_ms"] = round((time.perf_counter() - started) * 1000, 3)
             control.on_tick(_deferred_setup)
@@ -134,6 +135,12 @@ def _install_excepthooks() -> Any:
     from raysleuth.postmortem import install_crash_capture
 
     install_crash_capture()
+
+
+def _install_coroutines() -> Any:
+    from raysleuth import coroutines
+
+    return coroutines.install()
 
 
 def _install_collectives() -> Any:
