@@ -164,20 +164,16 @@ def test_stored_run_names_the_straggler_after_the_fact(ray_cluster, jobs, verdic
     assert code == 1 and [s["rank"] for s in data["stragglers"]] == [2], data["summary"]
 
 
-def test_watch_slow_records_the_straggler_and_the_report_shows_it(ray_cluster, jobs, verdicts, capsys, tmp_path):
+def test_watch_slow_reports_records_and_the_report_shows_it(ray_cluster, jobs, verdicts, tmp_path):
     from raysleuth import cluster
-    from raysleuth.cli.stragglers import watch_slow
+    from raysleuth.cli import main
     from raysleuth.recorder import open_store
     from raysleuth.report import generate_report
-    from raysleuth.stragglers import SlowWatch
-    from raysleuth.stragglers.collect import Options
 
     job = jobs["backward"]["job"]
-    watcher = SlowWatch(ray_cluster.address, home=ray_cluster.home, job=job,
-                        options=Options(window=5.0, sample=2.0, wait=3.0))
-    assert watch_slow(watcher, json_=False)
-    assert "straggler:" in capsys.readouterr().out
-    assert watcher.tick() is None  # reported once
+    code, data = _cli(main, ["watch", "--slow", "--json", "--job", job, "--stall", "10m", "--duration", "2m",
+                             "--address", ray_cluster.address, "--home", str(ray_cluster.home)])
+    assert code == 1 and [s["rank"] for s in data["straggler"]["stragglers"]] == [1], data
     store = open_store(cluster.session_name(), home=ray_cluster.home)
     try:
         records = [r for r in store.query("straggler") if r.data.get("job_id") == job]
@@ -185,6 +181,9 @@ def test_watch_slow_records_the_straggler_and_the_report_shows_it(ray_cluster, j
         store.close()
     assert [r.name for r in records] == ["rank 1"] and records[0].level == "WARNING"
     assert records[0].data["stragglers"][0]["phase"]["function"] == "DeviceLatency.backward"
+    code, stored = _cli(main, ["stragglers", "--json", "--run", cluster.session_name(), "--home", str(ray_cluster.home),
+                               "--job", job, "--window", "1m"])
+    assert code == 1 and stored["stragglers"][0]["phase"]["function"] == "DeviceLatency.backward"  # from the record
     result = generate_report(tmp_path / "report.html", run=cluster.session_name(), home=ray_cluster.home)
     html = (tmp_path / "report.html").read_text()
     assert result.sections["stragglers"] >= 1 and "DeviceLatency.backward" in html
