@@ -77,7 +77,7 @@ def jobs(ray_cluster):
 
 
 def _judged(address: str, job: str, *argv: str, timeout: float = 150.0) -> tuple[int, dict]:
-    """``raysleuth stragglers --json`` once the job has enough collectives in the window."""
+    """``raysleuth stragglers --json`` once the job has trained through a window (20 collectives or more)."""
     from raysleuth.cli import main
 
     deadline = time.monotonic() + timeout
@@ -85,7 +85,7 @@ def _judged(address: str, job: str, *argv: str, timeout: float = 150.0) -> tuple
         out = _cli(main, ["stragglers", "--json", "--address", address, "--job", job, "--window", WINDOW,
                           "--sample", "2s", "--wait", "3s", *argv])
         code, data = out
-        if data["state"] != "unread" or time.monotonic() > deadline:
+        if (data["state"] != "unread" and data["collectives"] >= 20) or time.monotonic() > deadline:
             return code, data
         time.sleep(2)
 
@@ -151,7 +151,7 @@ def test_one_pause_names_nobody_from_the_stored_run(ray_cluster, jobs):
                              "--job", jobs["pause"]["job"], "--window", "5m"])
     assert code == 0 and data["state"] == "even", data["summary"]
     assert data["live"] is False and data["collectives"] >= 100
-    assert [(o["rank"], o["lateness_s"] > 2.5) for o in data["one_offs"]] == [(1, True)]
+    assert [o["rank"] for o in data["one_offs"] if o["lateness_s"] > 2.5] == [1]  # the checkpoint, not a hiccup
     assert any("one-off pause" in note for note in data["notes"])
 
 
