@@ -152,3 +152,17 @@ def test_slow_phase_is_where_the_straggler_spends_what_its_peers_wait():
     assert (phase.peers_wait["function"], phase.peers_wait["line"]) == ("train", 33)
     assert phase.stack[-1] == "read_batch (/job/data.py:12)"
     assert slow_phase(parse_raw("garbage\nthread (1): x;f (/usr/lib/python3.11/a.py:1) 4"), []) is None
+
+
+def test_stragglers_from_records_judges_stored_dumps():
+    from raysleuth.stragglers import stragglers_from_records
+
+    def calls(rank: int) -> list[dict]:
+        late = 30_000_000 if rank == 1 else 0  # rank 1 enters 30 ms late in every 100 ms step
+        return [{"pg": "0", "seq": seq, "op": "all_reduce", "start_ns": seq * 100_000_000 + late,
+                 "end_ns": seq * 100_000_000 + 30_000_001, "file": "/job/train.py", "line": 9, "state": "completed"}
+                for seq in range(1, 16)]
+
+    report = stragglers_from_records([_record(rank, calls(rank)) for rank in range(3)])
+    assert [s.rank for s in report.stragglers] == [1] and report.job_id == "01000000"
+    assert report.source == "wrapper" and report.ranks[1].median_inside_s < report.ranks[0].median_inside_s

@@ -21,12 +21,11 @@ def straggler_section(straggler_records: Sequence[Record], collective_records: S
         return None
     verdict = None
     if collective_records:
-        from raysleuth.stragglers import calls_from_records, find_stragglers
+        from raysleuth.stragglers import stragglers_from_records
 
-        calls = calls_from_records([record.to_dict() for record in collective_records])
-        if calls.calls:
-            report = find_stragglers(calls.calls, nodes=calls.nodes, pids=calls.pids, source=calls.source)
-            verdict = {"state": report.state, "summary": report.summary, "job_id": calls.job_id,
+        report = stragglers_from_records([record.to_dict() for record in collective_records])
+        if report.ranks or report.collectives:
+            verdict = {"state": report.state, "summary": report.summary, "job_id": report.job_id,
                        "ranks": [{"rank": t.rank, "median_ms": round(t.median_lateness_s * 1000, 1),
                                   "late_share": t.late_share, "share_of_step": t.share_of_step}
                                  for t in report.ranks]}

@@ -8,7 +8,8 @@
   stacks verdict can call it.
 - :func:`calls_from_records` (:mod:`.sources`, pure): those call lists from
   stored ``collectives`` records (the collective wrapper's calls, or torch's
-  Flight Recorder entries).
+  Flight Recorder entries); :func:`stragglers_from_records`: both at once,
+  on records (what the stacks verdict calls).
 - :func:`slow_phase` (:mod:`.phase`, pure): where the straggler spends the
   time its peers wait, from py-spy samples of both.
 - :func:`collect_stragglers` (:mod:`.collect`): live (dump, judge, sample)
@@ -21,11 +22,11 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["Call", "SlowPhase", "SlowWatch", "Straggler", "StragglerReport", "calls_from_records",
-           "collect_stragglers", "find_stragglers", "slow_phase"]
+           "collect_stragglers", "find_stragglers", "slow_phase", "stragglers_from_records"]
 
 _HOMES = {
     "Call": "analysis", "Straggler": "analysis", "StragglerReport": "analysis", "find_stragglers": "analysis",
-    "calls_from_records": "sources", "SlowPhase": "phase", "slow_phase": "phase",
+    "calls_from_records": "sources", "stragglers_from_records": "sources", "SlowPhase": "phase", "slow_phase": "phase",
     "collect_stragglers": "collect", "SlowWatch": "watching",
 }
 

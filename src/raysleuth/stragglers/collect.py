@@ -26,6 +26,9 @@ from raysleuth.stragglers.phase import SlowPhase, parse_raw, slow_phase
 from raysleuth.stragglers.sources import calls_from_records
 
 RECORD_LIMIT = 5_000
+"""Newest ``collectives`` rows read (each holds a rank's newest 256 calls per group). Scaling note: at
+thousands of ranks with periodic dumps this is a few seconds of dumps; the next step is the newest dump
+per rank only, in SQL."""
 MISSING = ("no collectives records for this job: run it under `raysleuth run -- python train.py` (or give Ray "
            'runtime_env={"worker_process_setup_hook": "raysleuth.setup_worker"}); the workers then record every '
            "collective's enter time (Flight Recorder and the collective wrapper)")
@@ -108,7 +111,7 @@ def collect_stragglers(address: str | None = None, *, run: str | None = None, ho
     try:
         if live:
             _request(store, job, options.wait, home)
-        newest = store.query("collectives", limit=1, newest_first=True)
+        newest = store.query("collectives", job=job, limit=1, newest_first=True)
         end = time.time() if live or not newest else newest[0].time
         since = end - options.window
         records = _records(store, "collectives", job, since - 5.0)

@@ -20,7 +20,7 @@ import dataclasses
 from collections import defaultdict
 from typing import Any, Iterable
 
-from raysleuth.stragglers.analysis import Call, complete_collectives
+from raysleuth.stragglers.analysis import Call, StragglerReport, complete_collectives, find_stragglers
 
 WRAPPER, FLIGHT_RECORDER = "wrapper", "flight recorder"
 
@@ -146,3 +146,16 @@ def _choose(merged: dict[str, dict[int, dict[tuple, Call]]]) -> tuple[dict[int, 
         for rank, rank_calls in per_source.get(chosen, {}).items():
             calls[rank].extend(sorted(rank_calls, key=lambda c: c.seq))
     return dict(calls), sources
+
+
+def stragglers_from_records(records: Iterable[dict[str, Any]], job: str | None = None, **rule: Any) -> StragglerReport:
+    """:func:`~raysleuth.stragglers.analysis.find_stragglers` on stored ``collectives`` records (one job).
+
+    ``rule``: ``threshold``, ``min_collectives``, ``min_share``, ``since_ns``,
+    ``step_seconds`` as there. What the stacks verdict calls to tell a busy
+    job with one late rank from a hung one.
+    """
+    calls = calls_from_records(records, job)
+    report = find_stragglers(calls.calls, nodes=calls.nodes, pids=calls.pids, source=calls.source, **rule)
+    report.job_id = calls.job_id
+    return report
