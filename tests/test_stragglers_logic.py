@@ -166,3 +166,16 @@ def test_stragglers_from_records_judges_stored_dumps():
     report = stragglers_from_records([_record(rank, calls(rank)) for rank in range(3)])
     assert [s.rank for s in report.stragglers] == [1] and report.job_id == "01000000"
     assert report.source == "wrapper" and report.ranks[1].median_inside_s < report.ranks[0].median_inside_s
+
+
+def test_set_up_collectives_do_not_dilute_a_straggler():
+    calls = job(steps=12, extra={2: 0.03})
+    set_up = [("broadcast", "[[4096]]"), ("broadcast", "[[64]]"), ("allgather", "[[1]]"), ("barrier", "[]"),
+              ("broadcast", "[[64]]")]  # DDP's construction and a framework's barrier: every rank enters at once
+    for rank, rank_calls in calls.items():
+        for call in rank_calls:
+            call.seq += len(set_up)
+        rank_calls[:0] = [Call(group="0", seq=seq, enter_ns=seq * 1000, op=site[0], site=site)
+                          for seq, site in enumerate(set_up, 1)]
+    report = find_stragglers(calls)
+    assert [s.rank for s in report.stragglers] == [2] and report.collectives == 12

@@ -16,7 +16,8 @@ to hold it are left out of that collective.
   collective that recurs most (one call site, or one op and size for the
   Flight Recorder): the median time between two of its enters.
 - **verdict**: a rank is named a straggler when, over at least
-  ``min_collectives`` collectives, it is late by at least ``threshold`` of
+  ``min_collectives`` collectives (those that recur: one per step, not the
+  set-up's broadcasts and barriers), it is late by at least ``threshold`` of
   the step time in at least ``min_share`` of them. One long lateness (a
   checkpoint, a GC pause) is a one-off, reported and not named. Ranks that
   take turns being last (noise) are not named. Fewer collectives than
@@ -173,6 +174,26 @@ def complete_collectives(calls_by_rank: Mapping[int, Iterable[Call]], since_ns: 
     return complete
 
 
+def recurring(collectives: Mapping[tuple[str, int], Mapping[int, Call]], times: int = 3
+              ) -> dict[tuple[str, int], Mapping[int, Call]]:
+    """Only the collectives whose site recurs like a step's (``times`` or more, and at least half as often as
+    the most frequent site), not the set-up's.
+
+    DDP's construction (parameter broadcast, shape checks) and a framework's
+    barriers run once; counting them would dilute a straggler that is late
+    in every step. Without sites (or nothing recurring), all are kept.
+    """
+    counts: dict[Any, int] = defaultdict(int)
+    site_of = {}
+    for key, entries in collectives.items():
+        call = entries[min(entries)]
+        site_of[key] = call.site if call.site is not None else (call.group, call.op)
+        counts[site_of[key]] += 1
+    floor = max(times, max(counts.values(), default=0) / 2)
+    kept = {key: entries for key, entries in collectives.items() if counts[site_of[key]] >= floor}
+    return kept or dict(collectives)
+
+
 def node_offsets(collectives: Mapping[Any, Mapping[int, Call]], nodes: Mapping[int, str | None]) -> dict[str, int] | None:
     """Per node, the median offset of its clock (ns) from the exits of blocking collectives; None without exits."""
     diffs: dict[str, list[int]] = defaultdict(list)
@@ -292,7 +313,7 @@ def find_stragglers(calls_by_rank: Mapping[int, Iterable[Call]], *, threshold: f
     """
     calls_by_rank = {rank: list(calls) for rank, calls in calls_by_rank.items()}
     nodes, pids = dict(nodes or {}), dict(pids or {})
-    collectives = complete_collectives(calls_by_rank, since_ns)
+    collectives = recurring(complete_collectives(calls_by_rank, since_ns))
     report = StragglerReport(state="unread", summary="", ranks=[], stragglers=[], collectives=len(collectives),
                              threshold=threshold, min_collectives=min_collectives, min_share=min_share, source=source)
     if len(collectives) < min_collectives:
