@@ -82,6 +82,25 @@ def sampled_round(group: list, pids: list[int], py_spy: str) -> tuple[float, flo
     return step, cpu, seconds * len(pids)
 
 
+def spy_cpu(py_spy: str, pid: int, seconds: int) -> float:
+    """CPU seconds one ``py-spy record`` of ``seconds`` takes (its rusage)."""
+    from raysleuth.stragglers.sampling import RATE, _argv
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(_argv(py_spy, pid, RATE, seconds), capture_output=True, timeout=seconds + 30)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def print_spy_split(py_spy: str, pid: int) -> None:
+    """py-spy's cost as start-up plus a cost per second sampled (from a 1 s and a 4 s record, 3 of each)."""
+    short = statistics.median(spy_cpu(py_spy, pid, 1) for _ in range(3))
+    long = statistics.median(spy_cpu(py_spy, pid, 4) for _ in range(3))
+    per_second = (long - short) / 3
+    print(f"py-spy record at 5 Hz: {max(0.0, short - per_second) * 1e3:.1f} ms CPU to start (reading the "
+          f"process's symbols), then {per_second * 1e3:.2f} ms per second sampled ({per_second * 100:.2f}% of a core)")
+
+
 def measure_cost() -> None:
     from raysleuth.agents.host import find_tool
 
@@ -92,14 +111,14 @@ def measure_cost() -> None:
         ray.get([worker.train.remote(20) for worker in group])  # warm up
     pids = pids_of(instrumented)
     walls: dict[str, list[float]] = {"plain": [], "recorded": [], "recorded+sampled": []}
-    spy_cpu, spy_seconds = 0.0, 0.0
+    spied_cpu, spy_seconds = 0.0, 0.0
     for index in range(ROUNDS):
         names = list(walls)
         for name in names[index % 3:] + names[:index % 3]:  # each condition goes first in turn
             if name == "recorded+sampled":
                 step, cpu, seconds = sampled_round(instrumented, pids, py_spy)
                 walls[name].append(step)
-                spy_cpu, spy_seconds = spy_cpu + cpu, spy_seconds + seconds
+                spied_cpu, spy_seconds = spied_cpu + cpu, spy_seconds + seconds
             else:
                 walls[name].append(step_of(plain if name == "plain" else instrumented))
     for name, values in walls.items():
@@ -110,7 +129,8 @@ def measure_cost() -> None:
     total = best["recorded+sampled"] / best["plain"]
     print(f"best-of-rounds ratios: recorded/plain {recorded:.4f}, sampled/recorded {sampled:.4f}, "
           f"recorded+sampled/plain {total:.4f}")
-    share = spy_cpu / spy_seconds if spy_seconds else float("inf")
+    share = spied_cpu / spy_seconds if spy_seconds else float("inf")
+    print_spy_split(py_spy, pids[0])
     target("sampling per step (best of rounds, same recorded ranks)", sampled < 1.01, f"x{sampled:.4f} (< x1.01)")
     target("recording + sampling per step (best of rounds)", total < 1.01, f"x{total:.4f} (< x1.01)")
     target("py-spy CPU per process sampled", share < 0.01, f"{share * 100:.3f}% of a core at 5 Hz (< 1%)")
