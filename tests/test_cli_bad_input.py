@@ -104,7 +104,8 @@ STORE_COMMANDS = [
     ("timeline", "--summary", "--json", "--no-ray-tasks"), ("timeline", "--no-ray-tasks", "-o", "t.json"),
     ("report", "-o", "r.html"), ("report", "--json", "-o", "r.html"), ("logs",), ("logs", "--json"),
     ("logs", "--aggregate"), ("logs", "--level", "ERROR", "--step", "1-3"), ("debug", "ls", "--run", "bad-run"),
-    ("explain", "crash-5"), ("weights",), ("weights", "--json"),
+    ("explain", "crash-5"), ("weights",), ("weights", "--json"), ("stragglers", "--run", "bad-run"),
+    ("stragglers", "--run", "bad-run", "--json"),
 ]
 
 
@@ -174,6 +175,7 @@ def test_logs_ray_grep_bad_regex_is_one_line():
     ("stacks", "--ranks", "0-"), ("debug", "arm", "--ranks", "a"), ("watch", "--stall", "5x"),
     ("tasks", "--older-than", "1 week"), ("collectives", "--wait", "-1s"), ("doctor", "--timeout", "0s"),
     ("memory", "--since", "yesterday"), ("memory", "--sample", "1s", "--since", "5m"),
+    ("stragglers", "--window", "0"), ("stragglers", "--min-share", "2"), ("stragglers", "--rate", "0"),
 ])
 def test_bad_values_are_usage_errors(argv):
     code, out, err = run_cli(*argv)

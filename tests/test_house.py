@@ -36,7 +36,7 @@ LAYERS: dict[str, int] = {
     "advise": FEATURES, "breakpoints": FEATURES, "collectives": FEATURES, "consistency": FEATURES,
     "deaths": FEATURES, "doctor": FEATURES, "explain": FEATURES, "fingerprints": FEATURES,
     "logs": FEATURES, "memory": FEATURES, "postmortem": FEATURES, "stacks": FEATURES,
-    "tasks": FEATURES, "timeline": FEATURES, "weights": FEATURES,
+    "stragglers": FEATURES, "tasks": FEATURES, "timeline": FEATURES, "weights": FEATURES,
     "integrations": ORCHESTRATION, "monitoring": ORCHESTRATION, "pool": ORCHESTRATION,
     "stall": ORCHESTRATION, "worker_setup": ORCHESTRATION,
     "cli": FACES, "demo": FACES, "report": FACES, "__init__": FACES, "__main__": FACES,

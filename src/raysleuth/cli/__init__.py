@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "report",
     "run",
     "stacks",
+    "stragglers",
     "tasks",
     "timeline",
     "weights",

@@ -212,12 +212,15 @@ def watch(
     interval: Annotated[float | None, duration_option("--interval", help="Time between heartbeat reads.", check=positive)] = None,
     timeout: Annotated[float, duration_option("--timeout", help="Time for the stacks snapshot at a stall.", check=positive)] = 30.0,
     job: Annotated[str | None, typer.Option("--job", help="Only this Ray job's ranks (its id, e.g. 02000000).")] = None,
+    slow: Annotated[bool, typer.Option("--slow", help="Also report a straggler once one appears (raysleuth stragglers).")] = False,
     home: HomeOption = None,
     json_: JsonOption = False,
 ) -> None:
     """Follow rs.heartbeat/rs.step; on a stall take stacks, store them, print the verdict (exit 1)."""
     from raysleuth.cli._app import connect, home_path
+    from raysleuth.cli.stragglers import watch_slow
     from raysleuth.stall import Watchdog
+    from raysleuth.stragglers import SlowWatch
 
     connect(address)
     dog = Watchdog(stall, address=address, home=str(home_path(home)), interval=interval, stacks_timeout=timeout,
@@ -226,8 +229,12 @@ def watch(
         err_console.print(f"[dim]watching heartbeats (stall {stall:g}s){'; Ctrl-C to stop' if forever else ''}[/dim]")
     started = time.monotonic()
     stalls = 0
+    slow_watch = SlowWatch(address, home=str(home_path(home)), job=job) if slow else None
     try:
         while duration is None or time.monotonic() - started < duration:
+            if slow_watch is not None and watch_slow(slow_watch, json_) and not forever:
+                stalls += 1  # a straggler ends the watch like a stall does (exit 1)
+                break
             event = dog.poll()
             if event is None:
                 if dog.finished and not forever:

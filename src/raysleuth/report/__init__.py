@@ -9,7 +9,8 @@ embedded inline, so the file opens offline with no network at all.
 Sections: run summary, doctor, stacks and verdicts, tasks, consistency
 checks, per-rank memory curves and leak verdicts, crashes, warning/error logs
 by rank, per-step phase durations per rank (stragglers), weight syncs with the
-logprob gap beside them (:mod:`raysleuth.report.weights`), and a link to the
+logprob gap beside them (:mod:`raysleuth.report.weights`), the ranks that entered
+collectives late (:mod:`raysleuth.report.stragglers`), and a link to the
 Perfetto trace when one was exported next to the report.
 
 Scaling note: the report reads every record of the kinds it shows, capped at
@@ -30,6 +31,7 @@ from typing import Any
 from raysleuth.recorder import open_store
 from raysleuth.report import sections
 from raysleuth.report.weights import weights_section
+from raysleuth.report.stragglers import straggler_section
 
 __all__ = ["MAX_RECORDS", "ReportResult", "build_report_data", "generate_report", "render_report"]
 
@@ -47,6 +49,7 @@ SECTION_KINDS = {
     "logs": ("log",),
     "spans": ("span",),
     "weights": ("weight_sync", "logprob_gap"),
+    "stragglers": ("straggler",),
 }
 
 
@@ -93,6 +96,8 @@ def build_report_data(store) -> dict[str, Any]:
         "logs": _robust(sections.log_section, fetched["logs"]),
         "spans": _robust(sections.span_section, fetched["spans"]),
         "weights": _robust(weights_section, fetched["weights"]),
+        "stragglers": _robust(lambda records: straggler_section(records, fetched["collectives"]),
+                              fetched["stragglers"]),
     }
 
 
@@ -251,6 +256,7 @@ def generate_report(output: Path | str = "report.html", *, run: str | None = Non
         "logs": sum(len(lines) for lines in data["logs"].values()),
         "spans": len(data["spans"]["steps"]),
         "weights": len(data["weights"]["syncs"]),
+        "stragglers": len(data["stragglers"]["reported"]) + bool(data["stragglers"]["verdict"]) if data["stragglers"] else 0,
     }
     return ReportResult(path=output, run_id=run_id, store_path=store_path, sections=counts, trace_path=trace,
                         bytes=len(text.encode()), seconds=round(time.monotonic() - started, 3))

@@ -1,0 +1,225 @@
+"""Gather enter times and stacks for :func:`~raysleuth.stragglers.analysis.find_stragglers`: live or stored.
+
+Live (no ``run``): asks every instrumented worker for a collectives dump
+(the ``collectives.dump`` control key, as ``raysleuth collectives`` does),
+reads the job's dumps of the last ``window`` seconds from the store, judges,
+then samples the straggler (or the ``ranks`` asked for) and up to ``peers``
+of its peers with py-spy for ``sample`` seconds and names the slow phase.
+Stored (``run``): the run's dumps (periodic in full mode, at exit, on
+request) over the ``window`` before its newest dump; no sampling, but a
+``straggler`` record left by ``raysleuth watch --slow`` gives the phase.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from raysleuth.errors import UsageError
+from raysleuth.stragglers import sampling
+from raysleuth.stragglers.analysis import MIN_COLLECTIVES, MIN_SHARE, THRESHOLD, StragglerReport, find_stragglers
+from raysleuth.stragglers.phase import SlowPhase, parse_raw, slow_phase
+from raysleuth.stragglers.sources import calls_from_records
+
+RECORD_LIMIT = 5_000
+"""Newest ``collectives`` rows read (each holds a rank's newest 256 calls per group). Scaling note: at
+thousands of ranks with periodic dumps this is a few seconds of dumps; the next step is the newest dump
+per rank only, in SQL."""
+MISSING = ("no collectives records for this job: run it under `raysleuth run -- python train.py` (or give Ray "
+           'runtime_env={"worker_process_setup_hook": "raysleuth.setup_worker"}); the workers then record every '
+           "collective's enter time (Flight Recorder and the collective wrapper)")
+
+
+@dataclasses.dataclass(kw_only=True)
+class Options:
+    """What :func:`collect_stragglers` is asked."""
+
+    window: float = 30.0
+    """Seconds of collectives judged (the newest)."""
+    ranks: list[int] | None = None
+    """Ranks to sample (default: the stragglers found); each must be a rank of the job."""
+    threshold: float = THRESHOLD
+    min_collectives: int = MIN_COLLECTIVES
+    min_share: float = MIN_SHARE
+    sample: float = sampling.SECONDS
+    """Seconds of py-spy sampling (0: none)."""
+    rate: int = sampling.RATE
+    peers: int = 2
+    """Peers sampled for contrast."""
+    wait: float = 4.0
+    """Seconds to wait for the workers' dumps."""
+
+
+def _records(store, kind: str, job: str | None, since: float | None) -> list[dict[str, Any]]:
+    rows = store.query(kind, job=job, limit=RECORD_LIMIT, newest_first=True, since=since)
+    return [row.to_dict() for row in reversed(rows)]
+
+
+def _request(store, job: str | None, wait: float, home) -> None:
+    """Ask for a dump and wait until every rank that dumped before has answered (or ``wait`` passes)."""
+    from raysleuth.collectives.report import request_dump
+
+    request_id, asked_at = request_dump(wait, home=home)
+    if request_id is None:
+        return
+    before = {(r.get("node_ip"), r.get("pid")) for r in _records(store, "collectives", job, time.time() - 600)}
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        got = {(r.get("node_ip"), r.get("pid")) for r in _records(store, "collectives", job, asked_at - 1)
+               if ((r.get("data") or {}).get("request") or {}).get("id") == request_id}
+        if before and before <= got:
+            return
+        time.sleep(0.3)
+
+
+def step_seconds(heartbeats: list[dict[str, Any]]) -> dict[int, float]:
+    """Per rank, the median time between two ``rs.step`` heartbeats (per step), from the job's own steps."""
+    times: dict[int, dict[int, float]] = defaultdict(dict)
+    for beat in heartbeats:
+        data = beat.get("data") if isinstance(beat.get("data"), dict) else {}
+        if data.get("source") == "collectives" or beat.get("rank") is None or beat.get("step") is None:
+            continue
+        times[beat["rank"]].setdefault(int(beat["step"]), float(beat.get("time") or 0))
+    result = {}
+    for rank, by_step in times.items():
+        steps = sorted(by_step)
+        gaps = [(by_step[b] - by_step[a]) / (b - a) for a, b in zip(steps, steps[1:]) if b > a]
+        if len(gaps) >= 2:
+            result[rank] = statistics.median(gaps)
+    return result
+
+
+def collect_stragglers(address: str | None = None, *, run: str | None = None, home: Path | str | None = None,
+                       job: str | None = None, options: Options | None = None) -> StragglerReport:
+    """Which rank is slow, by how much, and (live) where: see the module doc."""
+    from raysleuth.recorder import open_store
+
+    options = options or Options()
+    if options.window <= 0:
+        raise UsageError(f"--window must be > 0 (got {options.window:g})", fix="e.g. --window 30s")
+    live = run is None
+    if live:
+        from raysleuth import cluster
+
+        cluster.connect(address)
+        run = cluster.session_name()
+    store = open_store(run, home=home)
+    try:
+        if live:
+            _request(store, job, options.wait, home)
+        newest = store.query("collectives", job=job, limit=1, newest_first=True)
+        end = time.time() if live or not newest else newest[0].time
+        since = end - options.window
+        records = _records(store, "collectives", job, since - 5.0)
+        beats = _records(store, "heartbeat", job, since)
+        stored = [] if live else _records(store, "straggler", None, since)  # written by the CLI: not the job's id
+    finally:
+        store.close()
+    report = judge(records, beats, job=job, options=options, since=since)
+    report.run, report.live = run, live
+    _check_ranks(report, options.ranks)
+    if live and report.state != "unread" and options.sample > 0:
+        sample_phases(report, options)
+    elif not live:
+        _stored_phases(report, stored)
+    return report
+
+
+def judge(records: list[dict[str, Any]], beats: list[dict[str, Any]], *, job: str | None, options: Options,
+          since: float) -> StragglerReport:
+    """The verdict from stored rows (dicts): pure apart from the clock."""
+    calls = calls_from_records(records, job)
+    pids = set(calls.pids.values())
+    beats = [beat for beat in beats if beat.get("pid") in pids]
+    report = find_stragglers(calls.calls, threshold=options.threshold, min_collectives=options.min_collectives,
+                             min_share=options.min_share, since_ns=int(since * 1e9), nodes=calls.nodes,
+                             pids=calls.pids, step_seconds=step_seconds(beats), source=calls.source)
+    report.job_id, report.window_s = calls.job_id, options.window
+    report.sampling = {"node_ids": {str(k): v for k, v in calls.node_ids.items()}}
+    if not calls.calls:
+        report.missing.append(MISSING)
+        report.summary = "no collectives recorded: nothing to judge"
+    elif report.state == "unread":
+        report.missing.append(f"fewer than {options.min_collectives} collectives entered by every rank in the last "
+                              f"{options.window:g}s: let the job run longer or widen --window")
+    if report.state == "straggler":
+        report.next_command = f"raysleuth stragglers --rank {report.stragglers[0].rank}"
+    return report
+
+
+def _check_ranks(report: StragglerReport, ranks: list[int] | None) -> None:
+    known = {t.rank for t in report.ranks} or {int(r) for r in (report.sampling or {}).get("node_ids", {})}
+    unknown = sorted(set(ranks or ()) - known)
+    if unknown and known:
+        raise UsageError(f"rank {', '.join(map(str, unknown))} is not a rank of job {report.job_id} "
+                         f"(its ranks: {', '.join(map(str, sorted(known)))})", fix="pick one of those ranks")
+    if unknown:
+        raise UsageError(f"rank {', '.join(map(str, unknown))}: this job recorded no collectives, so it has no "
+                         "ranks to pick from", fix="run the job under `raysleuth run`, then ask again")
+
+
+def sample_phases(report: StragglerReport, options: Options) -> None:
+    """Sample the suspects and a few peers; attach each suspect's slow phase (and the cost) to the report."""
+    node_ids = {int(k): v for k, v in (report.sampling or {}).get("node_ids", {}).items()}
+    pids = {t.rank: t.pid for t in report.ranks if t.pid}
+    suspects = list(options.ranks or [s.rank for s in report.stragglers])
+    if not suspects:
+        return
+    by_lateness = sorted(report.ranks, key=lambda t: t.median_lateness_s)
+    peers = [t.rank for t in by_lateness if t.rank not in suspects][:max(1, options.peers)]
+    targets = {rank: (node_ids.get(rank), pids[rank]) for rank in suspects + peers if rank in pids and node_ids.get(rank)}
+    texts, errors, cost = sampling.sample_processes(targets, rate=options.rate, seconds=options.sample)
+    cost["errors"] = {str(k): v for k, v in errors.items()}
+    report.sampling = {**(report.sampling or {}), **cost, "suspects": suspects, "peers": peers}
+    threads = {rank: parse_raw(text) for rank, text in texts.items()}
+    peer_threads = [threads[rank] for rank in peers if rank in threads]
+    phases = {}
+    for rank in suspects:
+        if rank in threads:
+            phases[rank] = slow_phase(threads[rank], peer_threads, sampling.library_dirs())
+    for straggler in report.stragglers:
+        straggler.phase = phases.get(straggler.rank)
+    report.sampling["phases"] = {str(rank): dataclasses.asdict(phase) if phase else None
+                                 for rank, phase in phases.items()}
+    for rank, error in errors.items():
+        report.notes.append(f"rank {rank} not sampled: {error}")
+
+
+def _stored_phases(report: StragglerReport, stored: list[dict[str, Any]]) -> None:
+    """A stored run: the slow phase from the newest ``straggler`` record of each rank, where there is one."""
+    for straggler in report.stragglers:
+        for row in reversed(stored):
+            data = row.get("data") if isinstance(row.get("data"), dict) else {}
+            if report.job_id and data.get("job_id") not in (None, report.job_id):
+                continue
+            named = data.get("stragglers") if isinstance(data.get("stragglers"), list) else []
+            phase = next((s.get("phase") for s in named
+                          if isinstance(s, dict) and s.get("rank") == straggler.rank and isinstance(s.get("phase"), dict)),
+                         None)
+            straggler.phase = phase_from(phase)
+            if straggler.phase is not None:
+                break
+    if report.stragglers and not any(s.phase for s in report.stragglers):
+        report.notes.append("stored run: the slow phase needs the live job (stack samples); "
+                            "`raysleuth watch --slow` records it while the job runs")
+
+
+def phase_from(data: Any) -> SlowPhase | None:
+    """A stored slow phase back as a :class:`SlowPhase`; None for data of another shape."""
+    if not isinstance(data, dict):
+        return None
+    text = all(isinstance(data.get(k), str) for k in ("function", "file", "thread"))
+    numbers = all(isinstance(data.get(k), (int, float)) and not isinstance(data.get(k), bool)
+                  for k in ("line", "share", "peer_share", "samples", "peer_samples"))
+    if not (text and numbers and isinstance(data.get("stack"), list)):
+        return None
+    wait = data.get("peers_wait")
+    wait_ok = isinstance(wait, dict) and isinstance(wait.get("file"), str) and isinstance(wait.get("share"), (int, float))
+    return SlowPhase(function=data["function"], file=data["file"], line=int(data["line"]), share=float(data["share"]),
+                     peer_share=float(data["peer_share"]), stack=[str(f) for f in data["stack"]],
+                     thread=data["thread"], samples=int(data["samples"]), peer_samples=int(data["peer_samples"]),
+                     peers_wait=wait if wait_ok else None)

@@ -1,0 +1,70 @@
+"""Sample a few processes' stacks a few times a second, through the node agents (py-spy, non-blocking).
+
+One ``py-spy record --nonblocking`` per process, all at once, on each
+process's node (``run_tools`` on its agent): py-spy reads the process's
+memory without stopping it (a blocking read pauses every thread at each
+sample, which slows a torch process with many threads: py-spy #872), at a
+low rate, for a few seconds. Its collapsed output comes back as text.
+
+Cost: py-spy's own CPU on the node, while it samples (measured by
+``bench/bench_stragglers.py`` against the same job unsampled).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from raysleuth import agents
+
+RATE = 5
+"""Samples per second."""
+SECONDS = 3.0
+"""How long to sample."""
+
+
+def _argv(path: str, pid: int, rate: int, seconds: float) -> list[str]:
+    return [path, "record", "--pid", str(pid), "--nonblocking", "--idle", "--threads", "--full-filenames",
+            "--format", "raw", "--rate", str(rate), "--duration", str(max(1, round(seconds))), "-o", "/dev/stdout"]
+
+
+def sample_processes(targets: dict[int, tuple[str, int]], *, rate: int = RATE, seconds: float = SECONDS,
+                     timeout: float = 30.0) -> tuple[dict[int, str], dict[int, str], dict[str, Any]]:
+    """Sample ``targets`` (rank -> (node id, pid)); returns (rank -> raw text, rank -> error, cost)."""
+    started = time.monotonic()
+    texts: dict[int, str] = {}
+    errors: dict[int, str] = {}
+    found = agents.call_agents("versions", timeout=min(timeout, 15.0), nodes=sorted({n for n, _ in targets.values()}))
+    paths = {result.node_id: (result.value or {}).get("py_spy_path") for result in found if result.ok}
+    per_node: dict[str, list[tuple[int, int]]] = {}
+    for rank, (node_id, pid) in targets.items():
+        if not paths.get(node_id):
+            errors[rank] = ("py-spy not found on this rank's node: install it in the job's environment "
+                            '(pip install py-spy, or runtime_env={"pip": ["py-spy"]})')
+            continue
+        per_node.setdefault(node_id, []).append((rank, pid))
+    per_node_args = {node: ([_argv(paths[node], pid, rate, seconds) for _, pid in members], seconds + 10.0,
+                            len(members)) for node, members in per_node.items()}
+    if per_node_args:
+        results = agents.call_agents("run_tools", timeout=timeout, nodes=list(per_node_args),
+                                     per_node_args=per_node_args)
+        for result in results:
+            members = per_node[result.node_id]
+            if not result.ok:
+                errors.update({rank: f"node agent did not answer: {result.error}" for rank, _ in members})
+                continue
+            for (rank, _pid), done in zip(members, result.value):
+                if done.get("returncode") == 0 and done.get("stdout"):
+                    texts[rank] = done["stdout"]
+                else:
+                    text = (done.get("error") or done.get("stderr") or "").strip().splitlines()
+                    errors[rank] = f"py-spy: {text[-1][:200] if text else 'no samples'}"
+    cost = {"rate": rate, "seconds": seconds, "processes": len(targets), "sampled": len(texts),
+            "wall_s": time.monotonic() - started}
+    return texts, errors, cost
+
+
+def library_dirs() -> tuple[str, ...]:
+    """Folders whose frames are not the job's own code: raysleuth's package."""
+    return (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)

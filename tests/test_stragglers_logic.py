@@ -1,0 +1,181 @@
+"""The straggler rule on plain data (no Ray): who is named, who is not, and why.
+
+Enter times are built the way a job makes them: a step period, a small
+random jitter per rank, and the slow rank's extra time; the rule's
+thresholds are the documented ones (raysleuth.stragglers.analysis).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from raysleuth.stragglers import Call, calls_from_records, find_stragglers, slow_phase
+from raysleuth.stragglers.analysis import MIN_COLLECTIVES, THRESHOLD
+from raysleuth.stragglers.phase import parse_raw
+
+STEP = 0.1  # seconds
+
+
+def job(steps: int = 40, ranks: int = 4, extra: dict[int, float] | None = None, jitter: float = 0.002,
+        once: tuple[int, int, float] | None = None, offsets: dict[int, float] | None = None, seed: int = 0):
+    """Per rank, one all_reduce per step: enter = step start + own time; exit = the last enter (+ its clock)."""
+    rng = random.Random(seed)
+    calls: dict[int, list[Call]] = {rank: [] for rank in range(ranks)}
+    clock = 0.0
+    for step in range(steps):
+        enters = {rank: clock + 0.05 + rng.uniform(0, jitter) + (extra or {}).get(rank, 0.0) for rank in range(ranks)}
+        if once and once[1] == step:
+            enters[once[0]] += once[2]
+        leave = max(enters.values()) + 0.001
+        for rank, enter in enters.items():
+            shift = (offsets or {}).get(rank, 0.0)
+            calls[rank].append(Call(group="0", seq=step + 1, enter_ns=int((enter + shift) * 1e9),
+                                    exit_ns=int((leave + shift) * 1e9), op="all_reduce", file="/job/train.py",
+                                    line=40, site=("/job/train.py", 40, "all_reduce")))
+        clock = leave
+    return calls
+
+
+def test_a_rank_consistently_last_is_named_with_its_cost():
+    report = find_stragglers(job(extra={2: 0.03}))
+    assert report.state == "straggler" and report.exit_code == 1
+    [straggler] = report.stragglers
+    assert straggler.rank == 2 and straggler.late_share == 1.0
+    assert straggler.median_lateness_s == pytest.approx(0.03, abs=0.003)
+    assert straggler.cost_s == pytest.approx(0.03, abs=0.003)
+    assert report.step_s == pytest.approx(0.05 + 0.03 + 0.001, abs=0.004)
+    assert straggler.wait_site == "all_reduce train.py:40"
+
+
+def test_even_ranks_and_noise_name_nobody():
+    report = find_stragglers(job(jitter=0.006))  # up to 6 ms of noise in a ~55 ms step
+    assert report.state == "even" and report.exit_code == 0 and not report.stragglers
+    assert max(t.last_share for t in report.ranks) < 0.6  # ranks take turns being last
+
+
+def test_one_long_pause_is_a_one_off_not_a_straggler():
+    report = find_stragglers(job(once=(1, 20, 3.0)))
+    assert report.state == "even"
+    assert [(o.rank, o.seq, round(o.lateness_s)) for o in report.one_offs] == [(1, 21, 3)]
+    assert "one-off pause" in report.notes[0]
+
+
+def test_threshold_is_the_documented_ten_percent_and_configurable():
+    step = 0.05 + 0.001
+    just_under = find_stragglers(job(extra={0: 0.08 * step}, jitter=0.0005))
+    assert just_under.state == "even", just_under.summary
+    over = find_stragglers(job(extra={0: 0.15 * step}, jitter=0.0005))
+    assert [s.rank for s in over.stragglers] == [0]
+    assert THRESHOLD == 0.10
+    assert find_stragglers(job(extra={0: 0.15 * step}, jitter=0.0005), threshold=0.3).state == "even"
+
+
+def test_too_few_collectives_is_unread_not_fine():
+    report = find_stragglers(job(steps=MIN_COLLECTIVES - 1, extra={1: 0.05}))
+    assert report.state == "unread" and report.exit_code == 2
+    assert "not enough to judge" in report.summary
+    assert find_stragglers({}).exit_code == 2
+
+
+def test_window_keeps_only_the_newest_collectives():
+    calls = job(steps=60, extra={3: 0.04})
+    def first_enter(index: int) -> int:
+        return min(rank_calls[index].enter_ns for rank_calls in calls.values())
+
+    assert find_stragglers(calls, since_ns=first_enter(50)).collectives == 10  # the last 10 steps
+    assert find_stragglers(calls, since_ns=first_enter(55)).state == "unread"
+
+
+def test_a_node_clock_offset_is_taken_off_with_the_exits():
+    # rank 3's node runs 20 ms ahead: without the exits it would look 20 ms early, rank 0.. late
+    offsets = {3: 0.02}
+    nodes = {0: "a", 1: "a", 2: "a", 3: "b"}
+    report = find_stragglers(job(extra={1: 0.03}, offsets=offsets), nodes=nodes)
+    assert [s.rank for s in report.stragglers] == [1]
+    assert "clock offset" in report.notes[0]
+    lateness = {t.rank: t.median_lateness_s for t in report.ranks}
+    assert lateness[3] < 0.005
+
+
+def test_rs_step_time_is_used_where_the_job_has_it():
+    report = find_stragglers(job(extra={2: 0.03}), step_seconds={rank: 1.0 for rank in range(4)})
+    assert report.step_s == 1.0 and report.state == "even"  # 30 ms of a 1 s step is under 10%
+    assert {t.step_source for t in report.ranks} == {"rs.step"}
+
+
+def _record(rank: int, calls: list[dict] | None = None, entries: list[dict] | None = None, time: float = 1.0):
+    return {"kind": "collectives", "time": time, "pid": 100 + rank, "node_ip": "10.0.0.1", "node_id": "n1",
+            "data": {"rank": rank, "pid": 100 + rank, "job_id": "01000000", "time": time, "calls": calls or [],
+                     "flight_recorder": {"entries": entries or []} if entries is not None else None}}
+
+
+def test_source_is_the_flight_recorder_when_the_wrapper_misses_ddp_buckets():
+    records = []
+    for rank in range(2):
+        wrapper = [{"pg": "0", "seq": 1, "op": "broadcast", "start_ns": 10, "end_ns": 20, "state": "completed"}]
+        fr = [{"process_group": ["0", "default_pg"], "collective_seq_id": seq, "profiling_name": "gloo:all_reduce",
+               "time_created_ns": seq * 1000 + rank, "input_sizes": [[64]]} for seq in range(1, 13)]
+        records.append(_record(rank, wrapper, fr))
+    calls = calls_from_records(records)
+    assert calls.sources == {"0": "flight recorder"} and len(calls.calls[0]) == 12
+    assert calls.pids == {0: 100, 1: 101} and calls.job_id == "01000000"
+
+
+def test_source_is_the_wrapper_on_a_tie_and_bad_rows_are_skipped():
+    records = [_record(rank, [{"pg": "0", "seq": seq, "op": "all_reduce", "start_ns": seq * 10, "end_ns": seq * 10 + 5,
+                               "file": "/job/train.py", "line": 9} for seq in range(1, 4)] + [{"seq": "x"}, 7])
+               for rank in range(2)]
+    records.append({"kind": "collectives", "data": [1, 2]})
+    records.append({"kind": "collectives", "data": {"rank": "?", "time": "soon", "calls": 5}})
+    calls = calls_from_records(records)
+    assert calls.sources == {"0": "wrapper"}
+    assert [c.seq for c in calls.calls[1]] == [1, 2, 3] and calls.calls[1][0].exit_ns == 15
+
+
+RAW_SLOW = """thread (101): MainThread;<module> (/venv/lib/python3.11/site-packages/ray/worker.py:10);train (/job/train.py:30);read_batch (/job/data.py:12) 9
+thread (101): MainThread;<module> (/venv/lib/python3.11/site-packages/ray/worker.py:10);train (/job/train.py:33);backward (/venv/lib/python3.11/site-packages/torch/autograd/__init__.py:3) 1
+thread (102): raysleuth-control;run (/usr/lib/python3.11/threading.py:90) 10
+"""
+RAW_PEER = """thread (201): MainThread;<module> (/venv/lib/python3.11/site-packages/ray/worker.py:10);train (/job/train.py:30);read_batch (/job/data.py:12) 2
+thread (201): MainThread;<module> (/venv/lib/python3.11/site-packages/ray/worker.py:10);train (/job/train.py:33);backward (/venv/lib/python3.11/site-packages/torch/autograd/__init__.py:3) 8
+"""
+
+
+def test_slow_phase_is_where_the_straggler_spends_what_its_peers_wait():
+    threads = parse_raw(RAW_SLOW)
+    assert [(t.name, t.samples) for t in threads] == [("MainThread", 10), ("raysleuth-control", 10)]
+    phase = slow_phase(threads, [parse_raw(RAW_PEER)])
+    assert (phase.function, phase.where, phase.thread) == ("read_batch", "data.py:12", "MainThread")
+    assert phase.share == 0.9 and phase.peer_share == 0.2
+    assert (phase.peers_wait["function"], phase.peers_wait["line"]) == ("train", 33)
+    assert phase.stack[-1] == "read_batch (/job/data.py:12)"
+    assert slow_phase(parse_raw("garbage\nthread (1): x;f (/usr/lib/python3.11/a.py:1) 4"), []) is None
+
+
+def test_stragglers_from_records_judges_stored_dumps():
+    from raysleuth.stragglers import stragglers_from_records
+
+    def calls(rank: int) -> list[dict]:
+        late = 30_000_000 if rank == 1 else 0  # rank 1 enters 30 ms late in every 100 ms step
+        return [{"pg": "0", "seq": seq, "op": "all_reduce", "start_ns": seq * 100_000_000 + late,
+                 "end_ns": seq * 100_000_000 + 30_000_001, "file": "/job/train.py", "line": 9, "state": "completed"}
+                for seq in range(1, 16)]
+
+    report = stragglers_from_records([_record(rank, calls(rank)) for rank in range(3)])
+    assert [s.rank for s in report.stragglers] == [1] and report.job_id == "01000000"
+    assert report.source == "wrapper" and report.ranks[1].median_inside_s < report.ranks[0].median_inside_s
+
+
+def test_set_up_collectives_do_not_dilute_a_straggler():
+    calls = job(steps=12, extra={2: 0.03})
+    set_up = [("broadcast", "[[4096]]"), ("broadcast", "[[64]]"), ("allgather", "[[1]]"), ("barrier", "[]"),
+              ("broadcast", "[[64]]")]  # DDP's construction and a framework's barrier: every rank enters at once
+    for rank, rank_calls in calls.items():
+        for call in rank_calls:
+            call.seq += len(set_up)
+        rank_calls[:0] = [Call(group="0", seq=seq, enter_ns=seq * 1000, op=site[0], site=site)
+                          for seq, site in enumerate(set_up, 1)]
+    report = find_stragglers(calls)
+    assert [s.rank for s in report.stragglers] == [2] and report.collectives == 12
