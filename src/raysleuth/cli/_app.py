@@ -163,3 +163,32 @@ def connect(address: str | None):
     from raysleuth import cluster
 
     return cluster.connect(address)
+
+
+def announce_cluster(event) -> None:
+    """The header of every live command, on stderr: the GCS address and session, and any other cluster alive.
+
+    Registered with ``cluster.on_connect``, so whichever feature connects, the user sees which cluster it is:
+    first the choice (when other clusters are alive and the user did not name one with --address), then,
+    once connected, ``cluster ADDRESS · session NAME``.
+    """
+    from rich.markup import escape
+
+    from raysleuth.cluster import AddressChoice
+
+    if isinstance(event, AddressChoice):
+        notice = event.notice() if event.reason != "--address" else None
+        if notice:
+            err_console.print(f"[yellow]{escape(notice)}[/yellow]", soft_wrap=True)
+        return
+    err_console.print(f"[dim]cluster {escape(event.address)} · session {escape(event.session_name)}[/dim]",
+                      soft_wrap=True)
+
+
+def _listen() -> None:
+    from raysleuth.cluster.connection import on_connect
+
+    on_connect(announce_cluster)
+
+
+_listen()

@@ -15,14 +15,17 @@ from raysleuth.cluster.connection import (
     _PROBE_NOISE,
     DEFAULT_NAMESPACE,
     ClusterInfo,
+    choose,
     connect,
     find_auth_token,
+    on_connect,
     resolve_address,
     session_name,
     shutdown,
     start_local,
     tcp_problem,
 )
+from raysleuth.cluster.discovery import AddressChoice, LocalCluster, local_clusters
 from raysleuth.cluster.records import (
     RayActor,
     RayDeathCause,
@@ -56,9 +59,11 @@ from raysleuth.cluster.state import (
 from raysleuth.cluster.worker import current_job_id, local_logs_dir, on_ray_train_user_error, wrap_worker_calls
 
 __all__ = [
+    "AddressChoice",
     "ClusterInfo",
     "DEFAULT_NAMESPACE",
     "Listing",
+    "LocalCluster",
     "RayActor",
     "RayDeathCause",
     "RayNode",
@@ -70,6 +75,7 @@ __all__ = [
     "STATE_LIMIT",
     "actors",
     "available_resources",
+    "choose",
     "connect",
     "current_job_id",
     "dead_workers",
@@ -78,10 +84,12 @@ __all__ = [
     "get_task",
     "head_node",
     "list_log_files",
+    "local_clusters",
     "local_logs_dir",
     "log_file",
     "nodes",
     "objects",
+    "on_connect",
     "on_ray_train_user_error",
     "placement_groups",
     "rank_from_name",

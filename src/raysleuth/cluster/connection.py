@@ -20,10 +20,11 @@ from pathlib import Path
 
 from raysleuth.errors import AuthTokenMissing, ClusterUnreachable, UsageError
 from raysleuth import ray_private
+from raysleuth.cluster.discovery import AddressChoice, choose_address
 from raysleuth.native_stderr import filtered_stderr
 
-__all__ = ["ClusterInfo", "connect", "find_auth_token", "resolve_address", "session_name", "shutdown",
-           "start_local", "tcp_problem"]
+__all__ = ["ClusterInfo", "connect", "find_auth_token", "on_connect", "resolve_address", "session_name",
+           "shutdown", "start_local", "tcp_problem"]
 
 DEFAULT_NAMESPACE = "raysleuth"
 
@@ -45,6 +46,30 @@ class ClusterInfo:
     """Where the token came from (never the token)."""
     dashboard_url: str | None = None
     connect_seconds: float = 0.0
+    choice: AddressChoice | None = None
+    """How the address was chosen, and the other clusters alive on this machine (``None``: started here)."""
+
+
+_LISTENERS: list = []
+
+
+def on_connect(listener) -> None:
+    """Call ``listener(event)`` when :func:`connect` chose a cluster (an :class:`AddressChoice`, before it
+    connects, so a failed connection is still named) and when it connected (the :class:`ClusterInfo`).
+
+    The command line uses it to name the chosen cluster (and the others) in every live command.
+    """
+    if listener not in _LISTENERS:
+        _LISTENERS.append(listener)
+
+
+def _announce(event):
+    for listener in list(_LISTENERS):
+        try:
+            listener(event)
+        except Exception:  # a listener must never break a connection
+            pass
+    return event
 
 
 def find_auth_token(env: Mapping[str, str] | None = None, home: Path | None = None) -> str | None:
@@ -62,20 +87,19 @@ def find_auth_token(env: Mapping[str, str] | None = None, home: Path | None = No
 
 
 def resolve_address(address: str | None) -> str | None:
-    """Turn ``--address`` / ``RAY_ADDRESS`` / ``auto`` into an ip:port, or ``None``."""
-    address = address or os.environ.get("RAY_ADDRESS") or "auto"
-    if address.startswith("ray://"):
+    """Turn ``--address`` / ``RAY_ADDRESS`` / ``auto`` into an ip:port, or ``None`` (see :func:`choose`)."""
+    return choose(address).address
+
+
+def choose(address: str | None) -> AddressChoice:
+    """The cluster ``address`` (``--address``, else ``RAY_ADDRESS``, else Ray's current one) means, and the others."""
+    given = address or os.environ.get("RAY_ADDRESS") or "auto"
+    if given.startswith("ray://"):
         raise UsageError(
-            f"address {address!r} is a Ray Client address",
+            f"address {given!r} is a Ray Client address",
             fix="raysleuth needs the GCS address (ip:port, e.g. 10.0.0.1:6379) or 'auto' on a cluster node",
         )
-    if address not in ("auto", "local"):
-        return address
-    try:
-        found = ray_private.services().get_ray_address_from_environment("auto", None)
-    except Exception:
-        return None
-    return found if found and found != "auto" else None
+    return choose_address(address)
 
 
 def tcp_problem(address: str, timeout: float = 2.0) -> str | None:
@@ -170,7 +194,8 @@ def connect(
     if ray.is_initialized():
         return _info(started_here=False, seconds=time.monotonic() - started)
     wanted = address or os.environ.get("RAY_ADDRESS") or "auto"
-    resolved = resolve_address(address)
+    choice = _announce(choose(address))
+    resolved = choice.address
     if resolved is None:
         if not start_local:
             raise ClusterUnreachable(
@@ -191,7 +216,9 @@ def connect(
     except Exception as error:
         raise ClusterUnreachable(f"ray.init(address={resolved!r}) failed: {str(error).splitlines()[0][:300]}",
                                  fix="check that this machine runs the same Ray and Python versions as the cluster") from None
-    return _info(started_here=False, seconds=time.monotonic() - started)
+    info = _info(started_here=False, seconds=time.monotonic() - started)
+    info.choice = choice
+    return _announce(info)
 
 
 def start_local(*, num_cpus: int | None = None, namespace: str | None = None,
