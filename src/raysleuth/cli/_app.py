@@ -47,9 +47,18 @@ class _Console(Console):
             return size._replace(width=PIPE_WIDTH)
         return size
 
+    def print(self, *objects: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        """Print; a renderer that forgot to escape foreign text prints it plain instead of crashing."""
+        from rich.errors import MarkupError
+
+        try:
+            super().print(*objects, **kwargs)
+        except MarkupError:
+            super().print(*objects, **{**kwargs, "markup": False})
+
 
 console = _Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+err_console = _Console(stderr=True, highlight=False)
 
 AddressOption = Annotated[
     str | None,

@@ -46,21 +46,27 @@ def collectives(
     if json_:
         emit_json(report.to_dict())
         finish(code)
+    render_collectives(report)
+    finish(code)
+
+
+def render_collectives(report) -> None:
+    """Notes, each group's aligned sequence, then the culprit or the summary (calls and notes escaped)."""
     for note in report.notes:
-        console.print(f"[yellow]{escape(note)}[/yellow]")
+        console.print(f"[yellow]{escape(note)}[/yellow]", soft_wrap=True)
     for group in report.verdict.groups:
         _draw_group(group)
     if report.culprits:
         console.print("[bold red]culprit[/bold red]")
         for culprit in report.culprits:
-            console.print(f"  [red]rank {culprit.rank}[/red] ({culprit.kind}): {escape(culprit.reason)}")
+            console.print(f"  [red]rank {culprit.rank}[/red] ({escape(str(culprit.kind))}): {escape(culprit.reason)}",
+                          soft_wrap=True)
     else:
         console.print(f"[green]{escape(report.verdict.summary)}[/green]")
-    finish(code)
 
 
 def _draw_group(group) -> None:
-    table = Table(title=f"{group.label} (group {group.name}, ranks {','.join(map(str, group.ranks))})",
+    table = Table(title=escape(f"{group.label} (group {group.name}, ranks {','.join(map(str, group.ranks))})"),
                   show_header=True, header_style="bold", box=None, pad_edge=False, title_justify="left")
     table.add_column("#", justify="right")
     for rank in group.ranks:
@@ -75,7 +81,7 @@ def _draw_group(group) -> None:
             style = _STATE_STYLE.get(cell["state"], "")
             text = escape(cell["call"]) + (f" [dim]{escape(cell['where'])}[/dim]" if cell.get("where") else "")
             if cell["state"] != "completed":
-                text += f" ({cell['state']})"
+                text += f" ({escape(str(cell['state']))})"
             cells.append(f"[{style}]{text}[/{style}]" if style else text)
         table.add_row(str(row["seq"]), *cells)
     console.print(table)

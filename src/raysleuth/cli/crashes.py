@@ -64,20 +64,7 @@ def crashes(
     if not found:
         console.print("[green]no crash capsules recorded[/green]")
         finish(1 if deaths else 0)
-    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    for column in ("id", "time", "rank", "node", "pid", "actor.method", "exception", "likely cause"):
-        table.add_column(column, overflow="fold")
-    for item in found:
-        where = item.method or ""
-        if item.actor and not where.startswith(item.actor.split(":")[0]):
-            where = f"{item.actor}:{where}"
-        table.add_row(
-            str(item.id), _when(item.time), "" if item.rank is None else str(item.rank),
-            item.node_ip or item.hostname or "", "" if item.pid is None else str(item.pid), escape(where),
-            f"[red]{escape(item.exception_type)}[/red]: {escape(_short(item.message))}", escape(item.cause) if item.cause else "[dim]unknown[/dim]",
-        )
-    console.print(table)
-    console.print(f"\n[red]{len(found)} crash capsule(s)[/red]; details: raysleuth crashes show ID")
+    render_crashes(found)
     finish(1)
 
 
@@ -111,10 +98,35 @@ def show(
     if json_:
         emit_json(record)
         finish(0)
+    render_capsule(record)
+    finish(0)
+
+
+def render_crashes(found) -> None:
+    """The capsule table, one capsule per line (messages and causes come from the job: escaped)."""
+    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    for column in ("id", "time", "rank", "node", "pid", "actor.method", "exception", "likely cause"):
+        table.add_column(column, overflow="fold")
+    for item in found:
+        where = item.method or ""
+        if item.actor and not where.startswith(item.actor.split(":")[0]):
+            where = f"{item.actor}:{where}"
+        table.add_row(
+            str(item.id), _when(item.time), "" if item.rank is None else str(item.rank),
+            escape(item.node_ip or item.hostname or ""), "" if item.pid is None else str(item.pid), escape(where),
+            f"[red]{escape(item.exception_type)}[/red]: {escape(_short(item.message))}", escape(item.cause) if item.cause else "[dim]unknown[/dim]",
+        )
+    console.print(table)
+    console.print(f"\n[red]{len(found)} crash capsule(s)[/red]; details: raysleuth crashes show ID")
+
+
+def render_capsule(record: dict) -> None:
+    """One capsule fully: chain, traceback, locals per frame, memory, environment, cause and fix."""
     data = record.get("data") or {}
     rank = data.get("rank", record.get("rank"))
-    console.print(f"[bold]crash {record['id']}[/bold]  {_when(record.get('time'))}  rank {rank}  "
-                  f"node {data.get('node_ip') or data.get('hostname')}  pid {data.get('pid')}")
+    console.print(f"[bold]crash {record['id']}[/bold]  {_when(record.get('time'))}  rank {escape(str(rank))}  "
+                  f"node {escape(str(data.get('node_ip') or data.get('hostname')))}  pid {escape(str(data.get('pid')))}",
+                  soft_wrap=True)
     who = " ".join(part for part in (data.get("actor_class"), data.get("actor_name") and f"({data['actor_name']})",
                                      data.get("method") and f"method {data['method']}") if part)
     if who:
@@ -158,8 +170,7 @@ def show(
         for key, value in environment.items():
             console.print(f"  {key}={value}", markup=False, soft_wrap=True)
     for problem in data.get("errors") if isinstance(data.get("errors"), list) else []:
-        console.print(f"[yellow]capture note: {problem}[/yellow]", soft_wrap=True)
-    finish(0)
+        console.print(f"[yellow]capture note: {escape(str(problem))}[/yellow]", soft_wrap=True)
 
 
 def _dicts(value: object) -> list[dict]:
