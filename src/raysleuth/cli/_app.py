@@ -162,9 +162,39 @@ def name_run(run: str | None, home: Path | None) -> str:
     """
     from raysleuth.recorder import choose_run
 
+    run = _checked_run(run, home_path(home))
     choice = choose_run(run, home=home_path(home))
     err_console.print(f"[dim]{choice.describe()}[/dim]", soft_wrap=True)
     return str(choice.path)
+
+
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _checked_run(run: str | None, home: Path) -> str | None:
+    """``--run latest`` is the run ``runs/latest`` names (or the newest); a file given must be a SQLite store."""
+    from raysleuth.errors import UsageError
+
+    if run == "latest":
+        marker = home / "runs" / "latest"
+        try:
+            named = marker.read_text().strip() if marker.is_file() else ""
+        except OSError:
+            named = ""
+        return named or None
+    if run is None:
+        return run
+    path = Path(run).expanduser()
+    try:
+        if path.is_file():
+            with path.open("rb") as handle:
+                header = handle.read(len(_SQLITE_HEADER))
+            if header != _SQLITE_HEADER:
+                raise UsageError(f"{run} is not a raysleuth evidence store (not a SQLite database)",
+                                 fix="pass a run id (see ~/.raysleuth/runs or --home) or a path to an evidence.sqlite")
+    except OSError:
+        pass
+    return run
 
 
 def connect(address: str | None):

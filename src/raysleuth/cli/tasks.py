@@ -10,7 +10,10 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from raysleuth.cli._app import AddressOption, JsonOption, app, console, duration_option, emit_json, finish
+from raysleuth.cli._app import (
+    AddressOption, HomeOption, JsonOption, RunOption, app, console, duration_option, emit_json, finish, home_path,
+    name_run,
+)
 from raysleuth.cli._app import at_least_one, non_negative, positive  # option checks
 
 
@@ -46,11 +49,17 @@ def tasks(
     limit: Annotated[int, typer.Option("--limit", help="Rows shown per section (JSON has all).", callback=at_least_one)] = 50,
     record: Annotated[bool, typer.Option("--record/--no-record",
                                          help="Keep classified deaths in the run's evidence (crashes, report).")] = True,
+    run: RunOption = None,
+    home: HomeOption = None,
     json_: JsonOption = False,
 ) -> None:
-    """Why tasks wait, which calls are stuck, what failed and which workers died, with rank and cause (exit 1 if any)."""
+    """Why tasks wait, which calls are stuck, what failed and which workers died, with rank and cause (exit 1 if any).
+
+    With --run (and --dead): the deaths a run recorded, read from its store after the cluster is gone."""
     from raysleuth.tasks import find_tasks
 
+    if run is not None:
+        _stored(run, home, pending or stuck or failed, json_, limit)
     everything = not (pending or stuck or failed or dead)
     report = find_tasks(address, pending=pending or everything, stuck=stuck or everything,
                         failed=failed or everything, dead=dead or everything, older_than=older_than,
@@ -60,6 +69,23 @@ def tasks(
         emit_json(report.to_dict())
         finish(1 if report.problem else 0)
     render_tasks(report, limit=limit)
+    finish(1 if report.problem else 0)
+
+
+def _stored(run: str, home, live_only: bool, json_: bool, limit: int) -> None:
+    """``tasks --dead --run RUN``: the run's recorded deaths, root causes first (no cluster needed)."""
+    from raysleuth.deaths import root_first, stored_deaths
+    from raysleuth.errors import UsageError
+    from raysleuth.tasks import TaskReport
+
+    if live_only:
+        raise UsageError("--run reads a stored run: only --dead works there",
+                         fix="raysleuth tasks --dead --run RUN; --pending, --stuck and --failed need the live cluster")
+    report = TaskReport(deaths=root_first(stored_deaths(name_run(run, home), home=home_path(home))))
+    if json_:
+        emit_json(report.to_dict())
+    else:
+        render_tasks(report, limit=limit)
     finish(1 if report.problem else 0)
 
 
