@@ -23,7 +23,7 @@ from raysleuth import ray_private
 from raysleuth.cluster.discovery import AddressChoice, choose_address
 from raysleuth.native_stderr import filtered_stderr
 
-__all__ = ["ClusterInfo", "connect", "find_auth_token", "on_connect", "resolve_address", "session_name",
+__all__ = ["ClusterInfo", "cluster_auth_mode", "connect", "find_auth_token", "on_connect", "resolve_address", "session_name",
            "shutdown", "start_local", "tcp_problem"]
 
 DEFAULT_NAMESPACE = "raysleuth"
@@ -48,6 +48,9 @@ class ClusterInfo:
     connect_seconds: float = 0.0
     choice: AddressChoice | None = None
     """How the address was chosen, and the other clusters alive on this machine (``None``: started here)."""
+    token_mode_switched_here: bool = False
+    """True when the cluster wants a token and raysleuth switched this process to token mode itself (the
+    user's environment has no ``RAY_AUTH_MODE``): a driver started from this environment would fail."""
 
 
 _LISTENERS: list = []
@@ -114,7 +117,36 @@ def tcp_problem(address: str, timeout: float = 2.0) -> str | None:
         return error.strerror or str(error)
 
 
+_switched_here = False
+
+
+def cluster_auth_mode(address: str) -> str:
+    """``token`` when the cluster at ``address`` requires token authentication, else ``disabled``.
+
+    An explicit ``RAY_AUTH_MODE`` is taken as it is. Raises :class:`AuthTokenMissing` (with the fix) when the
+    cluster wants a token and none is found here, :class:`ClusterUnreachable` when nothing answers. For a
+    second driver (``raysleuth run --address``): its environment needs ``RAY_AUTH_MODE=token`` then.
+    """
+    if os.environ.get("RAY_AUTH_MODE"):
+        return os.environ["RAY_AUTH_MODE"].lower()
+    problem = tcp_problem(address)
+    if problem:
+        raise ClusterUnreachable(f"cannot reach the Ray cluster at {address} ({problem})",
+                                 fix="check the address (`ray status` on the head node prints it) and that the port "
+                                     "is open")
+    try:
+        with filtered_stderr(_PROBE_NOISE):
+            _probe(address, None)
+    except AuthTokenMissing:
+        if find_auth_token() is None:
+            raise
+        return "token"
+    return "disabled"
+
+
 def _enable_token_mode() -> None:
+    global _switched_here
+    _switched_here = True
     os.environ["RAY_AUTH_MODE"] = "token"
     try:
         ray_private.config_initialize("")  # Ray caches its config: make this process see token mode
@@ -252,6 +284,7 @@ def _info(*, started_here: bool, seconds: float) -> ClusterInfo:
         auth_token_source=find_auth_token() if os.environ.get("RAY_AUTH_MODE", "").lower() == "token" else None,
         dashboard_url=dashboard,
         connect_seconds=seconds,
+        token_mode_switched_here=_switched_here,
     )
 
 
