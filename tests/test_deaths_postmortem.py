@@ -75,3 +75,32 @@ def test_the_writer_records_a_death_while_the_cluster_lives(ray_cluster):
     death = poll(recorded, timeout=60)
     assert death is not None, "the writer's watch did not record the death"
     assert death.rank == 6 and death.pid == pid and death.cause in ("sigkill", "oom_killer"), death
+
+
+_OWNER = """
+import ray, sys
+ray.init(address=sys.argv[1])
+from victims.dying_workers import start
+worker = start(4, 8, name="orphaned_rank4")
+print(ray.get(worker.pid.remote(), timeout=60), worker._actor_id.hex(), flush=True)
+"""
+
+
+def test_a_rank_torn_down_with_its_driver_is_owner_died_not_sys_exit(ray_cluster):
+    """Ray says the owner died (exit type INTENDED_USER_EXIT): that is not the worker calling sys.exit."""
+    from polling import poll
+    from raysleuth.deaths import find_deaths
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC.parent / "tests"), str(SRC),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", _OWNER, ray_cluster.address], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    actor_id = done.stdout.split()[-1]
+
+    def classified():
+        return next((d for d in find_deaths(ray_cluster.address).deaths if d.actor_id == actor_id), None)
+
+    death = poll(classified, timeout=60)
+    assert death is not None and death.cause == "owner_died", death
+    assert "on purpose" not in death.summary and "sys.exit" not in (death.fix or "")
