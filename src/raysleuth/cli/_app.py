@@ -168,6 +168,25 @@ def name_run(run: str | None, home: Path | None) -> str:
     return str(choice.path)
 
 
+def check_ranks(ranks: list[int] | None, store_path: str, *, home: Path | None = None) -> None:
+    """``--rank 99`` where the run has no rank 99: one line naming the ranks that exist (exit 2)."""
+    if not ranks:
+        return
+    from raysleuth.errors import UsageError
+    from raysleuth.recorder import open_store
+
+    store = open_store(store_path, home=home_path(home))
+    try:
+        known = store.ranks()
+    finally:
+        store.close()
+    unknown = [rank for rank in ranks if rank not in known]
+    if unknown:
+        listed = ", ".join(map(str, known)) if known else "none (no record carries a rank)"
+        raise UsageError(f"no rank {', '.join(map(str, unknown))} in this run; ranks recorded: {listed}",
+                         fix="pick one of those ranks, or leave --rank out")
+
+
 _SQLITE_HEADER = b"SQLite format 3\x00"
 
 
