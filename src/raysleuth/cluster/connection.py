@@ -163,7 +163,8 @@ def _authenticate(address: str) -> None:
     """
     token_source = find_auth_token()
     if os.environ.get("RAY_AUTH_MODE") is not None:
-        _probe(address, token_source if os.environ["RAY_AUTH_MODE"].lower() == "token" else None)
+        with filtered_stderr(_UNREACHABLE_NOISE):
+            _probe(address, token_source if os.environ["RAY_AUTH_MODE"].lower() == "token" else None)
         return
     try:
         with filtered_stderr(_PROBE_NOISE):  # Ray's C++ auth warnings for our own token-less probe
@@ -172,12 +173,16 @@ def _authenticate(address: str) -> None:
         if token_source is None:
             raise
         _enable_token_mode()
-        _probe(address, token_source)
+        with filtered_stderr(_UNREACHABLE_NOISE):
+            _probe(address, token_source)
 
 
 #: What Ray's C++ client prints when the token-less probe meets a token cluster (expected, not the user's problem).
+_UNREACHABLE_NOISE = re.compile(r"(?:gcs_client\.cc|rpc_client\.h).*Failed to (?:connect to|get cluster ID)")
+"""What Ray's C++ client prints while our probe meets a port that is not a GCS: raysleuth's own line says it."""
 _PROBE_NOISE = re.compile(r"gcs_client\.cc.*(?:InvalidAuthToken|Unauthenticated)|"
-                          r"(?:InvalidAuthToken|Unauthenticated).*(?:gcs|GCS|cluster ID)")
+                          r"(?:InvalidAuthToken|Unauthenticated).*(?:gcs|GCS|cluster ID)|"
+                          + _UNREACHABLE_NOISE.pattern)
 
 
 def _probe(address: str, token_source: str | None) -> str:
