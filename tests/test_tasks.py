@@ -145,8 +145,8 @@ def test_failed_task_and_cli_json(ray_cluster, capsys):
     code = main(["trace", task_id[:16], "--json", "--address", ray_cluster.address])
     short = json.loads(capsys.readouterr().out)
     assert code == 1 and short["task_id"] == task_id and short["state"] == "FAILED"
-    code = main(["trace", "ffffff", "--address", ray_cluster.address, "--wait", "0"])
-    assert code == 2 and "no task id starts with 'ffffff'" in " ".join(capsys.readouterr().err.split())
+    code = main(["trace", "0123456789abcdef0123", "--address", ray_cluster.address, "--wait", "0"])
+    assert code == 2 and "no task id starts with '0123456789abcdef0123'" in " ".join(capsys.readouterr().err.split())
 
 
 def test_failed_task_with_gloo_text_is_drawn(ray_cluster, capsys):

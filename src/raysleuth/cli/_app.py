@@ -227,7 +227,7 @@ def announce_cluster(event) -> None:
     """The header of every live command, on stderr: the GCS address and session, and any other cluster alive.
 
     Registered with ``cluster.on_connect``, so whichever feature connects, the user sees which cluster it is:
-    first the choice (when other clusters are alive and the user did not name one with --address), then,
+    first the choice (when other clusters are alive and the user named none: no --address, no RAY_ADDRESS), then,
     once connected, ``cluster ADDRESS · session NAME``.
     """
     from rich.markup import escape
@@ -235,7 +235,7 @@ def announce_cluster(event) -> None:
     from raysleuth.cluster import AddressChoice
 
     if isinstance(event, AddressChoice):
-        notice = event.notice() if event.reason != "--address" else None
+        notice = event.notice() if event.reason not in ("--address", "RAY_ADDRESS") else None  # unless named
         if notice:
             err_console.print(f"[yellow]{escape(notice)}[/yellow]", soft_wrap=True)
         return

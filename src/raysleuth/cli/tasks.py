@@ -124,8 +124,10 @@ def render_tasks(report, *, limit: int = 50) -> None:
                           "" if item.rank is None else str(item.rank), fix)
         console.print(table)
     if report.deaths:
+        from raysleuth.deaths import root_first
+
         shown_any = True
-        print_deaths(report.deaths[-limit:])
+        print_deaths(root_first(report.deaths)[:limit])  # a death with a cause of its own before those it caused
     elif report.dead_actors:
         shown_any = True
         console.print(f"\n[bold red]Dead actors ({len(report.dead_actors)})[/bold red]")
