@@ -38,7 +38,9 @@ def free_port() -> int:
 
 
 def main() -> int:
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+    tests = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "tests"))
+    sys.path.insert(0, tests)
+    os.environ["PYTHONPATH"] = os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])  # workers import victims
     os.environ.setdefault("RAYSLEUTH_HOME", os.path.join("/tmp", f"raysleuth-bench-watch-{os.getpid()}"))
     import ray
     from ray.cluster_utils import Cluster

@@ -42,22 +42,23 @@ _MAX_TRIES = 3
 _tries: dict[str, int] = {}
 
 
-def _unrecorded_dead() -> set[str]:
-    """Actor ids of dead actors (not raysleuth's own) that the run's evidence has no death for yet."""
+def _unrecorded_dead(job_id: str | None = None) -> set[str]:
+    """Actor ids of dead actors (not raysleuth's own; of ``job_id`` when given) the run has no death for yet."""
     from raysleuth import cluster
     from raysleuth.deaths import _recorded_keys
 
     dead = {actor.actor_id for actor in cluster.actors(state="DEAD")
-            if not (actor.name or "").startswith(_OWN)
+            if (job_id is None or actor.job_id == job_id) and not (actor.name or "").startswith(_OWN)
             and (actor.class_name or "").rsplit(".", 1)[-1] not in _OWN_CLASSES}
     return {actor_id for actor_id in (dead - _recorded_keys() if dead else set())
             if _tries.get(actor_id, 0) < _MAX_TRIES}
 
 
-def record_new_deaths(*, timeout: float = 15.0) -> int:
-    """Classify and store the deaths not yet in the run's evidence; returns how many were stored. Never raises."""
+def record_new_deaths(*, timeout: float = 15.0, job_id: str | None = None) -> int:
+    """Classify and store the deaths not yet in the run's evidence (of one job: ``job_id``); returns how many
+    were stored. Never raises."""
     try:
-        new = _unrecorded_dead()
+        new = _unrecorded_dead(job_id)
         if not new:
             return 0
         from raysleuth.deaths import find_deaths, record_deaths
@@ -65,7 +66,7 @@ def record_new_deaths(*, timeout: float = 15.0) -> int:
         for actor_id in new:
             _tries[actor_id] = _tries.get(actor_id, 0) + 1
 
-        return record_deaths(find_deaths(timeout=timeout, lines=10))
+        return record_deaths(find_deaths(timeout=timeout, lines=10, job_id=job_id))
     except Exception:
         return 0
 
@@ -115,9 +116,13 @@ def last_look(deadline: float = LAST_LOOK_S) -> int:
             return 0
     except Exception:
         return 0
+    try:
+        job_id = ray.get_runtime_context().get_job_id()  # this driver's job only: older deaths are not its own
+    except Exception:
+        job_id = None
     result: list[int] = []
-    worker = threading.Thread(target=lambda: result.append(record_new_deaths(timeout=deadline)), daemon=True,
-                              name="raysleuth-last-look")
+    worker = threading.Thread(target=lambda: result.append(record_new_deaths(timeout=deadline, job_id=job_id)),
+                              daemon=True, name="raysleuth-last-look")
     worker.start()
     worker.join(deadline)
     return result[0] if result else 0
