@@ -23,7 +23,8 @@ from raysleuth import ray_private
 from raysleuth.cluster.discovery import AddressChoice, choose_address
 from raysleuth.native_stderr import filtered_stderr
 
-__all__ = ["ClusterInfo", "cluster_auth_mode", "connect", "find_auth_token", "on_connect", "resolve_address", "session_name",
+__all__ = ["ClusterInfo", "cluster_auth_mode", "connect", "find_auth_token", "on_connect", "pin_address",
+           "resolve_address", "session_name",
            "shutdown", "start_local", "tcp_problem"]
 
 DEFAULT_NAMESPACE = "raysleuth"
@@ -291,6 +292,23 @@ def _info(*, started_here: bool, seconds: float) -> ClusterInfo:
         connect_seconds=seconds,
         token_mode_switched_here=_switched_here,
     )
+
+
+def pin_address() -> str | None:
+    """In a process connected to Ray whose ``RAY_ADDRESS`` is ``local``/``auto``: set it to the connected GCS.
+
+    Ray's State API always prefers ``RAY_ADDRESS`` to the address it is given, and resolves ``local``/``auto``
+    anew, which fails once several clusters run on the machine (a job started with ``RAY_ADDRESS=local``, and
+    its workers, inherit it). Returns the address now in force (``None`` when not connected).
+    """
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    current = os.environ.get("RAY_ADDRESS")
+    if current in ("local", "auto"):
+        os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+    return os.environ.get("RAY_ADDRESS") or ray.get_runtime_context().gcs_address
 
 
 def session_name() -> str:

@@ -32,7 +32,7 @@ __all__ = ["LAST_LOOK_S", "WATCH_S", "last_look", "record_new_deaths", "start_de
 #: Seconds between two polls of Ray's dead actors in the writer.
 WATCH_S = 1.0
 #: At most this long at the driver's exit for the last look.
-LAST_LOOK_S = 15.0
+LAST_LOOK_S = 30.0
 _OWN = ("raysleuth-agent-", "raysleuth-writer")
 _OWN_CLASSES = ("NodeAgent", "EvidenceWriter")
 
@@ -47,6 +47,7 @@ def _unrecorded_dead(job_id: str | None = None) -> set[str]:
     from raysleuth import cluster
     from raysleuth.deaths import _recorded_keys
 
+    cluster.pin_address()  # a job started with RAY_ADDRESS=local: the State API would look for "local" anew
     dead = {actor.actor_id for actor in cluster.actors(state="DEAD")
             if (job_id is None or actor.job_id == job_id) and not (actor.name or "").startswith(_OWN)
             and (actor.class_name or "").rsplit(".", 1)[-1] not in _OWN_CLASSES}
