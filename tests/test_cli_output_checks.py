@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from raysleuth.postmortem import build_capsule
 from raysleuth.recorder.store import open_run
-
-ENV = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, "PYTHONPATH": os.pathsep.join(sys.path)}
-
 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory) -> Path:
@@ -30,37 +25,53 @@ def home(tmp_path_factory) -> Path:
     return home
 
 
-def _cli(home: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "raysleuth", *args], capture_output=True, text=True,
-                          env={**ENV, "RAYSLEUTH_HOME": str(home)}, timeout=120)
+@dataclasses.dataclass
+class Done:
+    returncode: int
+    stdout: str
+    stderr: str
 
 
-def _line(done: subprocess.CompletedProcess) -> str:
+@pytest.fixture
+def cli(home, capsys):
+    """Run the command line in this process (fast: no interpreter start per call) on the test home."""
+    from raysleuth.cli import main
+
+    def run(*args: str) -> Done:
+        capsys.readouterr()
+        code = main([*args, "--home", str(home)])
+        out = capsys.readouterr()
+        return Done(code, out.out, out.err)
+
+    return run
+
+
+def _line(done: Done) -> str:
     return " ".join(done.stderr.split())
 
 
-def test_report_paths(home, tmp_path):
+def test_report_paths(cli, tmp_path):
     missing = tmp_path / "nonexistent" / "dir" / "r.html"
-    done = _cli(home, "report", "-o", str(missing))
+    done = cli("report", "-o", str(missing))
     assert done.returncode == 2 and "does not exist" in _line(done) and not missing.parent.exists(), done.stderr
-    done = _cli(home, "report", "-o", str(tmp_path))
+    done = cli("report", "-o", str(tmp_path))
     assert done.returncode == 0 and (tmp_path / "report.html").is_file(), done.stderr
-    done = _cli(home, "report", "-o", str(tmp_path / "r.html"), "--trace", str(tmp_path / "missing.json"))
+    done = cli("report", "-o", str(tmp_path / "r.html"), "--trace", str(tmp_path / "missing.json"))
     assert done.returncode == 2 and "no such file" in _line(done), done.stderr
 
 
-def test_runs_given_by_name_and_by_path(home):
-    done = _cli(home, "crashes", "--run", "/etc/passwd")
+def test_runs_given_by_name_and_by_path(cli):
+    done = cli("crashes", "--run", "/etc/passwd")
     assert done.returncode == 2 and "not a raysleuth evidence store" in _line(done), done.stderr
     assert "move the file aside" not in done.stderr
-    done = _cli(home, "crashes", "--run", "latest", "--json")
+    done = cli("crashes", "--run", "latest", "--json")
     assert done.returncode == 1 and "session_checks" in done.stderr, done.stderr
 
 
-def test_a_rank_the_run_does_not_have(home):
-    done = _cli(home, "logs", "--rank", "99")
+def test_a_rank_the_run_does_not_have(cli):
+    done = cli("logs", "--rank", "99")
     assert done.returncode == 2 and "no rank 99 in this run; ranks recorded: 0, 1" in _line(done), done.stderr
-    assert _cli(home, "logs", "--rank", "1").returncode == 0
+    assert cli("logs", "--rank", "1").returncode == 0
 
 
 def test_memory_rows_of_rays_own_processes_are_named():

@@ -6,16 +6,15 @@ are stored in a run; then the CLI reads the run with the cluster gone.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
+
+import pytest
 
 from raysleuth.recorder.store import open_run
 
 DATA = Path(__file__).parent / "data" / "collectives"
-ENV = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, "PYTHONPATH": os.pathsep.join(sys.path)}
 
 
 def _store(home: Path, run: str, keep=lambda record: True) -> None:
@@ -28,36 +27,53 @@ def _store(home: Path, run: str, keep=lambda record: True) -> None:
     store.close()
 
 
-def _cli(home: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "raysleuth", "collectives", "--home", str(home), *args],
-                          capture_output=True, text=True, env=ENV, timeout=120)
+@dataclasses.dataclass
+class Done:
+    returncode: int
+    stdout: str
+    stderr: str
 
 
-def test_no_records_is_not_an_all_clear(tmp_path):
+@pytest.fixture
+def cli(capsys):
+    """``raysleuth collectives --home HOME ...`` in this process (no interpreter start per call)."""
+    from raysleuth.cli import main
+
+    def run(home: Path, *args: str) -> Done:
+        capsys.readouterr()
+        code = main(["collectives", "--home", str(home), *args])
+        out = capsys.readouterr()
+        return Done(code, out.out, " ".join(out.err.split()))
+
+    return run
+
+
+def test_no_records_is_not_an_all_clear(tmp_path, cli):
     _store(tmp_path, "session_empty", keep=lambda record: False)
-    done = _cli(tmp_path, "--run", "session_empty")
+    done = cli(tmp_path, "--run", "session_empty")
     assert done.returncode == 2, done.stdout + done.stderr
     assert "agree" not in done.stdout and "no collectives records" in done.stdout and "--mode full" in done.stdout
 
 
-def test_healthy_run_agrees_and_an_unknown_group_is_bad_input(tmp_path):
+def test_healthy_run_agrees_and_an_unknown_group_is_bad_input(tmp_path, cli, monkeypatch):
     _store(tmp_path, "session_full")
-    done = _cli(tmp_path, "--run", "session_full", "--json")
+    done = cli(tmp_path, "--run", "session_full", "--json")
     assert done.returncode == 0 and json.loads(done.stdout)["compared"], done.stderr
-    wrong = _cli(tmp_path, "--run", "session_full", "--pg", "nosuch")
+    wrong = cli(tmp_path, "--run", "session_full", "--pg", "nosuch")
     assert wrong.returncode == 2 and "no process group 'nosuch'" in wrong.stderr, wrong.stdout + wrong.stderr
     # No cluster and no --run: the newest stored run, named, instead of exit 2. Other clusters may be alive on
     # this machine, so this process is told there are none (what it asks Ray is not under test here).
-    alone = ("import sys\nfrom raysleuth.cluster import connection\nfrom raysleuth.cluster.discovery import "
-             "AddressChoice\nconnection.choose_address = lambda address: AddressChoice(address=None, reason='none')\n"
-             "from raysleuth.cli import main\nsys.exit(main(sys.argv[1:]))\n")
-    newest = subprocess.run([sys.executable, "-c", alone, "collectives", "--home", str(tmp_path), "--json"],
-                            capture_output=True, text=True, env=ENV, timeout=120)
+    from raysleuth.cluster import connection
+    from raysleuth.cluster.discovery import AddressChoice
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(connection, "choose_address", lambda address: AddressChoice(address=None, reason="none"))
+    newest = cli(tmp_path, "--json")
     assert newest.returncode == 0 and "session_full" in newest.stderr, newest.stderr
 
 
-def test_a_rank_that_left_no_positions_is_named(tmp_path):
+def test_a_rank_that_left_no_positions_is_named(tmp_path, cli):
     _store(tmp_path, "session_partial", keep=lambda record: record["rank"] != 2)
-    done = _cli(tmp_path, "--run", "session_partial")
+    done = cli(tmp_path, "--run", "session_partial")
     assert done.returncode == 1 and "agree" not in done.stdout, done.stdout + done.stderr
     assert "rank(s) 2 left no positions" in done.stdout, done.stdout
