@@ -208,7 +208,7 @@ def _checked_run(run: str | None, home: Path) -> str | None:
         if path.is_file():
             with path.open("rb") as handle:
                 header = handle.read(len(_SQLITE_HEADER))
-            if header != _SQLITE_HEADER:
+            if header and header != _SQLITE_HEADER:  # an empty file is a store SQLite has not written yet
                 raise UsageError(f"{run} is not a raysleuth evidence store (not a SQLite database)",
                                  fix="pass a run id (see ~/.raysleuth/runs or --home) or a path to an evidence.sqlite")
     except OSError:
