@@ -151,8 +151,34 @@ def test_token_from_file_is_found_and_never_printed(token_cluster, tmp_path):
     report = json.loads(done.stdout)
     checks = {c["name"]: c for c in report["checks"] if c["node"] is None}
     assert checks["cluster reachable"]["status"] == "ok", checks["cluster reachable"]
-    assert checks["token authentication"]["status"] == "ok"
+    # raysleuth found the token, but a job started from this environment (RAY_ADDRESS, no RAY_AUTH_MODE) fails
+    assert checks["token authentication"]["status"] == "warn", checks["token authentication"]
+    assert "RAY_AUTH_MODE" in checks["token authentication"]["fix"]
     assert "raysleuth-test-token" not in done.stdout + done.stderr
+    done, _ = _cli(["doctor", "--address", address, "--json", "--timeout", "60"],
+                   env={**env, "RAY_AUTH_MODE": "token"}, timeout=120)
+    checks = {c["name"]: c for c in json.loads(done.stdout)["checks"] if c["node"] is None}
+    assert checks["token authentication"]["status"] == "ok", checks["token authentication"]
+
+
+_JOB = "import ray\nray.init()\nprint('job connected to', ray.get_runtime_context().gcs_address, flush=True)\n"
+
+
+def test_run_address_passes_token_mode_to_the_job(token_cluster, tmp_path):
+    """`raysleuth run --address` on a token cluster: the job's ray.init needs RAY_AUTH_MODE=token (issue 29)."""
+    address, _ = token_cluster
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("raysleuth-test-token-0123456789abcdef")
+    done = subprocess.run([sys.executable, "-m", "raysleuth", "run", "--address", address, "--", sys.executable,
+                           "-c", _JOB], capture_output=True, text=True, env=_client_env(tmp_path), timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"job connected to {address}" in done.stdout
+    assert "raysleuth-test-token" not in done.stdout + done.stderr
+    missing = tmp_path / "no_token"
+    missing.mkdir()
+    done = subprocess.run([sys.executable, "-m", "raysleuth", "run", "--address", address, "--", sys.executable,
+                           "-c", _JOB], capture_output=True, text=True, env=_client_env(missing), timeout=120)
+    assert done.returncode == 2 and "requires token authentication" in done.stderr, done.stderr[-2000:]
 
 
 def test_wrong_token_is_reported_as_rejected(token_cluster, tmp_path):

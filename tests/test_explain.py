@@ -186,3 +186,17 @@ def test_get_timeout_from_a_live_cluster(ray_cluster):
         ray.cancel(ref, force=True)
     text = f"{type(caught.value).__module__}.{type(caught.value).__name__}: {caught.value}"
     assert explain(text)[0].id == "get-timeout"
+
+
+def test_the_ray_task_error_wrapper_names_its_inner_exception():
+    """The demo's crash once said only 'A Ray task raised an exception (RayTaskError wrapper)' (issue 29)."""
+    from raysleuth.explain import innermost_exception
+
+    text = ("ray.exceptions.RayTaskError(ValueError): ray::RolloutWorker.update() (pid=4242, ip=10.0.0.2)\n"
+            "  File \"job.py\", line 12, in update\n    raise ValueError('corrupt batch at step 2')\n"
+            "ValueError: corrupt batch at step 2")
+    matches = explain(text)
+    assert matches[0].id == "ray-task-error"
+    assert "the inner exception is ValueError: corrupt batch at step 2" in matches[0].cause
+    assert innermost_exception("RayTaskError(KeyError): x\nKeyError: 'weight'") == "KeyError: 'weight'"
+    assert innermost_exception("all good") is None

@@ -12,7 +12,7 @@ import ray
 from raysleuth.cli import main
 from raysleuth.tasks import find_tasks, trace_ray_task
 from polling import poll
-from victims.task_forensics import Worker, downstream, fails, needs_gpu, never_finishes
+from victims.task_forensics import GLOO_PEER_CLOSED, Worker, downstream, fails, fails_like_gloo, needs_gpu, never_finishes
 
 TIMEOUT = 60.0
 
@@ -140,3 +140,26 @@ def test_failed_task_and_cli_json(ray_cluster, capsys):
 
     code = main(["trace", "not-a-task", "--address", ray_cluster.address])
     assert code == 2
+
+    # The 16 characters `raysleuth tasks` prints are enough (a unique prefix, as git takes).
+    code = main(["trace", task_id[:16], "--json", "--address", ray_cluster.address])
+    short = json.loads(capsys.readouterr().out)
+    assert code == 1 and short["task_id"] == task_id and short["state"] == "FAILED"
+    code = main(["trace", "0123456789abcdef0123", "--address", ray_cluster.address, "--wait", "0"])
+    assert code == 2 and "no task id starts with '0123456789abcdef0123'" in " ".join(capsys.readouterr().err.split())
+
+
+def test_failed_task_with_gloo_text_is_drawn(ray_cluster, capsys):
+    """gloo's '[/__w/.../pair.cc:537]' once crashed `raysleuth tasks` with rich's MarkupError."""
+    ref = fails_like_gloo.remote()
+    with pytest.raises(ray.exceptions.RayTaskError):
+        ray.get(ref, timeout=TIMEOUT)
+    task_id = ref.task_id().hex()
+    poll(lambda: any(item.task_id == task_id for item in find_tasks(
+        ray_cluster.address, pending=False, stuck=False, dead=False).failed), timeout=TIMEOUT)
+    capsys.readouterr()
+    code = main(["tasks", "--failed", "--address", ray_cluster.address])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    row = next(line for line in out.splitlines() if task_id[:16] in line)
+    assert GLOO_PEER_CLOSED in row and "fails_like_gloo" in row, out  # one record per line, text verbatim

@@ -87,3 +87,19 @@ def test_parse_and_summarize():
     row = rows[0]
     assert row.slowest == "2" and row.slowest_s == 5.0 and row.median_s == 1.2
     assert row.lag_s == pytest.approx(3.8) and row.lag_ratio == pytest.approx(5.0 / 1.2)
+
+
+def test_task_id_prefix_completes_like_git():
+    from raysleuth.errors import UsageError
+    from raysleuth.tasks.lifecycle import complete_task_id, task_id_of
+
+    ids = ["aa" * 24, "ab" * 24, "abab" + "cd" * 22]
+    assert complete_task_id("aaaaaa", ids) == ids[0]
+    assert complete_task_id(ids[1][:16], ids) == ids[1]
+    with pytest.raises(UsageError, match="ambiguous: 2 tasks match"):
+        complete_task_id("ababab"[:4] + "ab", ["abab" * 12, "ababab" + "00" * 21])
+    with pytest.raises(UsageError, match="no task id starts with"):
+        complete_task_id("ffffff", ids)
+    assert task_id_of(ids[0][:16]) == ids[0][:16]
+    with pytest.raises(UsageError, match="not a Ray task id"):
+        task_id_of("abc")

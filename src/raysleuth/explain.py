@@ -22,8 +22,8 @@ import traceback
 from importlib import resources
 from typing import Any
 
-__all__ = ["KnowledgeEntry", "Match", "explain", "explain_error", "explain_exception", "knowledge_base",
-           "mentioned_workers"]
+__all__ = ["KnowledgeEntry", "Match", "WRAPPER", "explain", "explain_error", "explain_exception",
+           "innermost_exception", "knowledge_base", "mentioned_workers"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 #: Longest text scanned in full; longer text keeps its head and (mostly) its tail, where errors end up.
@@ -246,8 +246,12 @@ def explain(text: str) -> list[Match]:
         if first is None or last is None:
             continue
         evidence, line = _evidence(text, first)
+        cause = entry.cause
+        if entry.id == WRAPPER:
+            inner = innermost_exception(text)
+            cause = f"{cause} Here the inner exception is {inner}." if inner else cause
         found.append((entry.depth, last, Match(
-            id=entry.id, title=entry.title, cause=entry.cause, fix=entry.fix, evidence=evidence,
+            id=entry.id, title=entry.title, cause=cause, fix=entry.fix, evidence=evidence,
             line=line, depth=entry.depth, docs=entry.docs,
         )))
     found.sort(key=lambda item: (-item[0], -item[1]))
@@ -261,6 +265,22 @@ def explain_exception(error: BaseException) -> list[Match]:
     except Exception:
         text = f"{type(error).__name__}: {error}"
     return explain(text)
+
+
+#: The knowledge-base entry of Ray's RayTaskError wrapper: it explains nothing alone, the inner exception does.
+WRAPPER = "ray-task-error"
+_EXCEPTION_LINE = re.compile(r"^\s*(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Warning))"
+                             r"(?:\([^)]*\))?: ?(.*)$")
+
+
+def innermost_exception(text: str) -> str | None:
+    """The last ``SomeError: message`` line of a traceback that is not Ray's wrapper (pure), trimmed."""
+    for raw in reversed((text or "").splitlines()):
+        found = _EXCEPTION_LINE.match(raw)
+        if found and not found.group(1).startswith("RayTaskError") and found.group(1) != "RayActorError":
+            message = found.group(2).strip()
+            return f"{found.group(1)}: {message[:200]}" if message else found.group(1)
+    return None
 
 
 _ACTOR_ID = re.compile(r"\bactor[ _]id[:=]\s*([0-9a-f]{32})\b", re.IGNORECASE)

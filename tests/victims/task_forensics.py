@@ -33,6 +33,17 @@ def fails() -> None:
     raise ValueError("victim task failed on purpose")
 
 
+#: What gloo says when a peer dies: its bracketed source path once crashed `raysleuth tasks` (rich markup).
+GLOO_PEER_CLOSED = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Connection closed by "
+                    "peer [127.0.0.1]:29500")
+
+
+@ray.remote(num_cpus=0)
+def fails_like_gloo() -> None:
+    """Raises gloo's error text, so the task is FAILED with brackets in its message."""
+    raise RuntimeError(GLOO_PEER_CLOSED)
+
+
 @ray.remote(num_cpus=0, max_concurrency=4)
 class Worker:
     """A ranked actor whose calls take as long as they are told."""

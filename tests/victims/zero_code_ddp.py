@@ -8,12 +8,18 @@ its locals, before its backward: its peers then wait in DDP's all_reduce.
 The driver stops at the first error (``ray.wait``), so the job exits 1 with
 the rank's traceback, as such jobs do.
 
-Run: ``python tests/victims/zero_code_ddp.py [--steps N] [--fail-step S] [--fail-rank R]``.
+With ``--kill-rank R`` rank R is SIGKILLed at ``--fail-step`` instead (what
+the kernel OOM killer does: no output, no exit code); its peers then fail in
+gloo ("Connection closed by peer") and the driver stops at the first error.
+
+Run: ``python tests/victims/zero_code_ddp.py [--steps N] [--fail-step S] [--fail-rank R] [--kill-rank R]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import socket
 import time
 
@@ -34,7 +40,9 @@ class DataParallelWorker:
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
         self.generator = torch.Generator().manual_seed(rank)
 
-    def update(self, step: int, fail_step: int, fail_rank: int) -> float:
+    def update(self, step: int, fail_step: int, fail_rank: int, kill_rank: int = -1) -> float:
+        if step == fail_step and dist.get_rank() == kill_rank:
+            os.kill(os.getpid(), signal.SIGKILL)
         inputs = torch.randn(32, 64, generator=self.generator)
         targets = torch.randn(32, 8, generator=self.generator)
         loss = torch.nn.functional.mse_loss(self.model(inputs), targets)
@@ -66,6 +74,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--fail-step", type=int, default=3)
     parser.add_argument("--fail-rank", type=int, default=1)
+    parser.add_argument("--kill-rank", type=int, default=-1, help="SIGKILL this rank at --fail-step instead")
     parser.add_argument("--loop-steps", type=int, default=0, help="train N steps per call, timed (benchmark)")
     args = parser.parse_args()
     ray.init()
@@ -78,7 +87,7 @@ def main() -> None:
         print(f"seconds per step: {(time.perf_counter() - started) / args.loop_steps:.6f}")
         return
     for step in range(args.steps):
-        pending = [worker.update.remote(step, args.fail_step, args.fail_rank) for worker in workers]
+        pending = [worker.update.remote(step, args.fail_step, args.fail_rank, args.kill_rank) for worker in workers]
         losses = []
         while pending:
             done, pending = ray.wait(pending, num_returns=1)

@@ -47,9 +47,18 @@ class _Console(Console):
             return size._replace(width=PIPE_WIDTH)
         return size
 
+    def print(self, *objects: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        """Print; a renderer that forgot to escape foreign text prints it plain instead of crashing."""
+        from rich.errors import MarkupError
+
+        try:
+            super().print(*objects, **kwargs)
+        except MarkupError:
+            super().print(*objects, **{**kwargs, "markup": False})
+
 
 console = _Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+err_console = _Console(stderr=True, highlight=False)
 
 AddressOption = Annotated[
     str | None,
@@ -153,9 +162,58 @@ def name_run(run: str | None, home: Path | None) -> str:
     """
     from raysleuth.recorder import choose_run
 
+    run = _checked_run(run, home_path(home))
     choice = choose_run(run, home=home_path(home))
     err_console.print(f"[dim]{choice.describe()}[/dim]", soft_wrap=True)
     return str(choice.path)
+
+
+def check_ranks(ranks: list[int] | None, store_path: str, *, home: Path | None = None) -> None:
+    """``--rank 99`` where the run has no rank 99: one line naming the ranks that exist (exit 2)."""
+    if not ranks:
+        return
+    from raysleuth.errors import UsageError
+    from raysleuth.recorder import open_store
+
+    store = open_store(store_path, home=home_path(home))
+    try:
+        known = store.ranks()
+    finally:
+        store.close()
+    unknown = [rank for rank in ranks if rank not in known]
+    if unknown:
+        listed = ", ".join(map(str, known)) if known else "none (no record carries a rank)"
+        raise UsageError(f"no rank {', '.join(map(str, unknown))} in this run; ranks recorded: {listed}",
+                         fix="pick one of those ranks, or leave --rank out")
+
+
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _checked_run(run: str | None, home: Path) -> str | None:
+    """``--run latest`` is the run ``runs/latest`` names (or the newest); a file given must be a SQLite store."""
+    from raysleuth.errors import UsageError
+
+    if run == "latest":
+        marker = home / "runs" / "latest"
+        try:
+            named = marker.read_text().strip() if marker.is_file() else ""
+        except OSError:
+            named = ""
+        return named or None
+    if run is None:
+        return run
+    path = Path(run).expanduser()
+    try:
+        if path.is_file():
+            with path.open("rb") as handle:
+                header = handle.read(len(_SQLITE_HEADER))
+            if header and header != _SQLITE_HEADER:  # an empty file is a store SQLite has not written yet
+                raise UsageError(f"{run} is not a raysleuth evidence store (not a SQLite database)",
+                                 fix="pass a run id (see ~/.raysleuth/runs or --home) or a path to an evidence.sqlite")
+    except OSError:
+        pass
+    return run
 
 
 def connect(address: str | None):
@@ -163,3 +221,32 @@ def connect(address: str | None):
     from raysleuth import cluster
 
     return cluster.connect(address)
+
+
+def announce_cluster(event) -> None:
+    """The header of every live command, on stderr: the GCS address and session, and any other cluster alive.
+
+    Registered with ``cluster.on_connect``, so whichever feature connects, the user sees which cluster it is:
+    first the choice (when other clusters are alive and the user named none: no --address, no RAY_ADDRESS), then,
+    once connected, ``cluster ADDRESS · session NAME``.
+    """
+    from rich.markup import escape
+
+    from raysleuth.cluster import AddressChoice
+
+    if isinstance(event, AddressChoice):
+        notice = event.notice() if event.reason not in ("--address", "RAY_ADDRESS") else None  # unless named
+        if notice:
+            err_console.print(f"[yellow]{escape(notice)}[/yellow]", soft_wrap=True)
+        return
+    err_console.print(f"[dim]cluster {escape(event.address)} · session {escape(event.session_name)}[/dim]",
+                      soft_wrap=True)
+
+
+def _listen() -> None:
+    from raysleuth.cluster.connection import on_connect
+
+    on_connect(announce_cluster)
+
+
+_listen()

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from raysleuth.cli._app import (
     AddressOption, HomeOption, JsonOption, RunOption, app, console, duration_option, emit_json, finish, home_path,
+    name_run,
 )
 from raysleuth.errors import UsageError
 
@@ -40,27 +41,52 @@ def collectives(
                          fix="e.g. raysleuth collectives --last 8 --wait 4")
     from raysleuth.collectives import collect_collectives
 
+    run = _stored_run_without_cluster(run, address, home)
     report = collect_collectives(address, run=run, home=home_path(home) if (home or run) else None, wait=wait,
                                  job=job, group=pg, last=last, pending_after=pending_after)
-    code = 1 if report.culprits else 0
+    code = 1 if report.culprits else (2 if not report.compared else 1) if report.missing else 0
+    if pg is not None and not report.verdict.groups and report.groups_seen:
+        raise UsageError(f"no process group {pg!r} in this run's collectives",
+                         fix=f"pick one of: {', '.join(report.groups_seen)}")
     if json_:
         emit_json(report.to_dict())
         finish(code)
+    render_collectives(report)
+    finish(code)
+
+
+def render_collectives(report) -> None:
+    """Notes, each group's aligned sequence, then the culprit or the summary (calls and notes escaped)."""
     for note in report.notes:
-        console.print(f"[yellow]{escape(note)}[/yellow]")
+        console.print(f"[yellow]{escape(note)}[/yellow]", soft_wrap=True)
     for group in report.verdict.groups:
         _draw_group(group)
     if report.culprits:
         console.print("[bold red]culprit[/bold red]")
         for culprit in report.culprits:
-            console.print(f"  [red]rank {culprit.rank}[/red] ({culprit.kind}): {escape(culprit.reason)}")
+            console.print(f"  [red]rank {culprit.rank}[/red] ({escape(str(culprit.kind))}): {escape(culprit.reason)}",
+                          soft_wrap=True)
+    elif report.missing:  # nothing (or not everything) to compare: never "sequences agree"
+        console.print("[yellow]not enough data to compare the collective sequences:[/yellow]")
+        for line in report.missing:
+            console.print(f"  [yellow]{escape(line)}[/yellow]", soft_wrap=True)
     else:
         console.print(f"[green]{escape(report.verdict.summary)}[/green]")
-    finish(code)
+
+
+def _stored_run_without_cluster(run: str | None, address: str | None, home) -> str | None:
+    """No --run and no cluster to ask: the newest stored run (as crashes, logs and consistency read)."""
+    if run is not None or address is not None:
+        return run
+    from raysleuth import cluster
+
+    if cluster.choose(None).address is not None:
+        return run
+    return name_run(None, home)
 
 
 def _draw_group(group) -> None:
-    table = Table(title=f"{group.label} (group {group.name}, ranks {','.join(map(str, group.ranks))})",
+    table = Table(title=escape(f"{group.label} (group {group.name}, ranks {','.join(map(str, group.ranks))})"),
                   show_header=True, header_style="bold", box=None, pad_edge=False, title_justify="left")
     table.add_column("#", justify="right")
     for rank in group.ranks:
@@ -75,7 +101,7 @@ def _draw_group(group) -> None:
             style = _STATE_STYLE.get(cell["state"], "")
             text = escape(cell["call"]) + (f" [dim]{escape(cell['where'])}[/dim]" if cell.get("where") else "")
             if cell["state"] != "completed":
-                text += f" ({cell['state']})"
+                text += f" ({escape(str(cell['state']))})"
             cells.append(f"[{style}]{text}[/{style}]" if style else text)
         table.add_row(str(row["seq"]), *cells)
     console.print(table)

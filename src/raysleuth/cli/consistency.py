@@ -6,6 +6,7 @@ import time
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from raysleuth.cli._app import (
@@ -36,9 +37,15 @@ def consistency(
                    "latest_consistent": (checks[0][1].consistent if checks else None)})
         finish(1 if latest_bad else 0)
     if not checks:
-        console.print("no consistency checks recorded" + (f" with key {key!r}" if key else "")
+        console.print("no consistency checks recorded" + (f" with key {escape(repr(key))}" if key else "")
                       + " (call rs.check_distributed_consistency(...) on every rank)")
         finish(0)
+    render_checks(checks)
+    finish(1 if latest_bad else 0)
+
+
+def render_checks(checks) -> None:
+    """The stored checks, newest first, and the latest one's mismatches (keys, values and notes escaped)."""
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     for column in ("time", "key", "step", "ranks", "verdict", "culprits"):
         table.add_column(column, overflow="fold")
@@ -55,25 +62,24 @@ def consistency(
             if report.missing_ranks:
                 verdict += f", [red]ranks {report.missing_ranks} missing[/red]"
         culprits = ", ".join(str(rank) for rank in report.outlier_ranks) or "-"
-        table.add_row(when, report.key, "-" if report.step is None else str(report.step),
+        table.add_row(when, escape(str(report.key)), "-" if report.step is None else str(report.step),
                       f"{len(report.arrived_ranks) or report.world_size}/{report.world_size}", verdict, culprits)
     console.print(table)
     latest = checks[0][1]
     if not latest.consistent:
-        console.print(f"\n[bold]latest check {latest.key!r}[/bold]:")
+        console.print(f"\n[bold]latest check {escape(repr(latest.key))}[/bold]:")
         for mismatch in latest.mismatches[:20]:
-            console.print(f"  [red]✗[/red] {mismatch.describe()}", soft_wrap=True)
+            console.print(f"  [red]✗[/red] {escape(mismatch.describe())}", soft_wrap=True)
             if mismatch.values:
                 shown = ", ".join(f"rank {rank}: {value}" for rank, value in mismatch.values.items())
-                console.print(f"      values at that index: {shown}", soft_wrap=True)
+                console.print(f"      values at that index: {escape(shown)}", soft_wrap=True)
         if len(latest.mismatches) > 20:
             console.print(f"  ... {len(latest.mismatches) - 20} more (use --json)")
         if latest.missing_ranks:
             console.print(f"  [red]✗[/red] rank(s) {latest.missing_ranks} did not arrive within {latest.timeout}s")
         if latest.error:
-            console.print(f"  [yellow]⚠️ [/yellow] {latest.error}")
+            console.print(f"  [yellow]⚠️ [/yellow] {escape(str(latest.error))}", soft_wrap=True)
         if latest.nothing_compared:
-            console.print(f"  [yellow]⚠️ [/yellow] {latest.summary()}", soft_wrap=True)
+            console.print(f"  [yellow]⚠️ [/yellow] {escape(latest.summary())}", soft_wrap=True)
         for note in latest.notes:
-            console.print(f"  note: {note}")
-    finish(1 if latest_bad else 0)
+            console.print(f"  note: {escape(str(note))}", soft_wrap=True)

@@ -44,17 +44,21 @@ def crashes(
     the cluster is gone; deaths are there once `raysleuth tasks --dead` or `crashes --collect` classified them."""
     if ctx.invoked_subcommand is not None:
         return
-    from raysleuth.deaths import find_deaths, record_deaths, stored_deaths
+    from raysleuth.deaths import consequences, find_deaths, record_deaths, root_first, stored_deaths
     from raysleuth.postmortem import list_crashes
 
     run = name_run(run, home)
     if collect or address:
         record_deaths(find_deaths(address))
     found = list_crashes(run, home=home_path(home), rank=rank, limit=limit, job=job or None)
-    deaths = stored_deaths(run, home=home_path(home), rank=rank)
+    deaths = root_first(stored_deaths(run, home=home_path(home)))
+    caused = consequences(deaths, [(item.id, item.rank, item.time, item.message) for item in found])
+    if rank:
+        deaths = [death for death in deaths if death.rank in rank]
     if json_:
-        emit_json([{"kind": "capsule", **item.to_dict()} for item in found]
-                  + [{"kind": "death", "id": death.record_id, **death.to_dict()} for death in deaths])
+        emit_json([{"kind": "death", "id": death.record_id, **death.to_dict()} for death in deaths]
+                  + [{"kind": "capsule", **item.to_dict(), "consequence_of": _root(caused.get(item.id))}
+                     for item in found])
         finish(1 if found or deaths else 0)
     if deaths:
         from raysleuth.cli.tasks import print_deaths
@@ -64,21 +68,15 @@ def crashes(
     if not found:
         console.print("[green]no crash capsules recorded[/green]")
         finish(1 if deaths else 0)
-    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    for column in ("id", "time", "rank", "node", "pid", "actor.method", "exception", "likely cause"):
-        table.add_column(column, overflow="fold")
-    for item in found:
-        where = item.method or ""
-        if item.actor and not where.startswith(item.actor.split(":")[0]):
-            where = f"{item.actor}:{where}"
-        table.add_row(
-            str(item.id), _when(item.time), "" if item.rank is None else str(item.rank),
-            item.node_ip or item.hostname or "", "" if item.pid is None else str(item.pid), escape(where),
-            f"[red]{escape(item.exception_type)}[/red]: {escape(_short(item.message))}", escape(item.cause) if item.cause else "[dim]unknown[/dim]",
-        )
-    console.print(table)
-    console.print(f"\n[red]{len(found)} crash capsule(s)[/red]; details: raysleuth crashes show ID")
+    render_crashes(found, caused)
     finish(1)
+
+
+def _root(death) -> dict | None:
+    """A capsule's root cause in JSON: the rank whose death it follows."""
+    if death is None:
+        return None
+    return {"death_id": death.record_id, "rank": death.rank, "cause": death.cause, "actor_id": death.actor_id}
 
 
 @crashes_app.command("show")
@@ -111,10 +109,39 @@ def show(
     if json_:
         emit_json(record)
         finish(0)
+    render_capsule(record)
+    finish(0)
+
+
+def render_crashes(found, caused: dict | None = None) -> None:
+    """The capsule table, one capsule per line (messages and causes come from the job: escaped).
+
+    ``caused``: capsule id -> the peer's death it follows (:func:`raysleuth.deaths.consequences`).
+    """
+    caused = caused or {}
+    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    for column in ("id", "time", "rank", "node", "pid", "actor.method", "exception", "likely cause"):
+        table.add_column(column, overflow="fold")
+    for item in found:
+        where = item.method or ""
+        if item.actor and not where.startswith(item.actor.split(":")[0]):
+            where = f"{item.actor}:{where}"
+        table.add_row(
+            str(item.id), _when(item.time), "" if item.rank is None else str(item.rank),
+            escape(item.node_ip or item.hostname or ""), "" if item.pid is None else str(item.pid), escape(where),
+            f"[red]{escape(item.exception_type)}[/red]: {escape(_short(item.message))}", _cause(item, caused.get(item.id)),
+        )
+    console.print(table)
+    console.print(f"\n[red]{len(found)} crash capsule(s)[/red]; details: raysleuth crashes show ID")
+
+
+def render_capsule(record: dict) -> None:
+    """One capsule fully: chain, traceback, locals per frame, memory, environment, cause and fix."""
     data = record.get("data") or {}
     rank = data.get("rank", record.get("rank"))
-    console.print(f"[bold]crash {record['id']}[/bold]  {_when(record.get('time'))}  rank {rank}  "
-                  f"node {data.get('node_ip') or data.get('hostname')}  pid {data.get('pid')}")
+    console.print(f"[bold]crash {record['id']}[/bold]  {_when(record.get('time'))}  rank {escape(str(rank))}  "
+                  f"node {escape(str(data.get('node_ip') or data.get('hostname')))}  pid {escape(str(data.get('pid')))}",
+                  soft_wrap=True)
     who = " ".join(part for part in (data.get("actor_class"), data.get("actor_name") and f"({data['actor_name']})",
                                      data.get("method") and f"method {data['method']}") if part)
     if who:
@@ -158,8 +185,14 @@ def show(
         for key, value in environment.items():
             console.print(f"  {key}={value}", markup=False, soft_wrap=True)
     for problem in data.get("errors") if isinstance(data.get("errors"), list) else []:
-        console.print(f"[yellow]capture note: {problem}[/yellow]", soft_wrap=True)
-    finish(0)
+        console.print(f"[yellow]capture note: {escape(str(problem))}[/yellow]", soft_wrap=True)
+
+
+def _cause(item, death) -> str:
+    if death is not None:
+        who = "rank ?" if death.rank is None else f"rank {death.rank}"
+        return f"[yellow]consequence of {who}'s death ({escape(death.cause)})[/yellow]"
+    return escape(item.cause) if item.cause else "[dim]unknown[/dim]"
 
 
 def _dicts(value: object) -> list[dict]:

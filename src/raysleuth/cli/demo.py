@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from raysleuth.cli._app import HomeOption, JsonOption, app, console, emit_json, err_console, finish
@@ -34,35 +35,41 @@ def demo(
     progress_console = err_console if json_ else console
 
     def say(message: str) -> None:
-        progress_console.print(f"[dim]•[/dim] {message}", soft_wrap=True)
+        progress_console.print(f"[dim]•[/dim] {escape(message)}", soft_wrap=True)
 
     with progress_console.status("running the demo...", spinner="dots") if not json_ else _null():
         result = run_demo(scenario or None, address=address, report_path=output, progress=say)
     if json_:
         emit_json(result.to_dict())
         finish(0 if result.ok else 1)
+    render_demo(result)
+    finish(0 if result.ok else 1)
+
+
+def render_demo(result) -> None:
+    """Each scenario: what was injected, what found it, the verdict (verdicts quote the job: escaped)."""
     console.print()
     for item in result.results:
         mark = "[green]✔[/green]" if item.correct else "[red]✘[/red]"
-        console.print(f"{mark} [bold]{item.scenario}[/bold] ({item.seconds:.0f}s): injected {item.injected}")
-        console.print(f"    found by [cyan]{item.found_by}[/cyan]: {item.verdict}", soft_wrap=True)
+        console.print(f"{mark} [bold]{escape(item.scenario)}[/bold] ({item.seconds:.0f}s): injected "
+                      f"{escape(item.injected)}", soft_wrap=True)
+        console.print(f"    found by [cyan]{escape(item.found_by)}[/cyan]: {escape(item.verdict)}", soft_wrap=True)
     table = Table(title="raysleuth demo", show_lines=False, header_style="bold")
     for column in ("scenario", "injected", "found by", "verdict", "correct?"):
         table.add_column(column, overflow="fold")
     for item in result.results:
-        table.add_row(item.scenario, item.injected, item.found_by, item.verdict,
+        table.add_row(escape(item.scenario), escape(item.injected), escape(item.found_by), escape(item.verdict),
                       "[green]yes[/green]" if item.correct else "[red]no[/red]")
     console.print()
     console.print(table)
     if result.report_path:
-        console.print(f"report: {result.report_path}")
+        console.print(f"report: {escape(str(result.report_path))}", soft_wrap=True)
     if result.trace_path:
-        console.print(f"trace:  {result.trace_path}")
+        console.print(f"trace:  {escape(str(result.trace_path))}", soft_wrap=True)
     if result.report_error:
-        console.print(f"[yellow]{result.report_error}[/yellow]")
+        console.print(f"[yellow]{escape(str(result.report_error))}[/yellow]", soft_wrap=True)
     verdict = "[green]every scenario diagnosed correctly[/green]" if result.ok else "[red]some scenarios were not diagnosed correctly[/red]"
-    console.print(f"{verdict} ({result.seconds:.0f}s, run {result.run_id})")
-    finish(0 if result.ok else 1)
+    console.print(f"{verdict} ({result.seconds:.0f}s, run {escape(str(result.run_id))})")
 
 
 class _null:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from raysleuth.cli._app import STATUS_STYLE, AddressOption, JsonOption, app, console, duration_option, emit_json, finish
@@ -28,18 +29,23 @@ def doctor(
     if json_:
         emit_json(report.to_dict())
     else:
-        table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-        for column in ("", "check", "node", "detail / fix"):
-            table.add_column(column, overflow="fold")
-        for check in report.checks:
-            icon, style = STATUS_STYLE[check.status]
-            text = check.detail or ""
-            if check.fix:
-                text += f"\n[{style}]→ {check.fix}[/{style}]"
-            table.add_row(icon, f"[{style}]{check.name}[/{style}]", check.node or "", text)
-        console.print(table)
-        counts = report.counts()
-        verdict = "[green]all good[/green]" if report.ok else "[red]problems found[/red]"
-        console.print(f"\n{verdict}: {counts['ok']} ok, {counts['warn']} warnings, {counts['fail']} failed "
-                      f"({report.seconds:.1f}s)")
+        render_doctor(report)
     finish(0 if report.ok else 1)
+
+
+def render_doctor(report) -> None:
+    """Draw a :class:`~raysleuth.doctor.DoctorReport` (details, fixes and node names escaped)."""
+    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    for column in ("", "check", "node", "detail / fix"):
+        table.add_column(column, overflow="fold")
+    for check in report.checks:
+        icon, style = STATUS_STYLE[check.status]
+        text = escape(check.detail or "")
+        if check.fix:
+            text += f"\n[{style}]→ {escape(check.fix)}[/{style}]"
+        table.add_row(icon, f"[{style}]{escape(check.name)}[/{style}]", escape(check.node or ""), text)
+    console.print(table)
+    counts = report.counts()
+    verdict = "[green]all good[/green]" if report.ok else "[red]problems found[/red]"
+    console.print(f"\n{verdict}: {counts['ok']} ok, {counts['warn']} warnings, {counts['fail']} failed "
+                  f"({report.seconds:.1f}s)")

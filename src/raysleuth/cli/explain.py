@@ -63,16 +63,21 @@ def explain(
         console.print("[yellow]no known cause[/yellow] for this text; try `raysleuth crashes` or "
                       "`raysleuth advise --problem crash`")
         finish(1)
+    render_matches(matches)
+    finish(0)
+
+
+def render_matches(matches) -> None:
+    """Each known cause found in a text, root cause first (the evidence is the user's text: escaped)."""
     for number, match in enumerate(matches):
         label = "[bold red]root cause[/bold red]" if number == 0 else "[dim]also seen[/dim]"
-        console.print(f"{label}: [bold]{match.title}[/bold]  [dim]({match.id})[/dim]")
+        console.print(f"{label}: [bold]{escape(match.title)}[/bold]  [dim]({escape(match.id)})[/dim]", soft_wrap=True)
         console.print(f"  evidence (line {match.line}): {match.evidence}", markup=False, soft_wrap=True)
         console.print(f"  cause: {escape(match.cause)}", soft_wrap=True)
         console.print(f"  [green]fix: {escape(match.fix)}[/green]", soft_wrap=True)
         if match.docs:
-            console.print(f"  docs: {match.docs}", soft_wrap=True)
+            console.print(f"  docs: {match.docs}", markup=False, soft_wrap=True)
         console.print()
-    finish(0)
 
 
 @app.command()
@@ -101,8 +106,9 @@ def advise(
     if json_:
         emit_json(advice.to_dict())
         finish(0)
-    console.print(f"[bold]{advice.problem}[/bold]: {advice.summary}"
-                  + (f" [dim](death cause: {', '.join(advice.causes)})[/dim]" if advice.causes else "") + "\n")
+    console.print(f"[bold]{escape(advice.problem)}[/bold]: {escape(advice.summary)}"
+                  + (f" [dim](death cause: {escape(', '.join(advice.causes))})[/dim]" if advice.causes else "") + "\n",
+                  soft_wrap=True)
     for step in advice.steps:
         prefix = {"cli": "$", "code": ">>>", "env": "export"}.get(step.kind, "")
         console.print(f"{step.order}. [bold cyan]{escape(prefix + ' ' + step.run)}[/bold cyan]", soft_wrap=True)

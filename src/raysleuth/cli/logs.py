@@ -11,7 +11,7 @@ from rich.markup import escape
 
 from raysleuth.cli._app import (
     AddressOption, HomeOption, JobOption, JsonOption, RanksOption, RunOption, SinceOption, StepsOption, app,
-    at_least_one, connect, console, duration_option, emit_json, finish, home_path, name_run, positive, to_jsonable,
+    at_least_one, check_ranks, connect, console, duration_option, emit_json, finish, home_path, name_run, positive, to_jsonable,
 )
 
 _LEVEL_STYLE = {"DEBUG": "dim", "INFO": "", "WARNING": "yellow", "ERROR": "red", "CRITICAL": "bold red"}
@@ -67,6 +67,7 @@ def logs(
     query.compiled()  # bad --level / --grep: one red line before anything else
     if not follow or run is not None:
         run = name_run(run, home_dir)
+        check_ranks(rank, run, home=home_dir)
     if follow:
         for line in rs_logs.follow_logs(query, run=run, home=home_dir, max_records=max_records,
                                         timeout=follow_timeout):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated
 
+from rich.markup import escape
 from rich.table import Table
 
 from raysleuth.cli._app import (
@@ -25,6 +27,36 @@ from raysleuth.cli._app import (
 )
 from raysleuth.cli._app import writer_timeout
 from raysleuth.errors import CaptureTimeout, UsageError
+
+@contextlib.contextmanager
+def _progress(duration: float, *, show: bool):
+    """A progress bar over ``duration`` seconds on a terminal (nothing in a pipe or with --json)."""
+    if not show:
+        yield
+        return
+    import threading
+    import time
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    done = threading.Event()
+    with Progress(TextColumn("sampling workers"), BarColumn(), TimeElapsedColumn(), console=console,
+                  transient=True) as progress:
+        task = progress.add_task("sample", total=duration)
+        started = time.monotonic()
+
+        def tick() -> None:
+            while not done.wait(0.25):
+                progress.update(task, completed=min(duration, time.monotonic() - started))
+
+        ticker = threading.Thread(target=tick, daemon=True, name="raysleuth-progress")
+        ticker.start()
+        try:
+            yield
+        finally:
+            done.set()
+            ticker.join(timeout=1)
+
 
 def _mib(value) -> str:
     return "" if value is None else f"{value / 2**20:,.1f}"
@@ -60,7 +92,8 @@ def memory(
                              fix="e.g. --sample 30s --interval 1s")
         connect(address)
         since = _time.time()
-        done = sample_workers(duration, step)
+        with _progress(duration, show=console.is_terminal and not json_):
+            done = sample_workers(duration, step)
         problems = done.problems
         if run is None:
             import ray
@@ -96,31 +129,46 @@ def memory(
     finish(1 if report.leaks or report.undecided else 0)  # "could not tell" is never exit 0
 
 
+#: Ray's own processes the node agents sample too (no rank: named, so no row is unlabelled).
+_RAYS_OWN = ("DashboardAgent", "RuntimeEnvAgent", "dashboard", "raylet", "gcs_server", "log_monitor")
+
+
+def _who(worker) -> str:
+    """The worker column: its actor class (and name), ``Ray's own`` for Ray's agents, else its role."""
+    name = worker.actor_class or worker.actor_name or ""
+    if any(name.startswith(own) for own in _RAYS_OWN):
+        return escape(f"{name} (Ray's own)")
+    if worker.actor_name and worker.actor_class and worker.actor_name != worker.actor_class:
+        name = f"{worker.actor_class} {worker.actor_name}"
+    return escape(name or ("task worker" if worker.source == "agent" else "worker"))
+
+
 def _print_report(report, problems: list[str]) -> None:
     """The per-worker table, the problems of the sampling, and the one-line verdict."""
     from raysleuth.memory import sparkline
 
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    for column in ("rank", "pid", "node", "src", "n", "rss MiB", "uss MiB", "cuda MiB", "peak MiB",
+    for column in ("rank", "worker", "pid", "node", "src", "n", "rss MiB", "uss MiB", "cuda MiB", "peak MiB",
                    "MiB/s", "trend", "verdict"):
         table.add_column(column, overflow="fold")
     for worker in report.workers:
         slope = worker.slope_bytes_per_s
+        reason = escape(worker.reason or "")
         if worker.leak:
-            verdict = f"[red]LEAK[/red] {worker.reason}"
+            verdict = f"[red]LEAK[/red] {reason}"
         elif worker.status == "ok":
-            verdict = f"[green]ok[/green] [dim]{worker.reason}[/dim]"
+            verdict = f"[green]ok[/green] [dim]{reason}[/dim]"
         else:
-            verdict = f"[yellow]{worker.reason}[/yellow]"  # "not enough data: ...", never "ok"
+            verdict = f"[yellow]{reason}[/yellow]"  # "not enough data: ...", never "ok"
         table.add_row(
-            "" if worker.rank is None else str(worker.rank), str(worker.pid), worker.node_ip or "",
-            worker.source or "", str(worker.samples), _mib(worker.rss_bytes), _mib(worker.uss_bytes),
+            "" if worker.rank is None else str(worker.rank), _who(worker), str(worker.pid), escape(worker.node_ip or ""),
+            escape(worker.source or ""), str(worker.samples), _mib(worker.rss_bytes), _mib(worker.uss_bytes),
             _mib(worker.cuda_allocated_bytes), _mib(worker.peak_bytes),
             "" if slope is None else f"{slope / 2**20:+.2f}", sparkline(worker.series, 20), verdict,
         )
     console.print(table)
     for problem in problems:
-        console.print(f"[yellow]⚠️  {problem}[/yellow]")
+        console.print(f"[yellow]⚠️  {escape(problem)}[/yellow]", soft_wrap=True)
     leaks = report.leaks
     if leaks:
         names = ", ".join(f"rank {w.rank}" if w.rank is not None else f"pid {w.pid}" for w in leaks)

@@ -12,7 +12,8 @@ from raysleuth.cli._app import HomeOption, JsonOption, RunOption, app, console, 
 
 @app.command()
 def report(
-    output: Annotated[Path, typer.Option("-o", "--output", help="The HTML file to write.")] = Path("report.html"),
+    output: Annotated[Path, typer.Option("-o", "--output", help="The HTML file to write (a folder: report.html "
+                                                                "in it; the folder must exist).")] = Path("report.html"),
     run: RunOption = None,
     home: HomeOption = None,
     trace: Annotated[Path | None, typer.Option("--trace", help="A Perfetto trace to link (default: trace.json next to the report).")] = None,

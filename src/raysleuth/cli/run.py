@@ -133,4 +133,19 @@ def run(
         raise UsageError(f"command not found: {command[0]}", fix="give the job's command after --, "
                          "e.g. raysleuth run -- python train.py")
     env = job_environment(os.environ, mode=mode, address=address, home=home)
+    env.update(_auth_environment(address, env))
     finish(run_job(list(command), env))
+
+
+def _auth_environment(address: str | None, env: Mapping[str, str]) -> dict[str, str]:
+    """``RAY_AUTH_MODE=token`` for a job that attaches to a token-auth cluster (Ray's own driver would not know).
+
+    The token itself stays where it is (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``,
+    which Ray reads in token mode); it is never copied or printed. A cluster that wants a token none of those
+    holds fails here, in one line, instead of the job's 20 InvalidAuthToken retries.
+    """
+    if not address or address in ("local", "auto") or address.startswith("ray://") or env.get("RAY_AUTH_MODE"):
+        return {}
+    from raysleuth import cluster
+
+    return {"RAY_AUTH_MODE": "token"} if cluster.cluster_auth_mode(address) == "token" else {}

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from raysleuth.cli._app import (
@@ -43,30 +44,36 @@ def timeline(
                                    ranks=ranks, jobs=job, ray_tasks=ray_tasks)
         result["timeline"] = exported.to_dict()
         if not json_:
-            console.print(f"wrote [bold]{exported.path}[/bold]: {exported.spans} spans, {exported.ray_tasks} Ray tasks, "
+            console.print(f"wrote [bold]{escape(str(exported.path))}[/bold]: {exported.spans} spans, {exported.ray_tasks} Ray tasks, "
                           f"{exported.instant_events} events, {exported.memory_samples} memory samples "
                           f"({len(exported.events)} trace events) — open it at https://ui.perfetto.dev")
             for warning in exported.warnings:
-                console.print(f"[yellow]⚠️  {warning}[/yellow]")
+                console.print(f"[yellow]⚠️  {escape(warning)}[/yellow]", soft_wrap=True)
     if summary:
         rows = timeline_summary(run=run, home=home_path(home), steps=steps, ranks=ranks, jobs=job)
         result["summary"] = rows
         if lag_threshold and any(row.lag_ratio >= lag_threshold for row in rows):
             code = 1
         if not json_:
-            if not rows:
-                console.print("no spans with a step recorded (use rs.span(name, step=i) or rs.step(i))")
-            table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-            for column in ("step", "phase", "per rank (s)", "median", "slowest", "lag"):
-                table.add_column(column, overflow="fold")
-            for row in rows:
-                per_rank = "  ".join(f"{who}:{value:.3f}" for who, value in row.durations.items())
-                style = "red" if row.lag_ratio >= 1.5 and len(row.durations) > 1 else ""
-                lag = f"+{row.lag_s:.3f}s ({row.lag_ratio:.2f}×)"
-                table.add_row(str(row.step), row.phase, per_rank, f"{row.median_s:.3f}",
-                              f"[{style}]{row.slowest}[/{style}]" if style else row.slowest,
-                              f"[{style}]{lag}[/{style}]" if style else lag)
-            console.print(table)
+            render_summary(rows)
     if json_:
         emit_json(result)
     finish(code)
+
+
+def render_summary(rows) -> None:
+    """The straggler table: per step and phase, each rank's time (phase and rank names escaped)."""
+    if not rows:
+        console.print("no spans with a step recorded (use rs.span(name, step=i) or rs.step(i))")
+    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    for column in ("step", "phase", "per rank (s)", "median", "slowest", "lag"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        per_rank = escape("  ".join(f"{who}:{value:.3f}" for who, value in row.durations.items()))
+        style = "red" if row.lag_ratio >= 1.5 and len(row.durations) > 1 else ""
+        lag = f"+{row.lag_s:.3f}s ({row.lag_ratio:.2f}×)"
+        slowest = escape(str(row.slowest))
+        table.add_row(str(row.step), escape(str(row.phase)), per_rank, f"{row.median_s:.3f}",
+                      f"[{style}]{slowest}[/{style}]" if style else slowest,
+                      f"[{style}]{lag}[/{style}]" if style else lag)
+    console.print(table)

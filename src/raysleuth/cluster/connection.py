@@ -20,10 +20,12 @@ from pathlib import Path
 
 from raysleuth.errors import AuthTokenMissing, ClusterUnreachable, UsageError
 from raysleuth import ray_private
+from raysleuth.cluster.discovery import AddressChoice, choose_address
 from raysleuth.native_stderr import filtered_stderr
 
-__all__ = ["ClusterInfo", "connect", "find_auth_token", "resolve_address", "session_name", "shutdown",
-           "start_local", "tcp_problem"]
+__all__ = ["ClusterInfo", "cluster_auth_mode", "connect", "find_auth_token", "on_connect", "pin_address",
+           "resolve_address", "session_name",
+           "shutdown", "start_local", "tcp_problem"]
 
 DEFAULT_NAMESPACE = "raysleuth"
 
@@ -45,6 +47,33 @@ class ClusterInfo:
     """Where the token came from (never the token)."""
     dashboard_url: str | None = None
     connect_seconds: float = 0.0
+    choice: AddressChoice | None = None
+    """How the address was chosen, and the other clusters alive on this machine (``None``: started here)."""
+    token_mode_switched_here: bool = False
+    """True when the cluster wants a token and raysleuth switched this process to token mode itself (the
+    user's environment has no ``RAY_AUTH_MODE``): a driver started from this environment would fail."""
+
+
+_LISTENERS: list = []
+
+
+def on_connect(listener) -> None:
+    """Call ``listener(event)`` when :func:`connect` chose a cluster (an :class:`AddressChoice`, before it
+    connects, so a failed connection is still named) and when it connected (the :class:`ClusterInfo`).
+
+    The command line uses it to name the chosen cluster (and the others) in every live command.
+    """
+    if listener not in _LISTENERS:
+        _LISTENERS.append(listener)
+
+
+def _announce(event):
+    for listener in list(_LISTENERS):
+        try:
+            listener(event)
+        except Exception:  # a listener must never break a connection
+            pass
+    return event
 
 
 def find_auth_token(env: Mapping[str, str] | None = None, home: Path | None = None) -> str | None:
@@ -62,20 +91,19 @@ def find_auth_token(env: Mapping[str, str] | None = None, home: Path | None = No
 
 
 def resolve_address(address: str | None) -> str | None:
-    """Turn ``--address`` / ``RAY_ADDRESS`` / ``auto`` into an ip:port, or ``None``."""
-    address = address or os.environ.get("RAY_ADDRESS") or "auto"
-    if address.startswith("ray://"):
+    """Turn ``--address`` / ``RAY_ADDRESS`` / ``auto`` into an ip:port, or ``None`` (see :func:`choose`)."""
+    return choose(address).address
+
+
+def choose(address: str | None) -> AddressChoice:
+    """The cluster ``address`` (``--address``, else ``RAY_ADDRESS``, else Ray's current one) means, and the others."""
+    given = address or os.environ.get("RAY_ADDRESS") or "auto"
+    if given.startswith("ray://"):
         raise UsageError(
-            f"address {address!r} is a Ray Client address",
+            f"address {given!r} is a Ray Client address",
             fix="raysleuth needs the GCS address (ip:port, e.g. 10.0.0.1:6379) or 'auto' on a cluster node",
         )
-    if address not in ("auto", "local"):
-        return address
-    try:
-        found = ray_private.services().get_ray_address_from_environment("auto", None)
-    except Exception:
-        return None
-    return found if found and found != "auto" else None
+    return choose_address(address)
 
 
 def tcp_problem(address: str, timeout: float = 2.0) -> str | None:
@@ -90,7 +118,36 @@ def tcp_problem(address: str, timeout: float = 2.0) -> str | None:
         return error.strerror or str(error)
 
 
+_switched_here = False
+
+
+def cluster_auth_mode(address: str) -> str:
+    """``token`` when the cluster at ``address`` requires token authentication, else ``disabled``.
+
+    An explicit ``RAY_AUTH_MODE`` is taken as it is. Raises :class:`AuthTokenMissing` (with the fix) when the
+    cluster wants a token and none is found here, :class:`ClusterUnreachable` when nothing answers. For a
+    second driver (``raysleuth run --address``): its environment needs ``RAY_AUTH_MODE=token`` then.
+    """
+    if os.environ.get("RAY_AUTH_MODE"):
+        return os.environ["RAY_AUTH_MODE"].lower()
+    problem = tcp_problem(address)
+    if problem:
+        raise ClusterUnreachable(f"cannot reach the Ray cluster at {address} ({problem})",
+                                 fix="check the address (`ray status` on the head node prints it) and that the port "
+                                     "is open")
+    try:
+        with filtered_stderr(_PROBE_NOISE):
+            _probe(address, None)
+    except AuthTokenMissing:
+        if find_auth_token() is None:
+            raise
+        return "token"
+    return "disabled"
+
+
 def _enable_token_mode() -> None:
+    global _switched_here
+    _switched_here = True
     os.environ["RAY_AUTH_MODE"] = "token"
     try:
         ray_private.config_initialize("")  # Ray caches its config: make this process see token mode
@@ -107,7 +164,8 @@ def _authenticate(address: str) -> None:
     """
     token_source = find_auth_token()
     if os.environ.get("RAY_AUTH_MODE") is not None:
-        _probe(address, token_source if os.environ["RAY_AUTH_MODE"].lower() == "token" else None)
+        with filtered_stderr(_UNREACHABLE_NOISE):
+            _probe(address, token_source if os.environ["RAY_AUTH_MODE"].lower() == "token" else None)
         return
     try:
         with filtered_stderr(_PROBE_NOISE):  # Ray's C++ auth warnings for our own token-less probe
@@ -116,12 +174,16 @@ def _authenticate(address: str) -> None:
         if token_source is None:
             raise
         _enable_token_mode()
-        _probe(address, token_source)
+        with filtered_stderr(_UNREACHABLE_NOISE):
+            _probe(address, token_source)
 
 
 #: What Ray's C++ client prints when the token-less probe meets a token cluster (expected, not the user's problem).
+_UNREACHABLE_NOISE = re.compile(r"(?:gcs_client\.cc|rpc_client\.h).*Failed to (?:connect to|get cluster ID)")
+"""What Ray's C++ client prints while our probe meets a port that is not a GCS: raysleuth's own line says it."""
 _PROBE_NOISE = re.compile(r"gcs_client\.cc.*(?:InvalidAuthToken|Unauthenticated)|"
-                          r"(?:InvalidAuthToken|Unauthenticated).*(?:gcs|GCS|cluster ID)")
+                          r"(?:InvalidAuthToken|Unauthenticated).*(?:gcs|GCS|cluster ID)|"
+                          + _UNREACHABLE_NOISE.pattern)
 
 
 def _probe(address: str, token_source: str | None) -> str:
@@ -170,7 +232,8 @@ def connect(
     if ray.is_initialized():
         return _info(started_here=False, seconds=time.monotonic() - started)
     wanted = address or os.environ.get("RAY_ADDRESS") or "auto"
-    resolved = resolve_address(address)
+    choice = _announce(choose(address))
+    resolved = choice.address
     if resolved is None:
         if not start_local:
             raise ClusterUnreachable(
@@ -191,7 +254,9 @@ def connect(
     except Exception as error:
         raise ClusterUnreachable(f"ray.init(address={resolved!r}) failed: {str(error).splitlines()[0][:300]}",
                                  fix="check that this machine runs the same Ray and Python versions as the cluster") from None
-    return _info(started_here=False, seconds=time.monotonic() - started)
+    info = _info(started_here=False, seconds=time.monotonic() - started)
+    info.choice = choice
+    return _announce(info)
 
 
 def start_local(*, num_cpus: int | None = None, namespace: str | None = None,
@@ -225,7 +290,25 @@ def _info(*, started_here: bool, seconds: float) -> ClusterInfo:
         auth_token_source=find_auth_token() if os.environ.get("RAY_AUTH_MODE", "").lower() == "token" else None,
         dashboard_url=dashboard,
         connect_seconds=seconds,
+        token_mode_switched_here=_switched_here,
     )
+
+
+def pin_address() -> str | None:
+    """In a process connected to Ray whose ``RAY_ADDRESS`` is ``local``/``auto``: set it to the connected GCS.
+
+    Ray's State API always prefers ``RAY_ADDRESS`` to the address it is given, and resolves ``local``/``auto``
+    anew, which fails once several clusters run on the machine (a job started with ``RAY_ADDRESS=local``, and
+    its workers, inherit it). Returns the address now in force (``None`` when not connected).
+    """
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    current = os.environ.get("RAY_ADDRESS")
+    if current in ("local", "auto"):
+        os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+    return os.environ.get("RAY_ADDRESS") or ray.get_runtime_context().gcs_address
 
 
 def session_name() -> str:

@@ -35,14 +35,27 @@ class CollectivesReport:
     """Per rank: rank, pid, node_ip, alive, dumped_at."""
     verdict: CollectiveVerdict
     notes: list[str] = dataclasses.field(default_factory=list)
+    missing: list[str] = dataclasses.field(default_factory=list)
+    """What was not there to compare, and how to get it (never an all-clear when not empty)."""
+    groups_seen: list[str] = dataclasses.field(default_factory=list)
+    """Every process group the records name (``--pg`` picks among them)."""
 
     @property
     def culprits(self):
         return self.verdict.culprits
 
+    @property
+    def compared(self) -> bool:
+        """True when at least one collective of one group was there to compare."""
+        return any(group.rows and any(row["ranks"] for row in group.rows) for group in self.verdict.groups)
+
     def to_dict(self) -> dict[str, Any]:
-        data = {k: getattr(self, k) for k in ("run", "job_id", "live", "requested", "answered", "ranks", "notes")}
+        data = {k: getattr(self, k) for k in ("run", "job_id", "live", "requested", "answered", "ranks", "notes",
+                                               "missing", "groups_seen")}
         data.update(self.verdict.to_dict())
+        data["compared"] = self.compared
+        if not self.culprits and self.missing:
+            data["summary"] = "not enough data: " + "; ".join(self.missing)
         return data
 
 
@@ -110,16 +123,40 @@ def collect_collectives(address: str | None = None, *, run: str | None = None, h
     alive = _alive_processes() if live else None
     positions = positions_from_records(records, alive=alive, job=job)
     verdict = match(positions, now=time.time() if live else None, pending_after=pending_after, last=last, group=group)
-    if not records:
-        notes.append("no collectives records: install raysleuth.collectives in the workers "
-                     "(runtime_env worker_process_setup_hook) or run the job under `raysleuth run`")
-    elif live and request_id and positions and not answered:
+    if records and live and request_id and positions and not answered:
         notes.append(f"no worker answered the dump request within {wait:.0f}s; positions are from earlier dumps")
     job_id = job or latest_job(records)
     ranks = [{"rank": p.rank, "pid": p.pid, "node_ip": p.node_ip, "alive": p.alive, "dumped_at": p.dumped_at}
              for p in positions]
-    return CollectivesReport(run=run, job_id=job_id, live=live, requested=request_id is not None,
-                             answered=sorted(answered), ranks=ranks, verdict=verdict, notes=notes)
+    seen = sorted({str(info.get("desc") or name) if info.get("desc") not in (None, "", "undefined") else name
+                   for p in positions for name, info in p.group_info.items()} | {g for p in positions for g in p.groups})
+    report = CollectivesReport(run=run, job_id=job_id, live=live, requested=request_id is not None,
+                               answered=sorted(answered), ranks=ranks, verdict=verdict, notes=notes, groups_seen=seen)
+    report.missing = missing_data(report, bool(records), group)
+    return report
+
+
+#: How to get positions for every rank, whatever mode the job ran in.
+_HOW = ("run the job under `raysleuth run --mode full` (every rank dumps its collectives each second, so a rank "
+        "gloo aborts leaves its last positions), or ask the live cluster: `raysleuth collectives` while it hangs")
+
+
+def missing_data(report: CollectivesReport, had_records: bool, group: str | None) -> list[str]:
+    """What was not there to compare (pure): no records, no entries, an unknown --pg, ranks that never dumped."""
+    if not had_records:
+        return [f"no collectives records in this run: {_HOW}"]
+    if group is not None and not report.verdict.groups:
+        return [f"no process group {group!r} in the records (groups seen: {', '.join(report.groups_seen) or 'none'})"]
+    if not report.compared:
+        return [f"the records hold no collective entries to compare (light mode dumps only on request and at exit): "
+                f"{_HOW}"]
+    missing = []
+    for item in report.verdict.groups:
+        silent = [rank for rank in item.ranks if not any(rank in row["ranks"] for row in item.rows)]
+        if silent:
+            missing.append(f"{item.label}: rank(s) {', '.join(map(str, silent))} left no positions (a process gloo "
+                           f"aborted, or one that never dumped): {_HOW}")
+    return missing
 
 
 def _wait_for_answers(store, request_id: str, asked_at: float, wait: float, job: str | None) -> set[int]:

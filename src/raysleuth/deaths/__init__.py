@@ -19,8 +19,8 @@ from typing import Any
 from raysleuth.deaths.classify import CAUSES, DeathEvidence, Verdict, classify
 from raysleuth.deaths.parse import fatal_file_rank
 
-__all__ = ["CAUSES", "Death", "DeathReport", "FIXES", "deaths_named_in", "find_deaths", "record_deaths",
-           "stored_deaths"]
+__all__ = ["CAUSES", "Death", "DeathReport", "FIXES", "consequences", "deaths_named_in", "find_deaths",
+           "record_deaths", "root_first", "stored_deaths"]
 
 #: What to do about each cause.
 FIXES = {
@@ -231,6 +231,46 @@ def stored_deaths(run: str | None = None, *, home: Any = None, rank: int | list[
     fields = {field.name for field in dataclasses.fields(Death)}
     return [Death(**{**{key: value for key, value in record.data.items() if key in fields}, "record_id": record.id})
             for record in records]
+
+
+#: Causes that follow another death (the owner's, the job's end): never the root of a peer's error.
+_FOLLOWING = ("owner_died", "out_of_scope")
+#: What a rank says when a peer of its process group is gone (knowledge-base ids).
+PEER_GONE = ("gloo-peer-died", "nccl-peer-died")
+
+
+def root_first(deaths: list[Death]) -> list[Death]:
+    """Deaths with a cause of their own first (oldest first), then those that followed another (owner died)."""
+    return sorted(deaths, key=lambda death: (death.cause in _FOLLOWING, death.died_at or 0.0,
+                                             death.rank if death.rank is not None else 1 << 30))
+
+
+def consequences(deaths: list[Death], errors: list[tuple[Any, int | None, float | None, str]],
+                 *, slack_s: float = 5.0) -> dict[Any, Death]:
+    """Which errors are consequences of a peer's death (pure): ``{error key: the death that caused it}``.
+
+    ``errors``: ``(key, rank, time, message)``, e.g. a crash capsule's id, rank, time and message. An error
+    whose text says a peer is gone (gloo's "Connection closed/reset by peer", NCCL's "remote process
+    exited") is tied to the earliest death of another rank with a cause of its own that happened before it
+    (``slack_s`` allows for clocks and Ray's late death times).
+    """
+    from raysleuth.explain import explain
+
+    roots = [death for death in root_first(deaths) if death.cause not in _FOLLOWING]
+    result: dict[Any, Death] = {}
+    if not roots:
+        return result
+    for key, rank, moment, message in errors:
+        if not any(match.id in PEER_GONE for match in explain(message or "")):
+            continue
+        for death in roots:
+            if death.rank is not None and death.rank == rank:
+                continue
+            if moment is not None and death.died_at is not None and death.died_at > moment + slack_s:
+                continue
+            result[key] = death
+            break
+    return result
 
 
 def deaths_named_in(text: str, run: str | None = None, *, home: Any = None) -> list[Death]:

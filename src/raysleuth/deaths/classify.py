@@ -342,6 +342,8 @@ def _ray_kill(evidence, cause, reason, message, pid) -> Verdict | None:
 
 
 def _exited(evidence, cause, reason, message, pid) -> Verdict | None:
+    if reason == "OWNER_DIED" or "because its owner has died" in message:
+        return None  # the owner's exit type (INTENDED_USER_EXIT...) is not this worker's: owner_died decides
     code = exit_code(message)
     intended = "INTENDED_USER_EXIT" in message or "exit_actor" in message or "by an user request" in message
     if code is None and not intended:

@@ -52,13 +52,19 @@ class JobOutcome:
     seconds: float = 0.0
 
 
+#: The scenarios whose trainers check their weights across ranks: the divergence and its healthy twin. The
+#: others leave no consistency rows in the run (its report's consistency section shows what the fault is about).
+CONSISTENCY_SCENARIOS = ("healthy", "diverge")
+
+
 class Job:
     """The GRPO job of one scenario: a rollout worker, the reward/reference task, trainer ranks."""
 
     def __init__(self, scenario: str, config: JobConfig, fault: Fault, *, ready_timeout: float = 120.0) -> None:
         import ray
 
-        config = dataclasses.replace(config, name=scenario)
+        config = dataclasses.replace(config, name=scenario, consistency_every=(
+            config.consistency_every if scenario in CONSISTENCY_SCENARIOS else 0))
         self.scenario, self.config, self.fault = scenario, config, fault
         suffix = f"{os.getpid()}-{int(time.time() * 1000) % 10**8}"
         rollout_class = ray.remote(num_cpus=1)(RolloutWorker)

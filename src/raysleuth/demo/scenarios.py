@@ -17,6 +17,7 @@ from typing import Any
 import raysleuth as rs
 from raysleuth.demo.harness import Job, ScenarioResult, flush_evidence
 from raysleuth.demo.job import Fault, JobConfig, RolloutWorker, policy_weights
+from raysleuth.explain import WRAPPER, innermost_exception
 from raysleuth.ray_private import actor_id_hex
 
 __all__ = ["EXPECTED", "FOUND_BY", "INJECTED", "RUNNERS", "SCENARIOS"]
@@ -272,6 +273,10 @@ def crash(config: JobConfig, say: Say) -> ScenarioResult:
         ranks = sorted({c.rank for c in crashes if c.rank is not None})
         matches = rs.explain_error(outcome.error)
         title = matches[0].title if matches else "no known cause"
+        if matches and matches[0].id == WRAPPER:  # the wrapper alone explains nothing: name what it wraps
+            inner = innermost_exception(str(outcome.error))
+            title = (f"{inner} raised in the worker (Ray re-raised it as RayTaskError; no known cause beyond it: "
+                     "read its capsule)" if inner else title)
         first = crashes[0] if crashes else None
         text = (f"{first.exception_type} on rank {first.rank} in {first.method}: {first.message}"
                 if first else "no capsule")

@@ -36,7 +36,14 @@ def _cluster_checks(address: str | None, *, ports: bool, per_node: bool, timeout
     checks.append(Check(name="nodes alive", category="cluster", status="ok" if not dead else "warn",
                         detail=f"{len(alive)} alive" + (f", {len(dead)} dead: {', '.join(n.node_ip for n in dead)}" if dead else ""),
                         fix=None if not dead else "dead nodes take their workers with them: see `raysleuth tasks --dead`"))
-    if info.auth_mode == "token":
+    if info.auth_mode == "token" and info.token_mode_switched_here:
+        checks.append(Check(name="token authentication", category="security", status="warn",
+                            detail=f"on (token from {info.auth_token_source}), but RAY_AUTH_MODE is not set here: a "
+                                   "job started from this environment (a second driver, RAY_ADDRESS) fails with "
+                                   "InvalidAuthToken",
+                            fix="export RAY_AUTH_MODE=token before starting the job, or start it with "
+                                "`raysleuth run --address ...` (which passes it)"))
+    elif info.auth_mode == "token":
         checks.append(Check(name="token authentication", category="security", status="ok",
                             detail=f"on (token from {info.auth_token_source})"))
     else:

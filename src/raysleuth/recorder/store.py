@@ -364,6 +364,11 @@ class EvidenceStore:
         return dict(self._db.execute(
             "SELECT job_id, COUNT(*) FROM records WHERE job_id IS NOT NULL GROUP BY job_id ORDER BY MIN(id)"))
 
+    def ranks(self) -> list[int]:
+        """Every rank some record of the run carries, sorted."""
+        return [row[0] for row in self._db.execute(
+            "SELECT DISTINCT rank FROM records WHERE rank IS NOT NULL ORDER BY rank")]
+
     def kinds(self) -> dict[str, int]:
         """Record counts by kind."""
         return dict(self._db.execute("SELECT kind, COUNT(*) FROM records GROUP BY kind ORDER BY kind"))

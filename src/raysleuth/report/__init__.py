@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from raysleuth.errors import UsageError
 from raysleuth.recorder import open_store
 from raysleuth.report import sections
 from raysleuth.report.weights import weights_section
@@ -213,6 +214,20 @@ def render_report(data: dict[str, Any], *, title: str, trace_href: str | None = 
                            generated=_format_time(time.time()), escape=html.escape)
 
 
+def checked_output(output: Path | str) -> Path:
+    """Where the report goes: an existing folder gets ``report.html`` inside it; a missing folder is an error.
+
+    Never creates folders: a typo in ``-o /nonexistent/dir/r.html`` is reported, not made.
+    """
+    path = Path(output).expanduser()
+    if path.is_dir():
+        return path / "report.html"
+    if not path.parent.is_dir():
+        raise UsageError(f"-o {output}: the folder {path.parent} does not exist",
+                         fix="create it first, or write the report elsewhere (e.g. -o report.html)")
+    return path
+
+
 def generate_report(output: Path | str = "report.html", *, run: str | None = None, home: Path | str | None = None,
                     trace_path: Path | str | None = None) -> ReportResult:
     """Write the HTML report of ``run`` (default: the latest) to ``output``.
@@ -222,7 +237,10 @@ def generate_report(output: Path | str = "report.html", *, run: str | None = Non
     Raises :class:`~raysleuth.errors.StoreNotFound` when there is no such run.
     """
     started = time.monotonic()
-    output = Path(output).expanduser()
+    output = checked_output(output)
+    if trace_path is not None and not Path(trace_path).expanduser().is_file():
+        raise UsageError(f"--trace {trace_path}: no such file", fix="write one first (`raysleuth timeline -o "
+                         "trace.json`), or leave --trace out (trace.json next to the report is linked when present)")
     store = open_store(run, home=home)
     try:
         data = build_report_data(store)
@@ -241,7 +259,6 @@ def generate_report(output: Path | str = "report.html", *, run: str | None = Non
         trace = None
     text = render_report(data, title=f"raysleuth report — {run_id}", trace_href=trace_href,
                          store_path=str(store_path))
-    output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_suffix(output.suffix + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, output)

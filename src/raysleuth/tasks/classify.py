@@ -182,7 +182,9 @@ def death_cause(actor: RayActor | Mapping[str, Any]) -> dict[str, Any]:
                 "reason": "RUNTIME_ENV_FAILED", "message": cause.error_message}
     reason = str(cause.reason or "UNKNOWN")
     message = cause.error_message if cause.kind == "died" else ""
-    if reason == "WORKER_DIED" and "exit type: INTENDED_USER_EXIT" in message:
+    if "because its owner has died" in message:
+        kind, summary = _DEATH_REASONS["OWNER_DIED"]
+    elif reason == "WORKER_DIED" and "exit type: INTENDED_USER_EXIT" in message:
         kind, summary = "exited", "it exited on purpose (exit_actor / sys.exit)"
     elif reason in _DEATH_REASONS:
         kind, summary = _DEATH_REASONS[reason]

@@ -18,7 +18,8 @@ from raysleuth import cluster
 from raysleuth.cluster.records import RayTaskEvent
 from raysleuth.errors import UsageError
 
-__all__ = ["LifecyclePhase", "TaskAttempt", "TaskTrace", "phases_from_events", "task_id_of", "trace_ray_task"]
+__all__ = ["LifecyclePhase", "TaskAttempt", "TaskTrace", "complete_task_id", "phases_from_events", "task_id_of",
+           "trace_ray_task"]
 
 #: What each task state means, in words.
 STATE_LABELS = {
@@ -105,10 +106,46 @@ def task_id_of(ref_or_task_id: Any) -> str:
         raise UsageError(f"cannot trace {type(ref_or_task_id).__name__} {ref_or_task_id!r}",
                          fix="pass an ObjectRef returned by .remote(), or a task id (hex, from `raysleuth tasks`)")
     text = ref_or_task_id.strip().lower()
-    if not _HEX.match(text) or len(text) not in (48, 56):
+    if not _HEX.match(text) or not (MIN_PREFIX <= len(text) <= 48 or len(text) == 56):
         raise UsageError(f"{ref_or_task_id!r} is not a Ray task id",
-                         fix="a task id is 48 hex characters (an object id, 56, also works); see `raysleuth tasks`")
+                         fix=f"give a task id (48 hex characters), a unique prefix of one (at least {MIN_PREFIX}, as "
+                             "`raysleuth tasks` prints) or an object id (56); see `raysleuth tasks`")
     return text[:48]
+
+
+#: The shortest task id prefix ``trace`` accepts (``raysleuth tasks`` prints 16).
+MIN_PREFIX = 6
+
+
+def complete_task_id(prefix: str, task_ids) -> str:
+    """The one task id in ``task_ids`` that starts with ``prefix``, as git does with commits (pure).
+
+    Raises :class:`UsageError` naming the candidates when several match, and when none does.
+    """
+    if len(prefix) >= 48:
+        return prefix[:48]
+    found = sorted({task_id for task_id in task_ids if task_id and task_id.startswith(prefix)})
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise UsageError(f"no task id starts with {prefix!r} in Ray's task events",
+                         fix="copy the id from `raysleuth tasks` (events arrive about a second late; old tasks are "
+                             "evicted past RAY_task_events_max_num_task_in_gcs)")
+    shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+    raise UsageError(f"task id prefix {prefix!r} is ambiguous: {len(found)} tasks match ({shown})",
+                     fix="give more characters of the id")
+
+
+def _full_task_id(task_id: str, deadline: float) -> str:
+    """A prefix completed against the cluster's task listing (polled until ``deadline`` for late events)."""
+    while True:
+        listing = cluster.tasks(detail=False)
+        try:
+            return complete_task_id(task_id, (task.task_id for task in listing))
+        except UsageError:
+            if time.monotonic() >= deadline or any(t.task_id.startswith(task_id) for t in listing):
+                raise
+        time.sleep(0.3)
 
 
 def phases_from_events(events: Sequence[RayTaskEvent], now: float | None = None) -> list[LifecyclePhase]:
@@ -140,6 +177,8 @@ def trace_ray_task(ref_or_task_id: Any, address: str | None = None, *, wait_s: f
     task_id = task_id_of(ref_or_task_id)
     cluster.connect(address)
     deadline = time.monotonic() + max(0.0, wait_s)
+    if len(task_id) < 48:
+        task_id = _full_task_id(task_id, deadline)
     records = cluster.get_task(task_id)
     while not records and time.monotonic() < deadline:
         time.sleep(0.3)

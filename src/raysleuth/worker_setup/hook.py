@@ -136,6 +136,24 @@ def runtime_env_hook(runtime_env: Mapping[str, Any] | None) -> dict[str, Any] | 
     if previous and previous != ENV_HOOK:
         runtime_env = _load(previous)(runtime_env)  # the user's hook: its errors are the user's
     try:
+        _look_at_deaths_on_exit()
         return add_setup_hook(runtime_env, os.environ, hook=tolerant_setup_hook())
     except Exception:
         return None if runtime_env is None else dict(runtime_env)
+
+
+_looking = False
+
+
+def _look_at_deaths_on_exit() -> None:
+    """At the driver's exit, before Ray's shutdown (atexit runs last-registered first): store the deaths the
+    writer's watch has not stored yet, so a rank killed just before the job ended is not forgotten."""
+    global _looking
+    if _looking or os.environ.get("RAYSLEUTH_MODE", "light") == "off":
+        return
+    _looking = True
+    import atexit
+
+    from raysleuth.deaths.watch import last_look
+
+    atexit.register(last_look)

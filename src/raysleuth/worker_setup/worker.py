@@ -229,6 +229,13 @@ def _ship_logs() -> Any:
     return install_log_shipping()
 
 
+def _start_death_watch() -> bool:
+    """The writer watches Ray's dead actors while the cluster lives (deaths outlive the job: issue 29)."""
+    from raysleuth.deaths.watch import start_death_watch
+
+    return start_death_watch()
+
+
 def _deferred_setup() -> bool:
     """First control tick: the slower parts, then one record saying what this worker has."""
     if _state["internal"]:
@@ -239,6 +246,7 @@ def _deferred_setup() -> bool:
     if _state["internal"]:  # became one of raysleuth's actors meanwhile
         _leave_internal_actor()
         return True
+    _attempt("death_watch", _start_death_watch)
     try:
         from raysleuth.recorder import record
 

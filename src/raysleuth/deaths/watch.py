@@ -1,0 +1,129 @@
+"""Record deaths as they happen, so a SIGKILLed rank is not forgotten once the job (and its cluster) ends.
+
+Two watchers, both cheap, both calling :func:`record_new_deaths` (which
+classifies with :func:`~raysleuth.deaths.find_deaths` and stores with
+:func:`~raysleuth.deaths.record_deaths` only when a dead actor is not yet in
+the run's evidence):
+
+- **in the writer**: :func:`start_death_watch` starts one daemon thread in
+  the run's writer actor (through ``__ray_call__``: no process of its own)
+  that polls Ray's dead actors every :data:`WATCH_S` seconds while the
+  cluster lives. One State API listing per poll; classification (logs, the
+  node agents' OOM reading) only for a new death. Zero-code workers start it
+  (``raysleuth run``), and so does every live ``raysleuth`` command.
+- **at the driver's exit**: :func:`last_look` runs from ``atexit`` in a
+  driver under ``raysleuth run``, before Ray's own shutdown (which, for a
+  cluster the driver started, takes the cluster down): a rank that died a
+  moment before the job ended is still classified and stored. It has a
+  deadline (:data:`LAST_LOOK_S`) and never raises.
+
+Scaling note: the poll lists every dead actor of the cluster (a filter by
+state, done by the GCS); past tens of thousands of dead actors, poll by job
+or use the GCS's actor pubsub instead.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+__all__ = ["LAST_LOOK_S", "WATCH_S", "last_look", "record_new_deaths", "start_death_watch"]
+
+#: Seconds between two polls of Ray's dead actors in the writer.
+WATCH_S = 1.0
+#: At most this long at the driver's exit for the last look.
+LAST_LOOK_S = 30.0
+_OWN = ("raysleuth-agent-", "raysleuth-writer")
+_OWN_CLASSES = ("NodeAgent", "EvidenceWriter")
+
+
+#: Dead actors classified this many times without a stored death are left alone (no endless re-reading).
+_MAX_TRIES = 3
+_tries: dict[str, int] = {}
+
+
+def _unrecorded_dead(job_id: str | None = None) -> set[str]:
+    """Actor ids of dead actors (not raysleuth's own; of ``job_id`` when given) the run has no death for yet."""
+    from raysleuth import cluster
+    from raysleuth.deaths import _recorded_keys
+
+    cluster.pin_address()  # a job started with RAY_ADDRESS=local: the State API would look for "local" anew
+    dead = {actor.actor_id for actor in cluster.actors(state="DEAD")
+            if (job_id is None or actor.job_id == job_id) and not (actor.name or "").startswith(_OWN)
+            and (actor.class_name or "").rsplit(".", 1)[-1] not in _OWN_CLASSES}
+    return {actor_id for actor_id in (dead - _recorded_keys() if dead else set())
+            if _tries.get(actor_id, 0) < _MAX_TRIES}
+
+
+def record_new_deaths(*, timeout: float = 15.0, job_id: str | None = None) -> int:
+    """Classify and store the deaths not yet in the run's evidence (of one job: ``job_id``); returns how many
+    were stored. Never raises."""
+    try:
+        new = _unrecorded_dead(job_id)
+        if not new:
+            return 0
+        from raysleuth.deaths import find_deaths, record_deaths
+
+        for actor_id in new:
+            _tries[actor_id] = _tries.get(actor_id, 0) + 1
+
+        return record_deaths(find_deaths(timeout=timeout, lines=10, job_id=job_id))
+    except Exception:
+        return 0
+
+
+def _watch(interval: float) -> None:
+    while True:
+        time.sleep(interval)
+        record_new_deaths()
+
+
+def _install(writer: object, interval: float) -> bool:
+    """Runs inside the writer actor: start its death-watch thread once (True when it was started now)."""
+    if getattr(writer, "_death_watch", None) is not None:
+        return False
+    thread = threading.Thread(target=_watch, args=(interval,), name="raysleuth-death-watch", daemon=True)
+    writer._death_watch = thread  # type: ignore[attr-defined]
+    thread.start()
+    return True
+
+
+_started = threading.Event()
+
+
+def start_death_watch(*, interval: float = WATCH_S, wait: float = 10.0) -> bool:
+    """Make sure the run's writer watches for deaths (once per process; needs a connected Ray). Never raises."""
+    if _started.is_set():
+        return True
+    try:
+        import ray
+
+        from raysleuth import ray_private
+        from raysleuth.recorder import get_writer
+
+        ray.get(ray_private.ray_call(get_writer(), _install, interval), timeout=wait)
+        _started.set()
+        return True
+    except Exception:
+        return False
+
+
+def last_look(deadline: float = LAST_LOOK_S) -> int:
+    """At a driver's exit: store the deaths not recorded yet, within ``deadline`` seconds. Never raises."""
+    try:
+        import ray
+
+        if not ray.is_initialized():
+            return 0
+    except Exception:
+        return 0
+    try:
+        job_id = ray.get_runtime_context().get_job_id()  # this driver's job only: older deaths are not its own
+    except Exception:
+        job_id = None
+    result: list[int] = []
+    worker = threading.Thread(target=lambda: result.append(record_new_deaths(timeout=deadline, job_id=job_id)),
+                              daemon=True, name="raysleuth-last-look")
+    worker.start()
+    worker.join(deadline)
+    return result[0] if result else 0
