@@ -120,8 +120,9 @@ def test_wait_for_chain_from_a_separate_driver(ray_cluster):
         assert line.startswith("worker-pid"), line
         worker_pid = int(line.split()[1])
 
-        def chained(report):
-            return any(c.pid == worker_pid for c in report.verdict.culprits)
+        def chained(report):  # the culprit, and the driver's chain to it (the State API may list a call late)
+            return any(c.pid == worker_pid for c in report.verdict.culprits) and any(
+                c[-1].pid == worker_pid for c in report.verdict.chains)
 
         report = poll(lambda: dump_stacks(ray_cluster.address, timeout=60), chained, timeout=90.0, interval=1.0)
         assert chained(report), report.verdict
