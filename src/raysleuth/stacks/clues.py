@@ -157,7 +157,8 @@ def read_coroutines(request_id: str | None) -> dict[tuple[str | None, int], list
         rows = store.query("coroutines", since=time.time() - 120)
     finally:
         store.close()
-    return {(row.node_ip, row.pid): list((row.data or {}).get("tasks") or []) for row in rows
+    # The longest waits are the ones that matter (a worker lists them longest first); 50 keep a report small.
+    return {(row.node_ip, row.pid): list((row.data or {}).get("tasks") or [])[:50] for row in rows
             if ((row.data or {}).get("request") or {}).get("id") == request_id}
 
 

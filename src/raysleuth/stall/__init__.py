@@ -229,6 +229,8 @@ class Watchdog:
                         pid=rank.pid or -1, node_ip=rank.node_ip, rank=rank.rank, reason=reason)
                     culprit.rank = rank.rank if culprit.rank is None else culprit.rank
                     report.verdict.culprits.insert(0, culprit)
+            if report.verdict.state not in ("culprit", "deadlock"):
+                report.verdict.state = "culprit"  # no step progress for the stall time is evidence enough
             report.verdict.summary = f"{event.summary}; {report.verdict.summary}"
             event.report = report
             record_report(report, name="watch")
