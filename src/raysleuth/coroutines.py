@@ -30,6 +30,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from typing import Any
 
 __all__ = ["CONTROL_KEY", "describe_task", "install", "pending_tasks", "snapshot", "track"]
@@ -40,8 +41,10 @@ MAX_TASKS = 2000
 MAX_DEPTH = 24
 
 _log = logging.getLogger("raysleuth.coroutines")
-_since: dict[int, tuple[tuple, float]] = {}
-"""``id(task) -> (await point, first time seen there)``."""
+_since: dict[int, tuple[tuple, float, Any]] = {}
+"""``id(task) -> (its frames' lines, first time seen there, a weak reference to the future it awaited)``: a
+loop that awaits a new future each round (``asyncio.sleep`` in a poll) moves on, even at the same line and
+when the new future reuses the old one's address."""
 _lock = threading.Lock()
 _installed = False
 
@@ -108,7 +111,7 @@ def describe_task(task: asyncio.Task) -> dict[str, Any]:
     if frames and "/asyncio/" in frames[-1]["file"]:
         awaited = f"asyncio {frames[-1]['function']}"  # Event.wait, Queue.get, Lock.acquire, sleep...
     return {"task": task.get_name(), "frames": frames, "awaits": awaited,
-            "point": [tuple((f["file"], f["line"]) for f in frames), awaited_id]}
+            "point": [tuple((f["file"], f["line"]) for f in frames), waiter if waiter is not None else awaited_id]}
 
 
 def _awaited_name(obj: Any) -> str:
@@ -116,6 +119,21 @@ def _awaited_name(obj: Any) -> str:
         return f"task {obj.get_name()}"
     kind = type(obj)
     return f"{kind.__module__}.{kind.__qualname__}" if kind.__module__ != "builtins" else kind.__qualname__
+
+
+def _ref(waiter: Any) -> Any:
+    if waiter is None or isinstance(waiter, int):
+        return waiter
+    try:
+        return weakref.ref(waiter)
+    except TypeError:
+        return id(waiter)
+
+
+def _same(kept: Any, waiter: Any) -> bool:
+    if isinstance(kept, weakref.ref):
+        return kept() is waiter
+    return kept == (waiter if waiter is None or isinstance(waiter, int) else id(waiter))
 
 
 def track(now: float | None = None) -> list[dict[str, Any]]:
@@ -132,13 +150,12 @@ def track(now: float | None = None) -> list[dict[str, Any]]:
                 continue
             key = id(task)
             alive.add(key)
-            point = (tuple(item["point"][0]), item["point"][1])
+            where, waiter = item.pop("point")
             seen = _since.get(key)
-            if seen is None or seen[0] != point:
-                seen = (point, now)
+            if seen is None or seen[0] != where or not _same(seen[2], waiter):
+                seen = (where, now, _ref(waiter))
                 _since[key] = seen
             item["waited_s"] = round(now - seen[1], 3)
-            item.pop("point")
             described.append(item)
         for key in set(_since) - alive:
             del _since[key]
