@@ -80,7 +80,7 @@ def main() -> int:
     size_gb = sum(f.stat().st_size for f in db.parent.iterdir()) / 1e9
     hour = 60.0 / options.minutes * 1000.0 / options.ranks
     print(f"store {db}: {size_gb:.3f} GB; CLI start-up (raysleuth --help) {base:.2f}s\n", flush=True)
-    print(f"| command | seconds | peak GB | exit | last line |\n|---|---|---|---|---|")
+    print("| command | seconds | peak GB | exit | last line |\n|---|---|---|---|---|")
     figures = []
     for command in COMMANDS:
         args = command.format(out=out, run=run_id).split()

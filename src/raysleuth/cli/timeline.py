@@ -9,9 +9,10 @@ import typer
 from rich.table import Table
 
 from raysleuth.cli._app import (
-    AddressOption, HomeOption, JobOption, JsonOption, RanksOption, RunOption, StepsOption, app, console, emit_json,
-    finish, home_path, name_run, non_negative,
+    AddressOption, HomeOption, JobOption, JsonOption, RanksOption, RunOption, SinceOption, StepsOption, app, console,
+    emit_json, finish, home_path, name_run, non_negative,
 )
+from raysleuth import options
 from raysleuth.errors import UsageError
 
 
@@ -21,6 +22,9 @@ def timeline(
     steps: StepsOption = None,
     ranks: RanksOption = None,
     job: JobOption = None,
+    since: SinceOption = None,
+    until: Annotated[float | None, typer.Option("--until", metavar="WHEN", parser=options.parse_since,
+                                                help="Only up to 30s / 10m / 2h ago, or an ISO time.")] = None,
     summary: Annotated[bool, typer.Option("--summary", help="Print per step and phase: duration per rank, slowest rank, lag.")] = False,
     ray_tasks: Annotated[bool, typer.Option("--ray-tasks/--no-ray-tasks", help="Merge Ray's task events (needs the cluster).")] = True,
     lag_threshold: Annotated[float, typer.Option("--lag", help="With --summary: exit 1 when a rank lags the median by this ratio.", callback=non_negative)] = 0.0,
@@ -40,16 +44,17 @@ def timeline(
     run = name_run(run, home)
     if output is not None:
         exported = export_timeline(output, address, run=run, home=home_path(home), steps=steps,
-                                   ranks=ranks, jobs=job, ray_tasks=ray_tasks)
+                                   ranks=ranks, jobs=job, ray_tasks=ray_tasks, since=since, until=until)
         result["timeline"] = exported.to_dict()
         if not json_:
             console.print(f"wrote [bold]{exported.path}[/bold]: {exported.spans} spans, {exported.ray_tasks} Ray tasks, "
                           f"{exported.instant_events} events, {exported.memory_samples} memory samples "
-                          f"({len(exported.events)} trace events) — open it at https://ui.perfetto.dev")
+                          f"({exported.written} trace events) — open it at https://ui.perfetto.dev")
             for warning in exported.warnings:
                 console.print(f"[yellow]⚠️  {warning}[/yellow]")
     if summary:
-        rows = timeline_summary(run=run, home=home_path(home), steps=steps, ranks=ranks, jobs=job)
+        rows = timeline_summary(run=run, home=home_path(home), steps=steps, ranks=ranks, jobs=job, since=since,
+                                until=until)
         result["summary"] = rows
         if lag_threshold and any(row.lag_ratio >= lag_threshold for row in rows):
             code = 1

@@ -1,0 +1,119 @@
+"""The fast read path: only the columns and data fields a reader needs, read in SQL, streamed.
+
+:meth:`EvidenceStore.query` builds a :class:`~raysleuth.recorder.store.Record`
+and parses the whole JSON ``data`` of every row (about 15 µs a row); a
+reader that needs four numbers of each of a million memory samples pays
+that a million times. :func:`select` asks SQLite for the named columns and
+``data`` fields instead (``json_extract``, in C) and yields plain tuples
+from a cursor, a batch at a time, so memory stays bounded whatever the run's
+size.
+
+What a field reads back as: a JSON number, string or null as the same
+Python value :func:`json.loads` gives; ``true``/``false`` as ``1``/``0``;
+an object or a list as its JSON text. A field named ``"name:json"`` reads
+as JSON text whatever it holds (:func:`loads` gives the exact value back);
+``"name:number"`` reads a JSON number as itself and anything else as None. A row
+whose ``data`` is not valid JSON (another writer's) reads as missing
+fields, as :meth:`~EvidenceStore.query` reads it as ``{"raw": text}``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from raysleuth.errors import StoreCorrupt, UsageError
+
+__all__ = ["loads", "select", "where_clause"]
+
+#: Columns a reader may name (the records table's own).
+READABLE = ("id", "kind", "time", "rank", "step", "phase", "name", "level", "data", "seq", "world_size", "node_id",
+            "node_ip", "hostname", "pid", "actor_id", "actor_name", "actor_class", "client_id", "job_id")
+ORDERS = {"time": "time, id", "rank": "rank, time, id", "id": "id", None: ""}
+_FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def _listed(value: Any) -> list:
+    return [value] if isinstance(value, (str, int)) else list(value)
+
+
+def where_clause(*, kind=None, rank=None, job=None, name=None, since=None, until=None, after_id=None, step_min=None,
+                 step_max=None, levels: Iterable[str] | None = None) -> tuple[list[str], list[Any]]:
+    """SQL conditions and their arguments for the store's filters (shared by ``query`` and :func:`select`)."""
+    where: list[str] = []
+    args: list[Any] = []
+    for values, column in ((kind, "kind"), (rank, "rank"), (job, "job_id"), (levels, "level")):
+        if values is not None:
+            listed = _listed(values)
+            where.append(f"{column} IN ({','.join('?' * len(listed))})")
+            args += listed
+    for value, clause in ((name, "name = ?"), (since, "time >= ?"), (until, "time <= ?"), (after_id, "id > ?"),
+                          (step_min, "step >= ?"), (step_max, "step <= ?")):
+        if value is not None:
+            where.append(clause)
+            args.append(value)
+    return where, args
+
+
+def _field_sql(field: str) -> str:
+    path, _, form = field.partition(":")
+    if not _FIELD.match(path) or form not in ("", "json", "number"):
+        raise UsageError(f"data field {field!r} cannot be read in SQL", fix="name fields as word.word[:json|:number]")
+    value = f"json_extract(data, '$.{path}')"
+    if form == "json":
+        value = f"json_quote({value})"
+    elif form == "number":
+        value = f"CASE WHEN json_type(data, '$.{path}') IN ('integer', 'real') THEN {value} END"
+    return f"CASE WHEN json_valid(data) THEN {value} END"
+
+
+def select(store, kind: str | Iterable[str] | None, columns: Sequence[str] = ("time",), fields: Sequence[str] = (), *,
+           order: str | None = "time", newest_first: bool = False, limit: int | None = None, batch: int = 20_000,
+           **filters: Any) -> Iterator[tuple]:
+    """Yield ``columns + fields`` of each matching record of ``store`` (an open ``EvidenceStore``).
+
+    ``fields`` are paths into ``data`` (``"rss_bytes"``, ``"request.id"``).
+    ``order``: ``"time"`` (time, id), ``"rank"`` (rank, time, id: one
+    rank's records together), ``"id"`` or ``None``. ``filters``: those of
+    :func:`where_clause`. A run recorded before job ids reads ``job_id`` as
+    None and matches no ``job`` filter.
+    """
+    unknown = [column for column in columns if column not in READABLE]
+    if unknown:
+        raise UsageError(f"no column {unknown[0]!r} in the records table", fix=f"use one of {', '.join(READABLE)}")
+    old = store.schema_version < 2
+    if old and filters.get("job") is not None:
+        return
+    parts = ["NULL" if old and column == "job_id" else column for column in columns] + [_field_sql(f) for f in fields]
+    where, args = where_clause(kind=kind, **filters)
+    sql = f"SELECT {', '.join(parts) or '1'} FROM records"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    if ORDERS[order]:
+        sql += " ORDER BY " + ", ".join(f"{term} DESC" for term in ORDERS[order].split(", ")) if newest_first \
+            else " ORDER BY " + ORDERS[order]
+    if limit is not None:
+        sql += f" LIMIT {int(limit)}"
+    try:
+        cursor = store._db.execute(sql, args)
+        while rows := cursor.fetchmany(batch):
+            yield from rows
+    except OverflowError:
+        raise UsageError("a number in the query is too large for the evidence store",
+                         fix="pass ranks, steps and ids as they appear in the records") from None
+    except sqlite3.DatabaseError as error:
+        raise StoreCorrupt(f"{store.path} could not be read ({error})",
+                           fix="move the file aside; a new run starts a fresh one") from None
+
+
+def loads(value: str | None, default: Any = None) -> Any:
+    """A ``"name:json"`` field as Python again (``default`` when the row had no such field)."""
+    if value is None:
+        return default
+    try:
+        return json.loads(value)
+    except ValueError:
+        return default
