@@ -89,7 +89,7 @@ def export_timeline(path: Path | str, address: str | None = None, **options: Any
         tmp = target.with_name(f".{target.name}.tmp")
         with open(tmp, "w", encoding="utf-8") as handle:
             handle.write('{"traceEvents":[')
-            for chunk in _stream(timeline, tracks, address, **{"ray_tasks": True, **options}):
+            for chunk in _stream(timeline, tracks, address, **options):
                 written = _write_events(handle, chunk, written)
             written = _write_events(handle, tracks.metadata(), written)
             other = {"generator": "raysleuth", "run": timeline.run, "warnings": timeline.warnings}

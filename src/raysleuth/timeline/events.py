@@ -9,8 +9,8 @@ from raysleuth.timeline.model import Timeline, _label, _number, _Tracks, _us
 from raysleuth.timeline.ray_tasks import _add_ray_tasks
 
 
-def _stream(timeline: Timeline, tracks: _Tracks, address, *, run, home, steps, ranks, jobs, ray_tasks, since, until,
-            chunk: int = 5000):
+def _stream(timeline: Timeline, tracks: _Tracks, address, *, run=None, home=None, steps=None, ranks=None, jobs=None,
+            ray_tasks=True, since=None, until=None, chunk: int = 5000):
     """Trace events in chunks, counted on ``timeline`` as they go (the store read a batch at a time)."""
     from raysleuth.recorder import open_store
 

@@ -1,0 +1,114 @@
+"""The fast read paths answer exactly what the record-by-record readers answered, on the same store.
+
+A synthetic run (``bench/_synthetic.py``, the one ``bench/bench_scale.py``
+times at 1,000 ranks x 60 minutes) of 100 ranks x 5 minutes, light and full,
+plus the awkward rows a real run has: a worker whose rank became known late,
+samples taken from outside by the agents, a row that is not JSON. The old
+readers live on in ``tests/scale_reference.py``. Pure store: no Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scale_reference import old_build_timeline, old_mann_kendall_s, old_memory_report, old_timeline_summary_rows
+
+from raysleuth.memory import memory_report
+from raysleuth.memory.trend import _mann_kendall_s, kendall_tau
+from raysleuth.recorder.store import EvidenceStore
+from raysleuth.timeline import export_timeline, summarize_steps, timeline_summary
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+from _synthetic import START, build_store, identity  # noqa: E402
+
+
+def _awkward_rows(store: EvidenceStore) -> None:
+    """A late rank, agent samples of another worker, a broken row."""
+    header = identity(150, 100) | {"pid": 31_000, "client_id": "late-rank"}
+    rows = []
+    for n in range(40):
+        data = {"rss_bytes": 2**30 + n * 2**24, "uss_bytes": 2**30 + n * 2**24, "source": "watch"}
+        rows.append(("memory", START + 5 + n * 5, None if n < 15 else 150, n, None, None, None, data, n))
+    store.write_batch(header, rows)
+    agent = {"node_id": identity(3, 100)["node_id"], "node_ip": "10.0.0.9", "pid": 31_500, "client_id": None}
+    store.write_batch(agent, [("memory", START + 7 + n * 5, 151, None, None, None, None,
+                               {"rss_bytes": 5 * 2**30, "uss_bytes": 4 * 2**30, "vms_bytes": 9 * 2**30,
+                                "source": "agent", "pid": 31_500, "node_ip": "10.0.0.9"}, None)
+                              for n in range(30)])
+    store._db.execute("INSERT INTO records (kind, time, rank, data) VALUES ('memory', ?, 3, '{bad json')", (START + 9,))
+    store._db.execute("INSERT INTO records (kind, time, rank, data) VALUES ('span', ?, 3, '[1, 2]')", (START + 9,))
+    store._db.commit()
+
+
+@pytest.fixture(scope="module", params=["light", "full"])
+def run(request, tmp_path_factory) -> Path:
+    home = tmp_path_factory.mktemp(f"scale-{request.param}")
+    path = home / "runs" / "synthetic" / "evidence.sqlite"
+    path.parent.mkdir(parents=True)
+    build_store(path, ranks=100 if request.param == "light" else 40, minutes=5, mode=request.param)
+    store = EvidenceStore(path)
+    _awkward_rows(store)
+    store.close()
+    return path
+
+
+def _open(path: Path) -> EvidenceStore:
+    return EvidenceStore(path, readonly=True)
+
+
+@pytest.mark.parametrize("ranks", [None, [7, 13], [150, 151]])
+def test_memory_report_answers_as_before(run, ranks):
+    store = _open(run)
+    new, old = memory_report(store, rank=ranks), old_memory_report(store, rank=ranks)
+    assert new.to_dict() == old.to_dict()
+    assert new.workers and (ranks is not None or any(worker.leak for worker in new.workers))
+    late = [worker for worker in new.workers if worker.pid == 31_000]
+    if ranks is None:  # its first 15 samples had no rank yet: one worker all the same
+        assert late and late[0].rank == 150 and late[0].samples == 40
+
+
+def test_the_leak_test_counts_every_pair_in_n_log_n():
+    rng = np.random.default_rng(27)
+    for n in (3, 65, 600, 601, 1024, 1025, 3001):
+        for values in (rng.integers(0, 5, n), rng.normal(size=n), np.arange(n)[::-1]):
+            assert _mann_kendall_s(np.asarray(values, dtype=float)) == old_mann_kendall_s(values), n
+    tau, z = kendall_tau(np.arange(5000.0))
+    assert tau == 1.0 and z > 50
+
+
+def test_timeline_summary_answers_as_before(run):
+    store = _open(run)
+    old = summarize_steps(old_timeline_summary_rows(store))
+    new = timeline_summary(run=str(run))
+    assert [vars(row) for row in new] == [vars(row) for row in old]
+    assert any(row.slowest == "5" for row in new)  # the synthetic straggler
+
+
+def _events(events) -> list[str]:
+    return sorted(json.dumps(event, sort_keys=True) for event in events)
+
+
+def test_timeline_export_streams_the_same_events(run, tmp_path):
+    exported = export_timeline(tmp_path / "trace.json", run=str(run), ray_tasks=False)
+    written = json.loads((tmp_path / "trace.json").read_text())
+    old = old_build_timeline(run=str(run), ray_tasks=False)
+    assert _events(written["traceEvents"]) == _events(old.events)
+    assert exported.written == len(old.events) and exported.spans == old.spans
+    assert exported.memory_samples == old.memory_samples and exported.instant_events == old.instant_events
+    bounded = export_timeline(tmp_path / "steps.json", run=str(run), ray_tasks=False, steps=(3, 5), ranks=[1, 2])
+    old = old_build_timeline(run=str(run), ray_tasks=False, steps=(3, 5), ranks=[1, 2])
+    assert _events(json.loads((tmp_path / "steps.json").read_text())["traceEvents"]) == _events(old.events)
+    assert bounded.written == len(old.events)
+
+
+def test_timeline_cut_to_a_time_range(run, tmp_path):
+    since, until = START + 60, START + 120
+    export_timeline(tmp_path / "cut.json", run=str(run), ray_tasks=False, since=since, until=until, ranks=[0])
+    events = json.loads((tmp_path / "cut.json").read_text())["traceEvents"]
+    timed = [event for event in events if event["ph"] != "M"]
+    assert timed and all(since * 1e6 - 1 <= event["ts"] <= until * 1e6 + 1 for event in timed if event["ph"] != "X")
+    assert {event["args"].get("rank") for event in timed if event["ph"] in "Xi"} == {0}
