@@ -158,3 +158,17 @@ def old_timeline_summary_rows(store) -> list[dict[str, Any]]:
     """The spans timeline_summary read, as it read them."""
     return [{"step": record.step, "name": record.name, "rank": record.rank, "pid": record.pid,
              "duration_s": (record.data or {}).get("duration_s")} for record in store.query("span")]
+def old_call_at(calls: list[dict], created_ns: int | None) -> dict | None:
+    """The wrapper call during which torch created this Flight Recorder entry (the last one started before it)."""
+    if not created_ns:
+        return None
+    slack = 2_000_000
+    before = [c for c in calls if (c.get("start_ns") or 0) <= created_ns]
+    if before:
+        call = max(before, key=lambda c: c.get("start_ns") or 0)
+        end = call.get("end_ns")
+        if end is None or created_ns <= end + slack:
+            return call
+    near = [c for c in calls if abs((c.get("start_ns") or 0) - created_ns) <= slack]
+    return min(near, key=lambda c: abs((c.get("start_ns") or 0) - created_ns)) if near else None
+

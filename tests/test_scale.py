@@ -15,7 +15,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from scale_reference import old_build_timeline, old_mann_kendall_s, old_memory_report, old_timeline_summary_rows
+from scale_reference import (
+    old_build_timeline,
+    old_call_at,
+    old_mann_kendall_s,
+    old_memory_report,
+    old_timeline_summary_rows,
+)
+
+from raysleuth.collectives import match
+from raysleuth.collectives.model import _call_at, positions_from_records
+from raysleuth.collectives.report import read_collectives
 
 from raysleuth.memory import memory_report
 from raysleuth.memory.trend import _mann_kendall_s, kendall_tau
@@ -112,3 +122,24 @@ def test_timeline_cut_to_a_time_range(run, tmp_path):
     timed = [event for event in events if event["ph"] != "M"]
     assert timed and all(since * 1e6 - 1 <= event["ts"] <= until * 1e6 + 1 for event in timed if event["ph"] != "X")
     assert {event["args"].get("rank") for event in timed if event["ph"] in "Xi"} == {0}
+
+
+def test_a_flight_recorder_entry_finds_its_call_as_before():
+    rng = np.random.default_rng(15)
+    for _ in range(200):
+        starts = sorted(rng.integers(0, 40, 30) * 1_000_000)
+        calls = [{"start_ns": int(start), "end_ns": None if rng.random() < 0.1 else int(start + rng.integers(0, 5) * 1e6),
+                  "n": n} for n, start in enumerate(starts)]
+        rng.shuffle(calls)
+        for created in list(rng.integers(-5, 50, 20) * 1_000_000) + [0, None]:
+            created = None if created is None else int(created)
+            assert _call_at(calls, created) is old_call_at(calls, created), created
+
+
+def test_collectives_read_the_newest_dump_of_each_rank(run):
+    store = _open(run)
+    old = match(positions_from_records([row.to_dict() for row in store.query("collectives")]))
+    new = match(positions_from_records(read_collectives(store)))
+    assert new.to_dict() == old.to_dict()
+    assert [culprit.rank for culprit in new.culprits] == [7]
+    assert "ranks 0-6,8-" in new.culprits[0].reason  # the waiting ranks as ranges, not 99 numbers

@@ -71,9 +71,14 @@ def _alive_processes() -> set | None:
         return None
 
 
-def _read(store, job: str | None) -> list[dict[str, Any]]:
-    rows = store.query("collectives", limit=RECORD_LIMIT, newest_first=True)
-    records = [row.to_dict() for row in reversed(rows)]
+def read_collectives(store, job: str | None = None) -> list[dict[str, Any]]:
+    """The newest dump of every worker (each holds its newest entries per group; older dumps add nothing newer)."""
+    from raysleuth.recorder.reading import newest_per_worker
+
+    ids = newest_per_worker(store, "collectives")
+    rows = [row for start in range(0, len(ids), 5000)
+            for row in store.query("collectives", ids=ids[start:start + 5000], limit=RECORD_LIMIT)]
+    records = [row.to_dict() for row in sorted(rows, key=lambda row: (row.time, row.id))]
     job = job if job is not None else latest_job(records)
     return [r for r in records if job is None or (r.get("data") or {}).get("job_id") in (None, job)]
 
@@ -104,7 +109,7 @@ def collect_collectives(address: str | None = None, *, run: str | None = None, h
                 notes.append("could not reach raysleuth's writer to ask for a dump; using stored dumps")
             else:
                 answered = _wait_for_answers(store, request_id, asked_at, wait, job)
-        records = _read(store, job)
+        records = read_collectives(store, job)
     finally:
         store.close()
     alive = _alive_processes() if live else None
@@ -128,7 +133,7 @@ def _wait_for_answers(store, request_id: str, asked_at: float, wait: float, job:
     alive = _alive_processes() or set()
     answered: set[int] = set()
     while True:
-        records = _read(store, job)
+        records = read_collectives(store, job)
         expected = {(r.get("node_ip"), r.get("pid")) for r in records} & alive
         got = {(r.get("node_ip"), r.get("pid")) for r in records
                if ((r.get("data") or {}).get("request") or {}).get("id") == request_id}

@@ -27,7 +27,7 @@ from typing import Any
 
 from raysleuth.errors import StoreCorrupt, UsageError
 
-__all__ = ["loads", "select", "where_clause"]
+__all__ = ["buckets", "identities", "loads", "newest_per_worker", "select", "span_totals", "where_clause"]
 
 #: Columns a reader may name (the records table's own).
 READABLE = ("id", "kind", "time", "rank", "step", "phase", "name", "level", "data", "seq", "world_size", "node_id",
@@ -41,11 +41,12 @@ def _listed(value: Any) -> list:
 
 
 def where_clause(*, kind=None, rank=None, job=None, name=None, since=None, until=None, after_id=None, step_min=None,
-                 step_max=None, levels: Iterable[str] | None = None) -> tuple[list[str], list[Any]]:
+                 step_max=None, levels: Iterable[str] | None = None,
+                 ids: Iterable[int] | None = None) -> tuple[list[str], list[Any]]:
     """SQL conditions and their arguments for the store's filters (shared by ``query`` and :func:`select`)."""
     where: list[str] = []
     args: list[Any] = []
-    for values, column in ((kind, "kind"), (rank, "rank"), (job, "job_id"), (levels, "level")):
+    for values, column in ((kind, "kind"), (rank, "rank"), (job, "job_id"), (levels, "level"), (ids, "id")):
         if values is not None:
             listed = _listed(values)
             where.append(f"{column} IN ({','.join('?' * len(listed))})")
@@ -98,15 +99,10 @@ def select(store, kind: str | Iterable[str] | None, columns: Sequence[str] = ("t
     if limit is not None:
         sql += f" LIMIT {int(limit)}"
     try:
-        cursor = store._db.execute(sql, args)
-        while rows := cursor.fetchmany(batch):
-            yield from rows
+        yield from _rows(store, sql, args, batch)
     except OverflowError:
         raise UsageError("a number in the query is too large for the evidence store",
                          fix="pass ranks, steps and ids as they appear in the records") from None
-    except sqlite3.DatabaseError as error:
-        raise StoreCorrupt(f"{store.path} could not be read ({error})",
-                           fix="move the file aside; a new run starts a fresh one") from None
 
 
 def loads(value: str | None, default: Any = None) -> Any:
@@ -117,3 +113,53 @@ def loads(value: str | None, default: Any = None) -> Any:
         return json.loads(value)
     except ValueError:
         return default
+
+
+# ------------------------------------------------------------ aggregates in SQL
+
+
+def span_totals(store, *, job: Iterable[str] | None = None) -> Iterator[tuple]:
+    """(step, rank, phase, seconds) per step, rank and phase: top-level spans (no parent) with a numeric duration."""
+    if store.schema_version < 2 and job is not None:
+        return
+    where, args = where_clause(kind="span", job=job)
+    sql = ("SELECT step, rank, COALESCE(name, phase, '?'), SUM(json_extract(data, '$.duration_s')) FROM records"
+           f" WHERE {' AND '.join(where)} AND step IS NOT NULL AND rank IS NOT NULL AND json_valid(data)"
+           " AND json_type(data, '$.duration_s') IN ('integer', 'real')"
+           " AND IFNULL(json_extract(data, '$.parent_id'), 0) IN (0, '')"
+           " GROUP BY step, rank, COALESCE(name, phase, '?') ORDER BY step, rank")
+    yield from _rows(store, sql, args)
+
+
+def buckets(store, kind: str, field: str, width: float, *, start: float) -> Iterator[tuple]:
+    """(rank, pid, bucket, first time, highest value) of a numeric ``data`` field per worker and ``width`` seconds."""
+    if not _FIELD.match(field):
+        raise UsageError(f"data field {field!r} cannot be read in SQL", fix="name fields as word.word")
+    sql = (f"SELECT rank, pid, CAST((time - ?) / ? AS INTEGER) AS bucket, MIN(time), MAX(json_extract(data, '$.{field}'))"
+           f" FROM records WHERE kind = ? AND json_valid(data) AND json_type(data, '$.{field}') IN ('integer', 'real')"
+           " GROUP BY rank, pid, bucket ORDER BY rank, pid, bucket")
+    yield from _rows(store, sql, [start, width, kind])
+
+
+def _rows(store, sql: str, args: list, batch: int = 20_000) -> Iterator[tuple]:
+    try:
+        cursor = store._db.execute(sql, args)
+        while rows := cursor.fetchmany(batch):
+            yield from rows
+    except sqlite3.DatabaseError as error:
+        raise StoreCorrupt(f"{store.path} could not be read ({error})",
+                           fix="move the file aside; a new run starts a fresh one") from None
+
+
+def newest_per_worker(store, kind: str) -> list[int]:
+    """The id of the newest record of ``kind`` per writer (rank, pid and job columns): a worker's latest dump."""
+    job = "job_id" if store.schema_version >= 2 else "NULL"
+    sql = ("SELECT id FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY rank, pid, "
+           f"{job} ORDER BY time DESC, id DESC) AS n FROM records WHERE kind = ?) WHERE n = 1 ORDER BY id")
+    return [row[0] for row in _rows(store, sql, [kind])]
+
+
+def identities(store) -> Iterator[tuple]:
+    """(rank, node_ip, hostname, actor_class, first time, last time) for each writer identity in the run."""
+    yield from _rows(store, "SELECT rank, node_ip, hostname, actor_class, MIN(time), MAX(time) FROM records"
+                            " GROUP BY rank, node_ip, hostname, actor_class", [])
