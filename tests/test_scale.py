@@ -9,7 +9,10 @@ readers live on in ``tests/scale_reference.py``. Pure store: no Ray.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -23,12 +26,14 @@ from scale_reference import (
     old_timeline_summary_rows,
 )
 
+from raysleuth.cli import main
 from raysleuth.collectives import match
 from raysleuth.collectives.model import _call_at, positions_from_records
 from raysleuth.collectives.report import read_collectives
 
 from raysleuth.memory import memory_report
 from raysleuth.memory.trend import _mann_kendall_s, kendall_tau
+from raysleuth.options import format_ranks, parse_ranks
 from raysleuth.recorder.store import EvidenceStore
 from raysleuth.timeline import export_timeline, summarize_steps, timeline_summary
 
@@ -143,3 +148,24 @@ def test_collectives_read_the_newest_dump_of_each_rank(run):
     assert new.to_dict() == old.to_dict()
     assert [culprit.rank for culprit in new.culprits] == [7]
     assert "ranks 0-6,8-" in new.culprits[0].reason  # the waiting ranks as ranges, not 99 numbers
+
+
+def test_rank_ranges_read_back_as_the_ranks():
+    assert format_ranks([5, 0, 1, 2, 7, 8, 8]) == "0-2,5,7-8"
+    assert parse_ranks(format_ranks(range(999))) == list(range(999))
+    assert format_ranks(range(0, 100, 2), limit=3).endswith("… (50 ranks in all)")
+
+
+def _cli(*argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        code = main(list(argv))
+    return code, out.getvalue()
+
+
+def test_outputs_stay_short_at_a_hundred_ranks(run):
+    code, text = _cli("collectives", "--run", str(run))
+    assert code == 1 and re.search(r"\d+ ranks 0-6,8-\d+ ", text) and "rank 7" in text and len(text) < 6000, text[-3000:]
+    code, text = _cli("timeline", "--summary", "--run", str(run))
+    first = text.splitlines()[1]
+    assert code == 0 and "ranks; fastest" in first and len(first) < 200, first

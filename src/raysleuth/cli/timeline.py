@@ -65,7 +65,7 @@ def timeline(
             for column in ("step", "phase", "per rank (s)", "median", "slowest", "lag"):
                 table.add_column(column, overflow="fold")
             for row in rows:
-                per_rank = "  ".join(f"{who}:{value:.3f}" for who, value in row.durations.items())
+                per_rank = _per_rank(row.durations)
                 style = "red" if row.lag_ratio >= 1.5 and len(row.durations) > 1 else ""
                 lag = f"+{row.lag_s:.3f}s ({row.lag_ratio:.2f}×)"
                 table.add_row(str(row.step), row.phase, per_rank, f"{row.median_s:.3f}",
@@ -75,3 +75,12 @@ def timeline(
     if json_:
         emit_json(result)
     finish(code)
+
+
+def _per_rank(durations: dict[str, float]) -> str:
+    """Every rank's seconds up to 16 ranks; past that the fastest, the three slowest and how many ranks."""
+    if len(durations) <= 16:
+        return "  ".join(f"{who}:{value:.3f}" for who, value in durations.items())
+    ordered = sorted(durations.items(), key=lambda item: item[1])
+    slowest = "  ".join(f"{who}:{value:.3f}" for who, value in ordered[-3:])
+    return f"{len(ordered)} ranks; fastest {ordered[0][0]}:{ordered[0][1]:.3f}; slowest {slowest}"

@@ -24,11 +24,21 @@ def summarize_steps(spans: list[dict[str, Any]]) -> list[StepPhase]:
 def _summarize_rows(rows: Iterable[tuple]) -> list[StepPhase]:
     """:func:`summarize_steps` over (step, name, rank, pid, duration_s) tuples."""
     grouped: dict[tuple[int, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    names: dict[Any, str | None] = {}  # name -> its phase (None: a Ray call, left out)
+    ranks: dict[Any, str] = {}
     for step, name, rank, pid, duration in rows:
-        if step is None or str(name if name is not None else "").startswith("ray.call:"):
+        if step is None:
             continue
-        who = str(rank) if rank is not None else f"pid {pid}"
-        grouped[(int(step), str(name))][who] += _number(duration, 0.0)
+        phase = names.get(name, "")
+        if phase == "":
+            phase = names[name] = None if str(name if name is not None else "").startswith("ray.call:") else str(name)
+        if phase is None:
+            continue
+        who = ranks.get(rank) if rank is not None else f"pid {pid}"
+        if who is None:
+            who = ranks[rank] = str(rank)
+        grouped[(int(step), phase)][who] += duration if type(duration) is float and duration - duration == 0 \
+            else _number(duration, 0.0)
     result = []
     for (step, phase), durations in sorted(grouped.items()):
         median = statistics.median(durations.values())
@@ -46,14 +56,15 @@ def timeline_summary(*, run: str | None = None, home: Path | str | None = None,
                      until: float | None = None) -> list[StepPhase]:
     """Per step and phase: each rank's duration, the slowest rank and its lag behind the median.
 
-    Reads five fields a span in SQL, streamed (no record is built).
+    Reads five fields a span in SQL, streamed (no record is built), rank by rank: a rank's rows lie
+    together in the file, and each rank's durations are still summed in time order.
     """
     from raysleuth.recorder import open_store
 
     store = open_store(run, home=home)
     step_min, step_max = steps if steps else (None, None)
     try:
-        return _summarize_rows(store.select("span", ("step", "name", "rank", "pid"), ("duration_s",), rank=ranks,
+        return _summarize_rows(store.select("span", ("step", "name", "rank", "pid"), ("duration_s",), order="rank", rank=ranks,
                                             job=jobs, step_min=step_min, step_max=step_max, since=since,
                                             until=until))
     finally:
