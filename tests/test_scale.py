@@ -59,25 +59,36 @@ def _awkward_rows(store: EvidenceStore) -> None:
     store._db.commit()
 
 
-@pytest.fixture(scope="module", params=["light", "full"])
-def run(request, tmp_path_factory) -> Path:
-    home = tmp_path_factory.mktemp(f"scale-{request.param}")
+def _build(home: Path, mode: str, ranks: int) -> Path:
     path = home / "runs" / "synthetic" / "evidence.sqlite"
     path.parent.mkdir(parents=True)
-    build_store(path, ranks=100 if request.param == "light" else 40, minutes=5, mode=request.param)
+    build_store(path, ranks=ranks, minutes=5, mode=mode)
     store = EvidenceStore(path)
     _awkward_rows(store)
     store.close()
     return path
 
 
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    """100 ranks x 5 minutes, light."""
+    return _build(tmp_path_factory.mktemp("scale-light"), "light", 100)
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory) -> Path:
+    """20 ranks x 5 minutes, full: a memory sample a second (300 a worker)."""
+    return _build(tmp_path_factory.mktemp("scale-full"), "full", 20)
+
+
 def _open(path: Path) -> EvidenceStore:
     return EvidenceStore(path, readonly=True)
 
 
-@pytest.mark.parametrize("ranks", [None, [7, 13], [150, 151]])
-def test_memory_report_answers_as_before(run, ranks):
-    store = _open(run)
+@pytest.mark.parametrize(("which", "ranks"), [("light", None), ("light", [7, 13]), ("light", [150, 151]),
+                                             ("full", None)])
+def test_memory_report_answers_as_before(request, which, ranks):
+    store = _open(request.getfixturevalue("run" if which == "light" else "full_run"))
     new, old = memory_report(store, rank=ranks), old_memory_report(store, rank=ranks)
     assert new.to_dict() == old.to_dict()
     assert new.workers and (ranks is not None or any(worker.leak for worker in new.workers))
@@ -104,7 +115,11 @@ def test_timeline_summary_answers_as_before(run):
 
 
 def _events(events) -> list[str]:
-    return sorted(json.dumps(event, sort_keys=True) for event in events)
+    """The events with each node's process number replaced by the node's name (numbered in reading order)."""
+    names = {event["pid"]: event["args"]["name"] for event in events if event.get("name") == "process_name"}
+    return sorted(json.dumps({**event, "pid": names.get(event["pid"])} | (
+        {"args": {"sort_index": None}} if event.get("name") == "process_sort_index" else {}), sort_keys=True)
+        for event in events)
 
 
 def test_timeline_export_streams_the_same_events(run, tmp_path):
