@@ -184,3 +184,22 @@ def test_outputs_stay_short_at_a_hundred_ranks(run):
     code, text = _cli("timeline", "--summary", "--run", str(run))
     first = text.splitlines()[1]
     assert code == 0 and "ranks; fastest" in first and len(first) < 200, first
+
+
+def test_periodic_dumps_send_what_changed():
+    from raysleuth.collectives import record
+
+    record._periodic_floor.clear()
+
+    def calls(upto: int, running: int | None) -> list[dict]:
+        return [{"pg": "0", "seq": seq, "state": "started" if seq == running else "completed", "start_ns": seq,
+                 "end_ns": None if seq == running else seq + 1} for seq in range(1, upto + 1)]
+
+    def sent(upto, running):
+        return [c["seq"] for c in record._delta(calls(upto, running), "calls", lambda c: c["pg"], lambda c: c["seq"],
+                                                 lambda c: c["state"] == "completed")]
+
+    assert sent(200, 200) == list(range(1, 201))  # the first: everything
+    assert sent(230, None) == list(range(200, 231))  # #200 again (it completed since), then what is new
+    assert sent(230, None) == list(range(223, 231))  # nothing changed: only the newest 8 (readers of one dump)
+    record._periodic_floor.clear()
