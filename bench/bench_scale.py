@@ -79,7 +79,7 @@ def main() -> int:
     (home / "runs" / "latest").write_text(run_id)
     out = Path(tempfile.mkdtemp(prefix="raysleuth-scale-out-"))
     env = {**os.environ, "RAYSLEUTH_HOME": str(home), "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
-           "RAY_ADDRESS": "", "COLUMNS": "200"}
+           "RAY_ADDRESS": "127.0.0.1:1", "COLUMNS": "200"}  # a stored run: no cluster answers (nothing listens)
     base = run_command(["--help"], env)[4]
     size_gb = sum(f.stat().st_size for f in db.parent.iterdir()) / 1e9
     hour = 60.0 / options.minutes * 1000.0 / options.ranks

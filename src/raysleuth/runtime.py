@@ -138,8 +138,7 @@ class Settings:
             memory_profile=_truthy(memory) or mode == "full",
             debugger=debugger,
             debug_wait=wait,
-            debug_host=values.get("RAYSLEUTH_DEBUG_HOST", "127.0.0.1"),
-            retain=values.get("RAYSLEUTH_RETAIN"),
+            debug_host=values.get("RAYSLEUTH_DEBUG_HOST", "127.0.0.1"), retain=values.get("RAYSLEUTH_RETAIN"),
             sources=sources,
             warnings=tuple(warnings),
         )

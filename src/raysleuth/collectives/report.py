@@ -19,6 +19,8 @@ from raysleuth.collectives.model import CollectiveVerdict, latest_job, positions
 
 CONTROL_KEY = "collectives.dump"
 RECORD_LIMIT = 20_000
+READ_PER_GROUP = 64
+"""Entries of each dump read per process group, the newest (the matcher shows 8; its pattern check needs 48)."""
 
 
 @dataclasses.dataclass
@@ -72,13 +74,16 @@ def _alive_processes() -> set | None:
 
 
 def read_collectives(store, job: str | None = None) -> list[dict[str, Any]]:
-    """The newest dump of every worker (each holds its newest entries per group; older dumps add nothing newer)."""
-    from raysleuth.recorder.reading import newest_per_worker
+    """The newest dump of every worker, its newest :data:`READ_PER_GROUP` entries per group (cut in SQL).
 
-    ids = newest_per_worker(store, "collectives")
-    rows = [row for start in range(0, len(ids), 5000)
-            for row in store.query("collectives", ids=ids[start:start + 5000], limit=RECORD_LIMIT)]
-    records = [row.to_dict() for row in sorted(rows, key=lambda row: (row.time, row.id))]
+    Each dump holds its worker's newest entries per group, so older dumps add nothing newer; a
+    mismatch further back than that is not looked for (the newest entries already disagree then).
+    """
+    from raysleuth.recorder.reading import newest_per_worker, trimmed
+
+    ids = newest_per_worker(store, "collectives")[-RECORD_LIMIT:]
+    records = [store._record(row).to_dict()
+               for row in trimmed(store, ids, ("calls", "flight_recorder.entries"), READ_PER_GROUP)]
     job = job if job is not None else latest_job(records)
     return [r for r in records if job is None or (r.get("data") or {}).get("job_id") in (None, job)]
 

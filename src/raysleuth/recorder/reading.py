@@ -27,7 +27,7 @@ from typing import Any
 
 from raysleuth.errors import StoreCorrupt, UsageError
 
-__all__ = ["buckets", "identities", "loads", "newest_per_worker", "select", "span_totals", "where_clause"]
+__all__ = ["buckets", "identities", "loads", "newest_per_worker", "select", "span_totals", "trimmed", "where_clause"]
 
 #: Columns a reader may name (the records table's own).
 READABLE = ("id", "kind", "time", "rank", "step", "phase", "name", "level", "data", "seq", "world_size", "node_id",
@@ -163,3 +163,30 @@ def identities(store) -> Iterator[tuple]:
     """(rank, node_ip, hostname, actor_class, first time, last time) for each writer identity in the run."""
     yield from _rows(store, "SELECT rank, node_ip, hostname, actor_class, MIN(time), MAX(time) FROM records"
                             " GROUP BY rank, node_ip, hostname, actor_class", [])
+
+
+def trimmed(store, ids: list[int], arrays: Sequence[str], keep: int) -> Iterator[tuple]:
+    """Rows ``(id,) + COLUMNS`` of the records ``ids``, each JSON array at ``arrays`` cut to its last ``keep`` items
+    per entry of ``$.groups`` (in SQL: a reader that needs the newest positions never parses a whole dump)."""
+    from raysleuth.recorder.store import COLUMNS
+
+    for path in arrays:
+        if not _FIELD.match(path):
+            raise UsageError(f"data field {path!r} cannot be read in SQL", fix="name fields as word.word")
+    valid = "json_valid(data) AND json_type(data) = 'object'"
+    groups = f"CASE WHEN {valid} THEN MAX(1, (SELECT COUNT(*) FROM json_each(data, '$.groups'))) ELSE 1 END"
+    cuts = [f"CASE WHEN {valid} AND json_type(data, '$.{path}') = 'array' THEN "
+            f"json_array_length(data, '$.{path}') - {int(keep)} * ({groups}) END AS cut{n}"
+            for n, path in enumerate(arrays)]
+    data = "data"
+    for n, path in enumerate(arrays):
+        newest = f"(SELECT json_group_array(json(value)) FROM json_each(data, '$.{path}') WHERE key >= cut{n})"
+        data = f"CASE WHEN cut{n} IS NOT NULL THEN json_set({data}, '$.{path}', json({newest})) ELSE {data} END"
+    selected = ["id"] + ["NULL" if store.schema_version < 2 and c == "job_id" else c for c in COLUMNS]
+    selected[selected.index("data")] = data
+    for start in range(0, len(ids), 5000):
+        chunk = ids[start:start + 5000]
+        inner = f"SELECT *, {', '.join(cuts)} FROM records WHERE id IN ({','.join('?' * len(chunk))})"
+        # MATERIALIZED: each cut computed once a row, not again for every array element it is compared with
+        yield from _rows(store, f"WITH cut AS MATERIALIZED ({inner}) SELECT {', '.join(selected)} FROM cut "
+                                "ORDER BY time, id", list(chunk))
