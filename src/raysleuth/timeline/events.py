@@ -47,10 +47,10 @@ def _stream(timeline: Timeline, tracks: _Tracks, address, *, run=None, home=None
     store.close()
     yield events
     if ray_tasks:
-        before = len(timeline.events)
+        held, timeline.events = timeline.events, []  # the tasks alone, whatever the caller holds
         _add_ray_tasks(timeline, tracks, address, worker_ranks, ranks, window if bounded else None, jobs)
-        yield timeline.events[before:]
-        del timeline.events[before:]
+        tasks, timeline.events = timeline.events, held
+        yield tasks
 
 
 _ROW_COLUMNS = ("kind", "time", "rank", "step", "name", "pid", "node_id", "node_ip", "actor_class", "data")
