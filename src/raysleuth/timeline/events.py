@@ -62,19 +62,26 @@ def _event_of(row: tuple, timeline: Timeline, tracks: _Tracks, worker_ranks: dic
 
     kind, time_, rank, step, name, worker_pid, node_id, node_ip, actor_class, data, start, end, span_id, parent_id, \
         attrs, error = row
-    pid = tracks.pid(node_id, node_ip)
-    tid = tracks.tid(pid, worker_pid, _label(rank, actor_class, worker_pid))
-    if rank is not None:
-        worker_ranks[(node_id, worker_pid)] = rank
+    who = (node_id, node_ip, worker_pid, rank, actor_class)
+    track = tracks.seen.get(who)
+    if track is None:  # the same writer again: its track is known (a million rows, a thousand writers)
+        pid = tracks.pid(node_id, node_ip)
+        track = tracks.seen[who] = (pid, tracks.tid(pid, worker_pid, _label(rank, actor_class, worker_pid)))
+        if rank is not None:
+            worker_ranks[(node_id, worker_pid)] = rank
+    pid, tid = track
     if kind == "span":
-        start = _number(start, time_)
-        end = max(start, _number(end, start))
-        attrs = loads(attrs, {}) or {}
+        start = start if type(start) is float else _number(start, time_)
+        end = end if type(end) is float and end >= start else max(start, _number(end, start))
+        attrs = {} if attrs in ("{}", "null", None) else (loads(attrs, {}) or {})
         if not isinstance(attrs, dict):
             attrs = {"attrs": attrs}
-        window[0], window[1] = min(window[0], start), max(window[1], end)
+        if start < window[0]:
+            window[0] = start
+        if end > window[1]:
+            window[1] = end
         args = {"step": step, "rank": rank, "span_id": span_id, "parent_id": parent_id, **attrs}
-        error = loads(error)
+        error = None if error in ("null", None) else loads(error)
         if error:
             args["error"] = error
         name = name or "span"

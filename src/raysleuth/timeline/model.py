@@ -64,6 +64,8 @@ class _Tracks:
         self.node_pids: dict[str, int] = {}
         self.thread_names: dict[tuple[int, int], str] = {}
         self.node_names: dict[int, str] = {}
+        self.seen: dict[tuple, tuple[int, int]] = {}
+        """(node id, node ip, worker pid, rank, class) of a writer -> its (pid, tid), once its track is made."""
 
     def pid(self, node_id: str | None, node_ip: str | None = None, is_head: bool = False) -> int:
         key = node_id or "local"
