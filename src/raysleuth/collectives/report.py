@@ -80,10 +80,11 @@ def read_collectives(store, job: str | None = None) -> list[dict[str, Any]]:
     mismatch further back than that is not looked for (the newest entries already disagree then).
     """
     from raysleuth.recorder.reading import newest_per_worker, trimmed
+    from raysleuth.recorder.store import COLUMNS
 
     ids = newest_per_worker(store, "collectives")[-RECORD_LIMIT:]
     records = [store._record(row).to_dict()
-               for row in trimmed(store, ids, ("calls", "flight_recorder.entries"), READ_PER_GROUP)]
+               for row in trimmed(store, ids, COLUMNS, ("calls", "flight_recorder.entries"), READ_PER_GROUP)]
     job = job if job is not None else latest_job(records)
     return [r for r in records if job is None or (r.get("data") or {}).get("job_id") in (None, job)]
 

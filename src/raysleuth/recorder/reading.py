@@ -165,11 +165,9 @@ def identities(store) -> Iterator[tuple]:
                             " GROUP BY rank, node_ip, hostname, actor_class", [])
 
 
-def trimmed(store, ids: list[int], arrays: Sequence[str], keep: int) -> Iterator[tuple]:
-    """Rows ``(id,) + COLUMNS`` of the records ``ids``, each JSON array at ``arrays`` cut to its last ``keep`` items
+def trimmed(store, ids: list[int], columns: Sequence[str], arrays: Sequence[str], keep: int) -> Iterator[tuple]:
+    """Rows ``(id,) + columns`` of the records ``ids``, each JSON array at ``arrays`` cut to its last ``keep`` items
     per entry of ``$.groups`` (in SQL: a reader that needs the newest positions never parses a whole dump)."""
-    from raysleuth.recorder.store import COLUMNS
-
     for path in arrays:
         if not _FIELD.match(path):
             raise UsageError(f"data field {path!r} cannot be read in SQL", fix="name fields as word.word")
@@ -182,7 +180,7 @@ def trimmed(store, ids: list[int], arrays: Sequence[str], keep: int) -> Iterator
     for n, path in enumerate(arrays):
         newest = f"(SELECT json_group_array(json(value)) FROM json_each(data, '$.{path}') WHERE key >= cut{n})"
         data = f"CASE WHEN cut{n} IS NOT NULL THEN json_set({data}, '$.{path}', json({newest})) ELSE {data} END"
-    selected = ["id"] + ["NULL" if store.schema_version < 2 and c == "job_id" else c for c in COLUMNS]
+    selected = ["id"] + ["NULL" if store.schema_version < 2 and c == "job_id" else c for c in columns]
     selected[selected.index("data")] = data
     for start in range(0, len(ids), 5000):
         chunk = ids[start:start + 5000]
