@@ -3,10 +3,19 @@
 1. The per-collective hook (raysleuth's wrapper around ``dist.all_reduce``:
    progress count, user frame, shapes, ring) on a no-op collective, in this
    process, interleaved with the bare call. Target: < 2 µs a call.
-2. Real gloo all_reduce between 2 processes, of 1 element and of 1 MiB:
-   a pair with everything on (torch's Flight Recorder + the wrapper) and a
-   pair with nothing, each timed in interleaved rounds (best round of each);
-   within the recorded pair, wrapped vs bare calls too. Target: < 5 % at 1 MiB.
+2. Real gloo all_reduce between 2 processes, of 1 element and of 1 MiB, the
+   job as it runs without raysleuth (torch's own defaults: torch 2.13 keeps a
+   2000-entry Flight Recorder unless ``TORCH_FR_BUFFER_SIZE=0``) against the
+   job with raysleuth's default (light mode: the wrapper; the Flight Recorder
+   as the job has it). Light mode changes nothing else in the process
+   (tests/test_collectives_install.py), so its cost is read within one pair:
+   wrapped against bare calls, interleaved in the same two processes, which
+   a shared machine disturbs far less than two pairs apart. Target: < 2 % at
+   1 MiB. The ratios between pairs are printed too. Also shown, without a target:
+   full mode (the Flight Recorder switched on by raysleuth where torch leaves
+   it off, and the wrapper), and the job with torch's Flight Recorder off, so
+   its own cost can be read. Within each recorded pair, wrapped vs bare
+   calls too. Each pair is timed in interleaved rounds (best round of each).
 
 Exits 1 when a target is missed. The machine may be shared: figures are
 the best of several rounds.
@@ -22,7 +31,7 @@ import time
 from _targets import exit_code, target  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 HOOK_TARGET_NS = 2_000
-RATIO_TARGET_1MIB = 1.05
+RATIO_TARGET_1MIB = 1.02
 ROUNDS, CALLS = 60, {1: 100, 262_144: 10}
 
 
@@ -53,9 +62,16 @@ def hook_cost() -> tuple[float, float]:
     return best_bare, best_wrapped
 
 
-def _worker(rank: int, port: int, recorded: bool, queue) -> None:
+def _worker(rank: int, port: int, mode: str, queue) -> None:
+    """``mode``: ``job`` (no raysleuth), ``no-fr`` (no raysleuth, torch's Flight Recorder off), ``light``, ``full``."""
+    recorded = mode in ("light", "full")
+    if mode == "no-fr":
+        os.environ["TORCH_FR_BUFFER_SIZE"] = "0"
     if recorded:
-        os.environ["TORCH_FR_BUFFER_SIZE"] = "2000"
+        from raysleuth.collectives.record import FR_BUFFER_SIZE, flight_recorder_wanted
+
+        if flight_recorder_wanted(mode):  # what install() decides for this mode
+            os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FR_BUFFER_SIZE)
     import torch
     import torch.distributed as dist
 
@@ -88,7 +104,7 @@ def _worker(rank: int, port: int, recorded: bool, queue) -> None:
     dist.destroy_process_group()
 
 
-def gloo_pair(recorded: bool) -> dict:
+def gloo_pair(mode: str) -> dict:
     import torch.multiprocessing as mp
 
     with socket.socket() as probe:
@@ -96,7 +112,7 @@ def gloo_pair(recorded: bool) -> dict:
         port = probe.getsockname()[1]
     context = mp.get_context("spawn")
     queue = context.Queue()
-    processes = [context.Process(target=_worker, args=(rank, port, recorded, queue)) for rank in range(2)]
+    processes = [context.Process(target=_worker, args=(rank, port, mode, queue)) for rank in range(2)]
     for process in processes:
         process.start()
     result = queue.get(timeout=300)
@@ -110,21 +126,27 @@ def main() -> int:
     hook = wrapped - bare
     print(f"hook per collective: {hook:,.0f} ns (bare no-op {bare:,.0f} ns, wrapped {wrapped:,.0f} ns); "
           f"target < {HOOK_TARGET_NS:,} ns")
-    plain = gloo_pair(recorded=False)
-    on = gloo_pair(recorded=True)
+    pairs = {mode: gloo_pair(mode) for mode in ("job", "light", "full", "no-fr")}
+    plain = pairs["job"]
     target("progress hook per collective", hook < HOOK_TARGET_NS, f"{hook:,.0f} ns (< {HOOK_TARGET_NS:,} ns)")
     for numel in CALLS:
         base = plain[numel]["bare"]
-        total = on[numel]["wrapped"]
         size = "1 element" if numel == 1 else "1 MiB"
-        ratio = total / base
-        print(f"gloo all_reduce {size}: unrecorded {base / 1000:,.1f} µs, recorded (Flight Recorder + wrapper) "
-              f"{total / 1000:,.1f} µs, ratio {ratio:.3f}; wrapper alone in the recorded pair: "
-              f"{on[numel]['bare'] / 1000:,.1f} → {on[numel]['wrapped'] / 1000:,.1f} µs "
-              f"({on[numel]['wrapped'] / on[numel]['bare']:.3f})")
-        if numel != 1:
-            target("recorded vs unrecorded 1 MiB gloo all_reduce", ratio < RATIO_TARGET_1MIB,
-                   f"ratio {ratio:.3f} (< {RATIO_TARGET_1MIB:.2f})")
+        print(f"gloo all_reduce {size}: the job without raysleuth {base / 1000:,.1f} µs")
+        for mode, label in (("light", "raysleuth default (light: wrapper)"),
+                            ("full", "full mode (Flight Recorder + wrapper)"),
+                            ("no-fr", "without raysleuth, torch's Flight Recorder off")):
+            on = pairs[mode][numel]
+            total = on["wrapped"] if mode != "no-fr" else on["bare"]
+            ratio = total / base
+            inner = (f"; wrapper alone in that pair {on['bare'] / 1000:,.1f} → {on['wrapped'] / 1000:,.1f} µs "
+                     f"({on['wrapped'] / on['bare']:.3f})") if mode != "no-fr" else ""
+            print(f"  {label}: {total / 1000:,.1f} µs, ratio {ratio:.3f}{inner}")
+            if numel != 1 and mode == "light":
+                inside = on["wrapped"] / on["bare"]
+                target("raysleuth's default (light) on a 1 MiB gloo all_reduce, wrapped vs bare in one pair",
+                       inside < RATIO_TARGET_1MIB, f"ratio {inside:.3f} (< {RATIO_TARGET_1MIB:.2f}); "
+                       f"against the job alone in another pair {ratio:.3f}")
     return exit_code()
 
 

@@ -15,7 +15,7 @@ from raysleuth.recorder.store import EvidenceStore, run_dir
 
 KINDS = ("consistency", "crash", "memory", "memory_capsule", "span", "event", "heartbeat", "log",
          "stack_report", "tasks", "pool_call", "verl_call", "debug_session", "doctor", "instrumented",
-         "collective", "custom")
+         "collective", "custom", "weight_sync", "logprob_gap")
 
 #: data values a careless writer can store: not an object, empty, foreign fields, wrong types.
 BAD_DATA = (

@@ -255,7 +255,21 @@ def test_pdb_session_driven_through_its_socket(ray_cluster, capsys):
         session = _wait_session(capsys, ray_cluster.address,
                                 lambda s: s["name"] == "after-rollout" and s["state"] == "waiting")
         assert session["kind"] == "pdb" and session["host"] == "127.0.0.1" and session["rank"] == 2
+        secret_file = Path(session["secret_file"])
+        assert secret_file.stat().st_mode & 0o777 == 0o600
+        assert secret_file.read_text().strip() not in json.dumps(session)  # the secret is never published
+        # A client without the secret, or with a wrong one, gets no prompt and is disconnected.
+        with socket.create_connection(("127.0.0.1", session["port"]), timeout=60) as stranger:
+            stranger.settimeout(1.5)
+            with pytest.raises(socket.timeout):
+                stranger.recv(100)  # nothing is said to a client that has not given the secret
+        for offered in (b"not-the-secret\n", b"p some_local\n", b"\n"):
+            with socket.create_connection(("127.0.0.1", session["port"]), timeout=60) as stranger:
+                stranger.sendall(offered)
+                stranger.settimeout(30)
+                assert _read_until(stranger, b"(rs-pdb) ", timeout=30) == b""  # closed without a word
         with socket.create_connection(("127.0.0.1", session["port"]), timeout=60) as connection:
+            connection.sendall(secret_file.read_text().encode())
             banner = _read_until(connection, b"(rs-pdb) ")
             assert b"step_named" in banner and b"after-rollout" in banner
             connection.sendall(b"p some_local\n")
@@ -266,8 +280,34 @@ def test_pdb_session_driven_through_its_socket(ray_cluster, capsys):
         released = _wait_session(capsys, ray_cluster.address,
                                  lambda s: s["id"] == session["id"] and s["state"] == "released", all_=True)
         assert released["reason"] == "continued"
+        assert not secret_file.exists()  # spent
     finally:
         _kill([actor])
+
+
+def test_disarm_releases_a_breakpoint_that_is_waiting(ray_cluster, capsys):
+    """`debug disarm` (issue 29): a worker stopped at a breakpoint with no client runs on at once, not after 120 s."""
+    import ray
+
+    (actor,) = _actors(1, {"RAYSLEUTH_DEBUG": "1", "RAYSLEUTH_DEBUGGER": "pdb", "RAYSLEUTH_DEBUG_WAIT": "120"},
+                       ranks=[7])
+    try:
+        ref = actor.step_named.remote("held")
+        session = _wait_session(capsys, ray_cluster.address, lambda s: s["name"] == "held" and s["state"] == "waiting")
+        ready, _ = ray.wait([ref], timeout=1)
+        assert not ready
+        started = time.monotonic()
+        _cli_json(capsys, "debug", "disarm", "--json", "--address", ray_cluster.address)
+        assert ray.get(ref, timeout=45)["after"] == 4250
+        assert time.monotonic() - started < 45
+        released = _wait_session(capsys, ray_cluster.address,
+                                 lambda s: s["id"] == session["id"] and s["state"] == "released", all_=True)
+        assert "disarm" in released["reason"]
+    finally:
+        try:
+            breakpoints.reset_cluster()
+        finally:
+            _kill([actor])
 
 
 def test_wait_limit_releases_an_unattended_breakpoint(ray_cluster, capsys):
@@ -319,6 +359,7 @@ def test_post_mortem_session_at_the_crash_frame(ray_cluster, capsys):
                                 lambda s: s["name"] == "post-mortem" and s["rank"] == 3 and s["state"] == "waiting")
         assert session["exception"] == "ValueError: bad batch xxx"
         with socket.create_connection(("127.0.0.1", session["port"]), timeout=60) as connection:
+            connection.sendall(Path(session["secret_file"]).read_text().encode())
             banner = _read_until(connection, b"(rs-pdb) ")
             assert b"ValueError: bad batch xxx" in banner
             connection.sendall(b"p crash_local\n")
@@ -391,8 +432,8 @@ def test_doctor_check_debug_flags_a_server_on_every_interface(ray_cluster, capsy
         per_node = [c for c in report.checks if c.name == "debugpy on node"]
         assert len(per_node) == 2 and all(c.status == "ok" for c in per_node)
         with socket.create_connection(("127.0.0.1", session["port"]), timeout=60) as connection:
+            connection.sendall(Path(session["secret_file"]).read_text().encode() + b"c\n")  # commands with it
             _read_until(connection, b"(rs-pdb) ")
-            connection.sendall(b"c\n")
             _read_until(connection, b"session closed")
         assert ray.get(ref, timeout=60)["after"] == 4243 + 1
     finally:

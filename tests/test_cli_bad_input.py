@@ -104,7 +104,7 @@ STORE_COMMANDS = [
     ("timeline", "--summary", "--json", "--no-ray-tasks"), ("timeline", "--no-ray-tasks", "-o", "t.json"),
     ("report", "-o", "r.html"), ("report", "--json", "-o", "r.html"), ("logs",), ("logs", "--json"),
     ("logs", "--aggregate"), ("logs", "--level", "ERROR", "--step", "1-3"), ("debug", "ls", "--run", "bad-run"),
-    ("explain", "crash-5"),
+    ("explain", "crash-5"), ("weights",), ("weights", "--json"),
 ]
 
 

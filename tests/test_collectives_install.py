@@ -24,7 +24,7 @@ def test_install_wraps_when_the_job_imports_torch_distributed_and_records_the_us
         import raysleuth.collectives as collectives
         collectives.install()
         assert "torch" not in sys.modules                        # the hook does not import torch itself
-        assert os.environ["TORCH_FR_BUFFER_SIZE"] == "2000"      # before any process group exists
+        assert os.environ["TORCH_FR_BUFFER_SIZE"] == "2000"      # full mode: before any process group exists
         import torch
         import torch.distributed as dist
         assert dist.all_reduce.__raysleuth_collective__
@@ -47,7 +47,34 @@ def test_install_wraps_when_the_job_imports_torch_distributed_and_records_the_us
         assert sync[1].describe() == "broadcast(float64[3])"
         assert any(g["desc"] == "weight_sync" for g in data["groups"].values())
         print("ok")
-    """, RAYSLEUTH_MODE="light")
+    """, RAYSLEUTH_MODE="full", RAYSLEUTH_HOME=str(tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().endswith("ok")
+
+
+def test_light_mode_keeps_the_wrapper_with_start_and_end_times_and_leaves_the_flight_recorder_alone(tmp_path):
+    """The default mode must cost < 2 % (bench/bench_collectives.py): the wrapper, and torch's Flight Recorder
+    as the job has it (torch 2.13 keeps one by default; raysleuth switches it on only in full mode)."""
+    result = run(f"""
+        import os, socket, sys
+        import raysleuth.collectives as collectives
+        collectives.install()
+        assert "TORCH_FR_BUFFER_SIZE" not in os.environ          # light (the default): torch's own setting
+        import torch
+        import torch.distributed as dist
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{{port}}", rank=0, world_size=1)
+        for _ in range(3):
+            dist.all_reduce(torch.ones(4, 2))
+        from raysleuth.collectives.record import snapshot
+        data = snapshot("test")
+        calls = [call for call in data["calls"] if call["op"] == "all_reduce"]
+        assert len(calls) == 3 and all(c["state"] == "completed" for c in calls), calls
+        assert all(0 < c["start_ns"] <= c["end_ns"] for c in calls), calls   # what straggler detection reads
+        assert [c["seq"] for c in calls] == sorted(c["seq"] for c in calls)
+        print("ok")
+    """, RAYSLEUTH_HOME=str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().endswith("ok")
 

@@ -66,7 +66,7 @@ def test_perturbed_element_names_tensor_rank_and_index(ranks, ray_cluster):
         records = store.query("consistency", name="perturbed")
         store.close()
         time.sleep(0.2)
-    assert len(records) == 1 and records[0].rank == 0 and records[0].level == "error"
+    assert len(records) == 1 and records[0].rank == 0 and records[0].level == "ERROR"
     stored = ConsistencyReport.from_dict(records[0].data)
     assert stored.mismatches[0].first_index == [3, 17]
 

@@ -216,3 +216,65 @@ def test_node_agent_reads_ray_train_ranks_from_the_logs_folder(tmp_path):
     ranks = ray_train_ranks(ray_train_lines(50, logs_dir=str(tmp_path)))
     assert [entry["rank"] for entry in ranks.values()] == [1]
     assert ray_train_lines(50, logs_dir=str(tmp_path / "missing")) == []
+
+
+# ------------------------------------------------------------------ kernel OOM kills: pid, time, name
+
+
+def _killed(found: DeathEvidence, *, pid: int, at: float, name: str = "ray::Worker", **kernel) -> DeathEvidence:
+    found.oom = {"kernel_log": {"permitted": True, **kernel, "kills": [
+        {"pid": pid, "name": name, "time": at,
+         "text": f"Out of memory: Killed process {pid} ({name}) total-vm:9000000kB, anon-rss:8000000kB"}]},
+        "cgroup": {"oom_kill": 1, "limit_bytes": 8 * 2**30}}
+    return found
+
+
+def test_a_kernel_kill_at_the_death_beats_an_exception_handled_before_it():
+    """An actor outlives its method's exception (a capsule 60 s before); then the kernel OOM-kills it."""
+    found = evidence("sigkill")
+    died = found.worker.end_time_ms / 1000
+    found.capsules = [{"id": 7, "time": died - 60, "exception_type": "ValueError", "message": "bad batch",
+                       "method": "Worker.step"}]
+    verdict = classify(_killed(found, pid=found.actor.pid, at=died - 1))
+    assert verdict.cause == "oom_killer", verdict
+    assert any("crash capsule 7 recorded ValueError" in line for line in verdict.evidence)
+
+
+def test_an_old_kill_of_a_reused_pid_or_another_command_is_not_this_death():
+    found = evidence("sigkill")
+    died, pid = found.worker.end_time_ms / 1000, found.actor.pid
+    verdict = classify(_killed(found, pid=pid, at=died - 3600))
+    assert verdict.cause == "sigkill" and any("a reused pid" in line for line in verdict.evidence), verdict
+    verdict = classify(_killed(evidence("sigkill"), pid=pid, at=died, name="stress-ng"))
+    assert verdict.cause == "sigkill" and any("'stress-ng', not as this worker" in line for line in verdict.evidence)
+    assert classify(_killed(evidence("sigkill"), pid=pid, at=died, name="ray::Worker.sig")).cause == "oom_killer"
+
+
+def test_a_kernel_log_in_another_pid_namespace_is_said_and_matched_by_name_and_time():
+    nested = {"same_as_kernel_log": False, "levels": 2, "detail": "a nested pid namespace"}
+    found = evidence("sigkill")
+    died = found.worker.end_time_ms / 1000
+    verdict = classify(_killed(found, pid=987654, at=died - 2, pid_namespace=nested))  # a host pid
+    assert verdict.cause == "oom_killer" and any("matched by command name and time" in line
+                                                  for line in verdict.evidence), verdict
+    same_pid = _killed(evidence("sigkill"), pid=found.actor.pid, at=died - 2, name="ray::Other", pid_namespace=nested)
+    verdict = classify(same_pid)  # the same number, but a host pid of another process
+    assert verdict.cause == "sigkill" and "could not be ruled out" in verdict.summary
+    assert any("another pid namespace" in line for line in verdict.evidence)
+
+
+def test_dmesg_lines_are_read_with_their_time_and_old_ones_left_out():
+    from raysleuth.agents.host import oom_evidence, parse_kernel_kills
+
+    text = ("[  100.250000] Out of memory: Killed process 3117 (ray::Worker) total-vm:9000000kB, anon-rss:8000000kB\n"
+            "[  900.500000] oom-kill:constraint=CONSTRAINT_NONE,task=ray::Trainer,pid=42,uid=0\n"
+            "[  900.500001] Out of memory: Killed process 42 (ray::Trainer) total-vm:1kB\n"
+            "[  901.000000] eth0: link up\n")
+    kills = parse_kernel_kills(text, booted_at=1_000_000.0)
+    assert [(k["pid"], k["name"], k["time"]) for k in kills] == [(3117, "ray::Worker", 1_000_100.25),
+                                                                  (42, "ray::Trainer", 1_000_900.500001)]
+    assert [k["pid"] for k in parse_kernel_kills(text, booted_at=1_000_000.0, since=1_000_800.0)] == [42]
+    assert parse_kernel_kills(text, booted_at=None, since=1e12)[0]["time"] is None  # no clock: kept, time unknown
+    here = oom_evidence(since=0.0)["kernel_log"]  # this machine's real kernel log and pid namespace
+    assert here["pid_namespace"]["same_as_kernel_log"] in (True, False, None)
+    assert here["permitted"] or here["reason"]

@@ -27,7 +27,7 @@ arrays = dtypes.flatmap(lambda dt: hnp.arrays(dt, hnp.array_shapes(min_dims=0, m
 
 
 @settings(max_examples=50, deadline=None)
-@given(arrays, st.sampled_from(["xxh3", "wsum"]))
+@given(arrays, st.sampled_from(["xxh3", "mix64"]))
 def test_equal_tensors_give_equal_digests_across_layouts(array, algorithm):
     reference = fingerprint(array, algorithm=algorithm, chunk_size=SMALL_CHUNK, stats=False)
     layouts = [np.array(array, order="F"), array.copy(), array.astype(array.dtype.newbyteorder(">"))]
@@ -42,7 +42,7 @@ def test_equal_tensors_give_equal_digests_across_layouts(array, algorithm):
 
 
 @settings(max_examples=50, deadline=None)
-@given(arrays.filter(lambda a: a.size > 0), st.data(), st.sampled_from(["xxh3", "wsum"]))
+@given(arrays.filter(lambda a: a.size > 0), st.data(), st.sampled_from(["xxh3", "mix64"]))
 def test_any_single_element_change_is_detected_and_localised(array, data, algorithm):
     flat = data.draw(st.integers(0, array.size - 1), label="element")
     changed = array.copy()
@@ -61,13 +61,13 @@ def test_any_single_element_change_is_detected_and_localised(array, data, algori
 
 @settings(max_examples=30, deadline=None)
 @given(hnp.arrays(np.float32, st.integers(2, 300), elements=st.floats(-1e3, 1e3, width=32)), st.data())
-def test_swapping_two_different_elements_changes_the_wsum_digest(array, data):
+def test_swapping_two_different_elements_changes_the_mix64_digest(array, data):
     i, j = data.draw(st.lists(st.integers(0, len(array) - 1), min_size=2, max_size=2, unique=True))
     if array.view(np.uint32)[i] == array.view(np.uint32)[j]:
         return
     swapped = array.copy()
     swapped[[i, j]] = swapped[[j, i]]
-    for algorithm in ("xxh3", "wsum"):
+    for algorithm in ("xxh3", "mix64"):
         assert fingerprint(array, algorithm=algorithm).digest != fingerprint(swapped, algorithm=algorithm).digest
 
 
@@ -82,7 +82,7 @@ def test_every_torch_dtype(dtype):
     assert fp.dtype == str(dtype).removeprefix("torch.") and fp.shape == (2, 3, 4) and fp.numel == 24
     assert fp.algorithm == "xxh3" and fp.framework == "torch"
     assert fingerprint(tensor.transpose(0, 2).contiguous().transpose(0, 2)).digest == fp.digest
-    assert fingerprint(tensor, algorithm="wsum").digest != fp.digest
+    assert fingerprint(tensor, algorithm="mix64").digest != fp.digest
     if dtype is not torch.bool:
         assert fp.stats is not None and fp.stats.count == 24 and fp.stats.max == pytest.approx(6, rel=0.1)
         changed = tensor.clone()
@@ -177,7 +177,8 @@ def test_comparison_logic_localises_and_groups():
     by_name = {m.name: m for m in mismatches}
     assert by_name["b"].kind == "missing" and by_name["b"].outlier_ranks == [2]
     value = by_name["w"]
-    assert value.groups == [[0, 2], [1, 4], [3]] and value.outlier_ranks == [1, 3, 4]
+    assert value.groups == [[0, 2], [1, 4], [3]]
+    assert value.ambiguous and value.outlier_ranks == []  # two groups of two: no rank can be blamed
     assert {r.rank for r in requests} == {0, 1, 3}  # one sender per group, never the whole group
     assert localize(value, posted, _payloads(per_rank, posted, requests)) is False
     assert value.first_index == [2, 2] and value.max_abs_diff == 398.0 and value.values == {"0": "62.0", "3": "99.0"}
@@ -198,5 +199,5 @@ def test_report_round_trips_through_json_dict():
     localize(mismatches[0], posted, _payloads(per_rank, posted, requests))
     report = ConsistencyReport(key="k", consistent=False, world_size=2, mismatches=mismatches)
     data = report.to_dict()
-    assert data["mismatches"][0]["max_abs_diff"] == "inf" and data["outlier_ranks"] == [1]
+    assert data["mismatches"][0]["max_abs_diff"] == "inf" and data["outlier_ranks"] == []  # 2 ranks: ambiguous
     assert ConsistencyReport.from_dict(data).mismatches[0].first_index == [1]

@@ -137,3 +137,23 @@ def test_watchdog_and_watch_catch_a_rank_that_stops(ray_cluster, capsys):
     finally:
         dog.stop()
         hangs.kill(*steppers)
+
+
+def test_tracker_two_processes_with_one_rank_number_are_two_ranks():
+    """Rank 0 hung while another process (another verl group, another job) also has RANK=0: its beats must
+    not reset the hung one's progress."""
+    tracker = StallTracker(stall=10)
+    other = [{"rank": 0, "step": s, "time": float(s), "pid": 900, "job_id": "02000000"} for s in range(60)]
+    hung = [{"rank": 0, "step": 3, "time": float(t), "pid": 100, "job_id": "02000000"} for t in range(0, 60, 5)]
+    tracker.update(sorted(other + hung, key=lambda b: b["time"]))
+    stalled, others, all_stopped = tracker.check(now=60)
+    assert [(r.rank, r.pid) for r in stalled] == [(0, 100)] and not all_stopped
+    assert [(r.rank, r.pid) for r in others] == [(0, 900)]
+
+
+def test_stall_counted_in_collectives_says_collective_not_step():
+    tracker = StallTracker(stall=5)
+    tracker.update([{"rank": r, "step": 15, "time": 0.0, "pid": 10 + r, "source": "collectives"} for r in range(4)])
+    stalled, others, all_stopped = tracker.check(now=20)
+    assert describe(stalled, others, all_stopped, 20) == "every rank stopped: ranks 0, 1, 2, 3 at collective 15, " \
+                                                          "no progress for 20s"

@@ -58,3 +58,15 @@ def test_probe_noise_pattern_matches_rays_line():
             "Unauthenticated: RPC error: InvalidAuthToken: Authentication token is missing or incorrect")
     assert _PROBE_NOISE.search(line)
     assert not _PROBE_NOISE.search("[E] gcs_client.cc:300: GCS connection lost, retrying")
+
+
+def test_unreachable_gcs_noise_pattern_matches_rays_lines():
+    """Ray's C++ client warns while raysleuth's probe meets a port that is no GCS; raysleuth's own line says it."""
+    from raysleuth.cluster.connection import _UNREACHABLE_NOISE
+
+    for line in ("[2026-12-01 09:47:19,298 W 2454 2454] rpc_client.h:153: Failed to connect to GCS at address "
+                 "127.0.0.1:60151 within 5 seconds.",
+                 "[2026-12-01 09:47:54,328 W 2454 2454] gcs_client.cc:210: Failed to get cluster ID from GCS server: "
+                 "TimedOut: Timed out while waiting for GCS to become available."):
+        assert _UNREACHABLE_NOISE.search(line)
+    assert not _UNREACHABLE_NOISE.search("[E] core_worker.cc:99: a real error the user must see")

@@ -2,17 +2,28 @@
 
 Runs without Ray. Every case goes through the public entry points the
 writers of evidence use: ``redact_text`` (messages, tracebacks, source
-lines), ``redacted_repr`` (arguments, locals, span attributes) and
-``redact_value`` (structures).
+lines), ``redacted_repr`` (arguments, locals), ``redact_value`` (structures)
+and ``redact_record`` (every record the recorder stores). The same corpus
+is written as records of every kind through the real recorder and store in
+``tests/test_redact_records.py``.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 
 import pytest
 
-from raysleuth.redaction import REDACTED, redact, redact_text, redact_value, redacted_repr, relevant_environment
+from raysleuth.redaction import (
+    REDACTED,
+    redact,
+    redact_record,
+    redact_text,
+    redact_value,
+    redacted_repr,
+    relevant_environment,
+)
 
 HEX40 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b"
 HEX32 = "5d41402abc4b2a76b9719d911017c592"
@@ -25,6 +36,13 @@ AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
 GCP = "AIza" + "SyA1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q"
 JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dBjftJeZ4CVPmB92K27uhbUJU1p1r_wW1gFWFOEjXk"
 PW = "Tr0ub4dor&3"
+JWT_NONE = "eyJhbGciOiJub25lIn0.eyJzdWIiOiIxIn0."
+SLACK_HOOK = "https://hooks.slack.com/services/T0ABCDEF1/B0ABCDEF2/" + "slackhooksecretXyZ0123"
+JOB_CONFIG = json.dumps({"runtime_env": {"env_vars": {"DB_PASS": "jobcfgsecret1", "RANK": "0"}},
+                         "serialized_runtime_env": json.dumps({"env_vars": {"WANDB_API_KEY": "jobcfgsecret2",
+                                                                            "NOTE": JWT}})})
+DEEP = {"a": {"b": {"c": {"d": {"e": {"f": {"g": {"api_key": "deepsecret8"}}}}}}}}
+BIG_BYTES = b"x" * 5000 + b" password=bigbytessecret"
 
 # (entry point, input, the secret text that must be gone)
 SECRETS: list[tuple[str, object, str]] = [
@@ -112,6 +130,29 @@ SECRETS: list[tuple[str, object, str]] = [
     ("text", "Config(api_key='objsecret', lr=0.1)", "objsecret"),
     ("text", "{\"password\": \"jsonsecret\"}", "jsonsecret"),
     ("repr", ("b", b"Authorization: Bearer bytessecret99"), "bytessecret99"),
+    # issue 24: names, shapes and places the redactor missed
+    ("repr", ("DB_PASS", "dbpasssecret1"), "dbpasssecret1"),
+    ("text", "DB_PASS=dbpasssecret2 REDIS_PASS=dbpasssecret3", "dbpasssecret2"),
+    ("repr", ("AZURE_STORAGE_CONNECTION_STRING", "Endpoint=sb://x/;SharedAccessSignature=connsecret1"),
+     "connsecret1"),
+    ("text", "MONGO_CONNECTION_STRING=mongodb://h/db?x=connsecret2", "connsecret2"),
+    ("repr", ("SLACK_WEBHOOK_URL", "https://example.org/hook/whsecret1"), "whsecret1"),
+    ("text", "posting to " + SLACK_HOOK, SLACK_HOOK.rsplit("/", 1)[1]),
+    ("text", "https://discord.com/api/webhooks/123456789/discordhooksecret_AbC", "discordhooksecret_AbC"),
+    ("repr", ("DATABASE_URL", "postgres://db.internal/prod?sslmode=require&sec=dburlsecret1"), "dburlsecret1"),
+    ("repr", ("SQLALCHEMY_DATABASE_URI", "sqlite:////srv/dburlsecret2.db"), "dburlsecret2"),
+    ("text", "GET /?auth=Bearer%20" + JWT, JWT),
+    ("text", "unsigned " + JWT_NONE, JWT_NONE),
+    ("env", {"RAY_JOB_CONFIG_JSON_ENV_VAR": JOB_CONFIG}, "jobcfgsecret1"),
+    ("env", {"RAY_JOB_CONFIG_JSON_ENV_VAR": JOB_CONFIG}, "jobcfgsecret2"),
+    ("env", {"RAY_JOB_CONFIG_JSON_ENV_VAR": JOB_CONFIG}, JWT),
+    ("text", JOB_CONFIG, "jobcfgsecret2"),
+    ("record", ("deep", DEEP), "deepsecret8"),
+    ("record", ("deep_list", [[[[[[[["--password", "deepsecret9"]]]]]]]]), "deepsecret9"),
+    ("record", ("big", BIG_BYTES), "bigbytessecret"),
+    ("repr", ("big", BIG_BYTES), "bigbytessecret"),
+    ("text", "ray::Trainer.train --hf-token titlesecret1 --lr 3", "titlesecret1"),
+    ("text", "pid 4242 4.1GB (python train.py --api-key=memmonsecret1)", "memmonsecret1"),
 ]
 
 # Look-alikes: (entry point, input) that must come back unchanged.
@@ -157,6 +198,11 @@ LOOKALIKES: list[tuple[str, object]] = [
     ("repr", ("path", "/data/shards/part-00001.parquet")),
     ("repr", ("config", {"lr": 0.1, "batch_size": 32, "pad_token_id": 0})),
     ("repr", ("PWD", "/home/user/project")),
+    ("repr", ("forward_pass", "fused")),
+    ("repr", ("dead_actor", HEX32)),
+    ("repr", ("owner", HEX40 + HEX32[:16])),
+    ("record", ("actor_ids", [HEX32, HEX32[::-1]])),
+    ("record", ("config", json.dumps({"lr": 0.1, "layers": [1, 2]}))),
 ]
 
 
@@ -168,11 +214,14 @@ def _apply(kind: str, value: object) -> str:
         return redacted_repr(name, inner, 2000)
     if kind == "env":
         return repr(relevant_environment(value))
+    if kind == "record":  # what the recorder stores: redact_record, then JSON
+        name, inner = value
+        return json.dumps(redact_record({name: inner}))
     raise AssertionError(kind)
 
 
 def test_corpus_sizes():
-    assert len(SECRETS) >= 60 and len(LOOKALIKES) >= 30
+    assert len(SECRETS) >= 95 and len(LOOKALIKES) >= 45
 
 
 @pytest.mark.parametrize(("kind", "value", "secret"), SECRETS, ids=[f"s{i}" for i in range(len(SECRETS))])

@@ -100,7 +100,7 @@ def test_cli_json_and_text(ray_cluster, collective_hang, capsys, tmp_path):
     assert proc["rank"] == 2 and proc["actor_class"] == "Trainer" and proc["role"] == "actor"
     assert proc["threads"][0]["frames"][0]["function"].endswith("load_batch")
     assert {"function", "file", "line"} <= set(proc["threads"][0]["frames"][0])
-    assert data["verdict"]["culprits"][0]["pid"] == pids[2]
+    assert data["verdict"]["culprits"] and data["verdict"]["culprits"][0]["pid"] == pids[2], data["verdict"]
     out_file = tmp_path / "stacks.txt"
     code = main(["stacks", "--address", ray_cluster.address, "--output", str(out_file), "--timeout", "60"])
     text = capsys.readouterr().out

@@ -6,7 +6,7 @@ import pytest
 
 from raysleuth.cluster.records import RayTask
 from raysleuth.stacks import Culprit, ProcessStack, VerdictContext, build_verdict, group_processes, headline, parse_py_spy
-from raysleuth.stacks.analysis import fold_threads, key_thread, moved_between, signature
+from raysleuth.stacks.analysis import fold_threads, key_thread, signature
 
 SITE = "/venv/lib/python3.11/site-packages/"
 
@@ -150,6 +150,13 @@ TRAIN_PLUMBING = [
 ]
 
 
+def sampled(moved):
+    """What two samples measured: frames that moved, or the same frames with no CPU and no wake-ups."""
+    if moved is None:
+        return {}
+    return {"moved_frames": moved, "counters": None if moved else {"cpu": 0.0, "switches": 0, "window": 2.0}}
+
+
 def ddp_rank(pid, rank, inner, *, active=False, moved=None):
     """A gloo DDP actor (rank from its environment): the main thread runs the train call."""
     raw = [thread(pid, inner + [frame("DDPRank.train", "/job/ddp.py", 70)] + RAY_BOTTOM, active=active),
@@ -157,7 +164,7 @@ def ddp_rank(pid, rank, inner, *, active=False, moved=None):
     threads, folded = fold_threads(parse_py_spy(raw, pid=pid), include_idle=False)
     return ProcessStack(pid=pid, node_ip="10.0.0.1", role="actor", actor_class="DDPRank", rank=rank,
                         rank_source="environment", task_name="DDPRank.train", threads=threads,
-                        folded_threads=folded, moved=moved, job_id="02000000")
+                        folded_threads=folded, job_id="02000000", **sampled(moved))
 
 
 def train_worker(pid, rank, inner, *, active=False, moved=None):
@@ -170,7 +177,7 @@ def train_worker(pid, rank, inner, *, active=False, moved=None):
                   name="TrainingThread(train_fn_with_final_checkpoint_flush)", os_thread_id=pid + 2, active=active)]
     threads, folded = fold_threads(parse_py_spy(raw, pid=pid), include_idle=False)
     return ProcessStack(pid=pid, node_ip="10.0.0.1", role="actor", actor_class="RayTrainWorker", rank=rank,
-                        rank_source="ray train", threads=threads, folded_threads=folded, moved=moved)
+                        rank_source="ray train", threads=threads, folded_threads=folded, **sampled(moved))
 
 
 STUCK_LOADER = [frame("next_batch", "/job/ddp.py", 64)]
@@ -270,7 +277,7 @@ def test_a_call_that_did_not_return_while_its_peers_did():
     calls = [{"kind": "verl_call", "method": "generate_sequences", "rank": r, "returned": r == 0, "submitted": 100.0,
               "worker_pid": 140 + r} for r in (0, 1)]
     verdict = build_verdict(ranks, context=VerdictContext(calls=calls, samples=2))
-    assert [(c.rank, c.rule) for c in verdict.culprits] == [(1, "peers")]  # peers name it first
+    assert [(c.rank, c.rule) for c in verdict.culprits] == [(1, "call not returned")]
     verdict = build_verdict(ranks[1:], context=VerdictContext(calls=calls, samples=2))
     assert [(c.rank, c.rule) for c in verdict.culprits] == [(1, "call not returned")]
     assert "has not returned from generate_sequences" in verdict.culprits[0].reason
@@ -293,21 +300,32 @@ def test_extra_rules_hook():
     assert any("boom" in note for note in verdict.notes)
 
 
-def test_moved_between_two_samples():
+def test_progress_is_measured_from_counters_not_frames():
+    from raysleuth.stacks.progress import classify, thread_deltas
+
     stuck = ddp_rank(160, 0, STUCK_LOADER)
     tid = key_thread(stuck).os_thread_id
-    before = signature(stuck), stuck.threads
-    # same frames, no CPU used by the key thread: not moving (whatever other threads do)
-    assert not moved_between(*before, stuck, {tid: 1.0, 7: 1.0}, {tid: 1.0, 7: 9.0})
-    # same line twice, but its thread used CPU in between: a loop that sleeps most of each step
-    assert moved_between(*before, stuck, {tid: 1.0}, {tid: 1.2})
-    # frames changed: moving
-    other = ddp_rank(160, 0, [frame("forward", "/job/model.py", 9)])
-    assert moved_between(*before, other, None, None)
-    # without CPU times, py-spy's on-CPU flag stands in
-    assert not moved_between(*before, stuck, None, None)
+    # same frames, no CPU and no wake-ups of the key thread: blocked (whatever other threads do)
+    stuck.moved_frames = False
+    stuck.counters = thread_deltas({tid: {"cpu": 1.0, "switches": 5}, 7: {"cpu": 1.0, "switches": 0}},
+                                   {tid: {"cpu": 1.0, "switches": 5}, 7: {"cpu": 9.0, "switches": 900}}, tid, 2.0)
+    assert classify(stuck, 2) == "blocked" and stuck.progress == []
+    # same line twice, but the thread woke 40 times: a loop that sleeps between steps is active, not blocked
+    stuck.counters = {"cpu": 0.0, "switches": 40, "window": 2.0}
+    assert classify(stuck, 2) == "active" and stuck.progress == ["woke 40 times in 2.0s"]
+    # a progress counter moved (heartbeat, collectives, Ray calls): working, whatever the frames
+    stuck.counters = {"cpu": 0.0, "switches": 0, "window": 2.0}
+    stuck.progress = ["collectives 120 → 180"]
+    assert classify(stuck, 2) == "working"
+    # a checkpoint being written moves I/O: working
+    stuck.progress, stuck.counters = [], {"cpu": 0.0, "switches": 0, "io": 8 << 20, "window": 2.0}
+    assert classify(stuck, 2) == "working" and stuck.progress == ["8.0 MiB of I/O"]
+    # frames changed: working; one sample: py-spy's on-CPU flag only says active
+    stuck.counters, stuck.moved_frames = None, True
+    assert classify(stuck, 2) == "working"
+    stuck.moved_frames = None
     stuck.threads[0].idle = False
-    assert moved_between(*before, stuck, None, None)
+    assert classify(stuck, 1) == "active"
 
 
 def test_collective_positions_name_the_rank_that_skipped_while_every_rank_waits_in_all_reduce():
@@ -352,3 +370,120 @@ def test_idle_in_rays_loop_is_returned_unless_an_event_loop_awaits():
     awaiting = ProcessStack(pid=170, role="actor", actor_class="Controller", task_name="Controller.run",
                             event_loop=True, threads=parse_py_spy(raw, pid=170))
     assert classify(awaiting) == "waiting" and "awaits (async actor)" in headline(awaiting)
+
+
+# ---------------------------------------------------------------- the wait-for graph (issue 23)
+
+BROADCAST = [frame("broadcast", TORCH + "distributed/distributed_c10d.py", 2700, "torch/distributed/distributed_c10d.py")]
+
+
+def test_ranks_in_different_ops_name_the_minority_and_an_even_split_names_no_one():
+    ranks = [ddp_rank(400 + r, r, BROADCAST if r == 1 else ALL_REDUCE, moved=False) for r in range(3)]
+    verdict = build_verdict(ranks, context=VerdictContext(samples=2))
+    assert [(c.rank, c.rule) for c in verdict.culprits] == [(1, "peers")], verdict
+    assert "the ops differ" in verdict.culprits[0].reason and "2 of 3 DDPRank peers" in verdict.culprits[0].reason
+    assert sorted(item.rank for item in verdict.consequences) == [0, 2]
+    # 2 vs 2: no majority, so no side is named
+    even = [ddp_rank(410 + r, r, BROADCAST if r in (1, 3) else ALL_REDUCE, moved=False) for r in range(4)]
+    verdict = build_verdict(even, context=VerdictContext(samples=2))
+    assert verdict.culprits == [] and verdict.state == "hung"
+
+
+def test_a_call_queued_behind_a_busy_actor_closes_a_cycle():
+    job = "04000000"
+    driver = ProcessStack(pid=1, node_id="n1", node_ip="10.0.0.1", role="driver", job_id=job,
+                          threads=parse_py_spy([thread(1, RAY_GET + [frame("<module>", "/job/driver.py", 12)])], pid=1))
+    learner = ProcessStack(pid=2, node_id="n1", node_ip="10.0.0.1", role="actor", actor_class="Learner", actor_id="aL",
+                           job_id=job, threads=parse_py_spy([thread(2, RAY_GET + [frame("Learner.train", "/job/l.py", 9)]
+                                                                    + RAY_BOTTOM)], pid=2), **sampled(False))
+    server = ProcessStack(pid=3, node_id="n1", node_ip="10.0.0.1", role="actor", actor_class="ParamServer",
+                          actor_id="aS", job_id=job,
+                          threads=parse_py_spy([thread(3, RAY_GET + [frame("ParamServer.apply", "/job/s.py", 4)]
+                                                       + RAY_BOTTOM)], pid=3), **sampled(False))
+    tasks = [RayTask.from_state(row) for row in [
+        {"task_id": "t1", "parent_task_id": "f" * 40 + job, "name": "Learner.train", "worker_pid": 2, "node_id": "n1",
+         "state": "RUNNING", "actor_id": "aL"},
+        {"task_id": "t2", "parent_task_id": "t1", "name": "ParamServer.apply", "worker_pid": 3, "node_id": "n1",
+         "state": "RUNNING", "actor_id": "aS"},
+        {"task_id": "t3", "parent_task_id": "t2", "name": "Learner.ack", "state": "PENDING_ACTOR_TASK_ORDERING_OR_CONCURRENCY",
+         "actor_id": "aL"},
+    ]]
+    verdict = build_verdict([driver, learner, server], tasks, context=VerdictContext(samples=2))
+    assert verdict.state == "deadlock" and verdict.exit_code == 1
+    assert sorted(c.actor_class for c in verdict.culprits) == ["Learner", "ParamServer"]
+    assert {e.kind for e in verdict.edges} == {"ray call", "queued call"}
+    assert [(item.pid, item.because) for item in verdict.consequences] == [(1, "waits in ray.get for Learner.train")]
+    # without the queued call the chain simply ends in a process that waits on nothing we see: hung, not a cycle
+    verdict = build_verdict([driver, learner, server], tasks[:2], context=VerdictContext(samples=2))
+    assert verdict.state == "hung" and verdict.culprits == []
+
+
+def test_a_stuck_coroutine_is_the_root_cause_and_its_caller_a_consequence():
+    job = "05000000"
+    loop = thread(500, [frame("BaseEventLoop.run_forever", "/usr/lib/python3.11/asyncio/base_events.py", 608,
+                              "asyncio/base_events.py")], name="AsyncIO Thread: default", os_thread_id=501)
+    engine = ProcessStack(pid=500, node_id="n1", node_ip="10.0.0.1", role="actor", actor_class="Engine", job_id=job,
+                          task_name="Engine.generate", event_loop=True,
+                          threads=parse_py_spy([thread(500, RAY_BOTTOM[1:]), loop], pid=500), **sampled(False))
+    stuck = {"task": "Task-7", "awaits": "asyncio Event.wait", "waited_s": 42.0,
+             "frames": [{"function": "Engine.generate", "file": "/job/engine.py", "line": 31},
+                        {"function": "Event.wait", "file": "/usr/lib/python3.11/asyncio/locks.py", "line": 213}]}
+    fresh = [{"task": f"Task-{i}", "awaits": "asyncio sleep", "waited_s": 0.1, "frames": []} for i in range(3)]
+    engine.coroutines = [stuck] + fresh
+    driver = ProcessStack(pid=1, node_id="n1", node_ip="10.0.0.1", role="driver", job_id=job,
+                          threads=parse_py_spy([thread(1, RAY_GET + [frame("<module>", "/job/driver.py", 12)])], pid=1))
+    tasks = [RayTask.from_state({"task_id": "t1", "parent_task_id": "f" * 40 + job, "name": "Engine.generate",
+                                 "worker_pid": 500, "node_id": "n1", "state": "RUNNING"})]
+    verdict = build_verdict([driver, engine], tasks, context=VerdictContext(samples=2, window=2.0))
+    assert verdict.state == "culprit" and [c.rule for c in verdict.culprits] == ["coroutine"]
+    culprit = verdict.culprits[0]
+    assert (culprit.function, culprit.line) == ("Engine.generate", 31) and "Event.wait" in culprit.reason
+    assert [item.pid for item in verdict.consequences] == [1]
+    # the same engine with no coroutine listing: hung, and the note says how to see them
+    engine.coroutines = None
+    verdict = build_verdict([driver, engine], tasks, context=VerdictContext(samples=2, window=2.0))
+    assert verdict.state == "hung" and any("coroutines are invisible" in note for note in verdict.notes)
+
+
+def test_a_skipped_collective_has_one_root_cause_and_its_victims_are_consequences():
+    """rank 1 skipped all_reduce; gloo aborted rank 0; rank 3's call errored; ranks 1 and 2 wait."""
+    ranks = [ddp_rank(600 + r, r, ALL_REDUCE, moved=False) for r in (1, 2)]
+    ranks.append(ddp_rank(603, 3, [], moved=False))
+    ranks[-1].threads = parse_py_spy([thread(603, RAY_BOTTOM[1:])], pid=603)
+    ranks[-1].task_name, ranks[-1].node_id = None, "n1"
+    aborted = {"actor_class": "DDPRank", "actor_name": None, "rank": 0, "pid": 600, "node_ip": "10.0.0.1",
+               "job_id": "02000000", "cause": "WORKER_DIED: Fatal Python error: Aborted (gloo::transport::tcp::Pair)",
+               "on_purpose": False}
+    errored = {("n1", 603): "RuntimeError: [../gloo/transport/tcp/pair.cc:537] Connection closed by peer"}
+    skipped = {"rank": 1, "pid": 601, "node_ip": "10.0.0.1", "kind": "skipped", "file": "/job/ddp.py", "line": 61,
+               "reason": "rank 1 skipped all_reduce #13"}
+    context = VerdictContext(samples=2, dead=[aborted], failed=errored, collective_positions=[skipped])
+    verdict = build_verdict(ranks, context=context)
+    assert [(c.rank, c.rule) for c in verdict.culprits] == [(1, "collective positions")]
+    assert sorted(item.rank for item in verdict.consequences) == [0, 2, 3], verdict.consequences
+    # the same job with raysleuth only imported (no positions): neither the aborted rank nor the one whose call
+    # errored is blamed; the verdict says it cannot tell
+    verdict = build_verdict(ranks, context=VerdictContext(samples=2, dead=[aborted], failed=errored))
+    assert verdict.culprits == [] and verdict.state == "hung", verdict
+
+
+def test_two_verl_groups_are_two_groups_and_an_idle_one_is_not_blamed():
+    busy = [ddp_rank(700 + r, r, ALL_REDUCE, moved=False) for r in range(2)]
+    busy[1] = ddp_rank(701, 1, [frame("compute", "/job/w.py", 5)], active=True, moved=True)
+    idle = [ddp_rank(710 + r, r, [], moved=False) for r in range(2)]
+    for group, procs in (("abcdefWorkerDict", busy), ("ghijklWorkerDict", idle)):
+        for proc in procs:
+            proc.actor_class, proc.actor_name = "WorkerDict", f"{group}_0:{proc.rank}"
+    for proc in idle:
+        proc.threads = parse_py_spy([thread(proc.pid, RAY_BOTTOM[1:])], pid=proc.pid)
+        proc.task_name = None
+    verdict = build_verdict(busy + idle, context=VerdictContext(samples=2))
+    assert (verdict.state, verdict.culprits) == ("busy", []), verdict
+    assert len({p.group for p in busy + idle}) == 2
+
+
+def test_exit_codes_follow_the_state():
+    from raysleuth.stacks import Verdict
+
+    assert [Verdict(state=state).exit_code for state in ("ok", "busy", "hung", "unsure", "unread")] == [0, 0, 1, 2, 2]
+    assert build_verdict([]).state == "unread" and build_verdict([]).exit_code == 2

@@ -3,7 +3,15 @@
 An agent is a detached, named actor (``raysleuth-agent-<node_id>`` in the
 ``raysleuth`` namespace) pinned to its node, reserving no CPU. It lists the
 node's Ray worker processes, runs a local tool (py-spy) with a timeout,
-reads process memory with psutil and reports the node's versions.
+reads process memory with psutil and reports the node's versions. When the
+writer asks, it forwards its node's spool (evidence a worker could not
+deliver before it died) to the writer (:mod:`raysleuth.agents.spools`).
+
+Lifetime: agents live as long as the Ray cluster (detached; the writer keeps
+one on every alive node so that each node's spool is forwarded). They reserve
+no CPU. :func:`remove_agents` removes them all, and the writer then makes
+none (a command that needs an agent makes it again). What callers may run and read through them is narrowed by
+:mod:`raysleuth.agents.guard`.
 
 :func:`call_agents` fans one method out to every node in parallel and
 returns one :class:`AgentResult` per node, with the reason when a node did
@@ -24,14 +32,20 @@ from typing import Any
 from raysleuth.agents.host import (
     find_tool, gpus, oom_evidence, process_memory, py_spy_check, ray_train_lines, read_files, run_tool, worker_logs,
 )
+from raysleuth.agents.guard import check_paths, check_tool
 from raysleuth.agents.ranks import is_ray_worker, rank_hints, read_train_logs, thread_times
+from raysleuth.agents.spools import SpoolForwarder
 from raysleuth.errors import ClusterUnreachable
 
 __all__ = ["AgentResult", "NodeAgent", "call_agents", "find_tool", "get_agents", "rank_hints", "read_train_logs",
-           "thread_times", "versions"]
+           "existing_agents", "remove_agents", "thread_times", "versions"]
 
 AGENT_PREFIX = "raysleuth-agent-"
 NAMESPACE = "raysleuth"
+# recorder.writer's WRITER_NAME and AGENTS_CONTROL, by value: the writer makes agents, so importing it here
+# would close an import loop.
+_WRITER_NAME = "raysleuth-writer"
+_AGENTS_CONTROL = "agents"
 
 
 def _module_version(name: str) -> str | None:
@@ -67,6 +81,7 @@ class NodeAgent:
         self.pid = os.getpid()
         self.hostname = socket.gethostname()
         self.started = time.time()
+        self._spools = SpoolForwarder()
 
     def ping(self) -> dict[str, Any]:
         """Who and where this agent is."""
@@ -134,17 +149,21 @@ class NodeAgent:
         # This node's workers are the children of its raylet, which is the agent's own parent.
         return rank_hints(pids, logs_dir=cluster.local_logs_dir(), cache=self._train_cache, parent=os.getppid())
 
-    def thread_times(self, pids: list[int]) -> dict[int, dict[int, float]]:
-        """CPU seconds used so far by each thread of each pid (to tell a working thread from a stuck one)."""
+    def thread_times(self, pids: list[int]) -> dict[int, dict[int, dict[str, float]]]:
+        """Progress counters of each thread of each pid: CPU seconds, voluntary and involuntary switches."""
         return thread_times(pids)
 
     def run_tool(self, argv: list[str], timeout: float = 10.0) -> dict[str, Any]:
-        """Run a local program; returns returncode, stdout, stderr, timed_out, error."""
+        """Run an allowed local tool (``ps``, ``py-spy dump``); returns returncode, stdout, stderr, timed_out, error."""
+        check_tool(argv)
         return run_tool(argv, timeout)
 
     def run_tools(self, commands: list[list[str]], timeout: float = 10.0, parallel: int = 8) -> list[dict[str, Any]]:
-        """Run several programs concurrently (each with ``timeout``), results in order."""
+        """Run several allowed tools concurrently (each with ``timeout``), results in order."""
         from concurrent.futures import ThreadPoolExecutor
+
+        for argv in commands:
+            check_tool(argv)
 
         with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
             return list(pool.map(lambda argv: run_tool(argv, timeout), commands))
@@ -174,8 +193,18 @@ class NodeAgent:
         return oom_evidence(since)
 
     def read_files(self, paths: list[str], tail_bytes: int = 65536) -> dict[str, str | None]:
-        """The tail of each local file (None when absent or unreadable): fatal-signal files, logs."""
+        """The tail of each local file (None when absent or unreadable) under Ray's session folder,
+        ``$RAYSLEUTH_HOME`` or ``/proc`` of a Ray worker; any other path is refused."""
+        check_paths(paths)
         return read_files(paths, tail_bytes)
+
+    def forward_spools(self, writer: Any) -> dict[str, Any]:
+        """Send this node's abandoned spool files of the run to ``writer`` (the writer's handle); what was sent."""
+        return self._spools.forward(writer)
+
+    def forwarded(self) -> dict[str, Any]:
+        """Spool files and rows this agent forwarded so far."""
+        return self._spools.totals()
 
     def worker_logs(self, pids: list[int], lines: int = 200) -> dict[int, dict[str, Any]]:
         """Last lines of each pid's Ray worker ``.err``/``.out`` logs and raysleuth fatal file on this node."""
@@ -219,8 +248,7 @@ def get_agents(*, timeout: float = 30.0) -> dict[str, Any]:
         raise ClusterUnreachable("not connected to Ray", fix="connect first (raysleuth.cluster.connect)")
     session = cluster.session_name() or "?"
     nodes = {node.node_id: node.node_ip for node in cluster.nodes(alive_only=True)}
-    existing = {entry["name"] for entry in ray.util.list_named_actors(all_namespaces=True)
-                if isinstance(entry, dict) and entry.get("namespace") == NAMESPACE}
+    existing = set(_agent_names())
     for key in [key for key in _handles if key[0] == session and (key[1] not in nodes
                                                                  or AGENT_PREFIX + key[1][:16] not in existing)]:
         del _handles[key]  # the node or its agent is gone
@@ -282,3 +310,53 @@ def call_agents(method: str, *args: Any, timeout: float = 30.0, nodes: list[str]
         except Exception as error:
             results.append(AgentResult(node_id, node_ip, False, error=f"{type(error).__name__}: {str(error)[:300]}"))
     return results
+
+
+def _agent_names() -> list[str]:
+    import ray
+
+    names = []
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        name = entry.get("name", "") if isinstance(entry, dict) else str(entry)
+        if name.startswith(AGENT_PREFIX) and (not isinstance(entry, dict) or entry.get("namespace") == NAMESPACE):
+            names.append(name)
+    return sorted(names)
+
+
+def existing_agents() -> list[Any]:
+    """Handles of the agents that exist now (none is created)."""
+    import ray
+
+    handles = []
+    for name in _agent_names():
+        try:
+            handles.append(ray.get_actor(name, namespace=NAMESPACE))
+        except ValueError:
+            continue
+    return handles
+
+
+def remove_agents() -> list[str]:
+    """Remove every node's agent (the documented cleanup); returns the names removed.
+
+    Agents otherwise live as long as the cluster. The writer then stops
+    making them; a command that needs an agent (``raysleuth stacks``...) makes
+    it again, and the writer asks the agents that exist to forward spools.
+    """
+    import ray
+
+    if not ray.is_initialized():
+        raise ClusterUnreachable("not connected to Ray", fix="connect first (raysleuth.cluster.connect)")
+    try:
+        writer = ray.get_actor(_WRITER_NAME, namespace=NAMESPACE)
+        ray.get(writer.set_control.remote(_AGENTS_CONTROL, "removed"), timeout=30)
+    except Exception:
+        pass  # no writer: nothing makes agents again
+    removed = []
+    for name in _agent_names():
+        try:
+            ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+            removed.append(name)
+        except Exception:
+            continue
+    return removed

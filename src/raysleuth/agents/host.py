@@ -109,27 +109,68 @@ def py_spy_check() -> dict[str, Any]:
 
 
 _KERNEL_KILL_LINE = ("Killed process", "oom-kill:")
+KERNEL_LOG_SLACK_S = 60.0
+"""Kills logged up to this long before ``since`` are kept: the kernel's clock and the wall clock drift apart."""
 
 
-def _kernel_oom_kills() -> dict[str, Any]:
-    """OOM-killer records from the kernel log; ``permitted`` False with the reason when it is closed to us."""
+def pid_namespace() -> dict[str, Any]:
+    """Whether this process sees the kernel log's pids (``NSpid`` in ``/proc/self/status``).
+
+    One entry: the initial pid namespace, where dmesg's pids are ours. More:
+    a container's namespace; dmesg prints host pids, which are not Ray's.
+    """
+    try:
+        with open("/proc/self/status") as handle:
+            line = next((row for row in handle if row.startswith("NSpid:")), None)
+    except OSError as error:
+        return {"same_as_kernel_log": None, "detail": f"/proc/self/status unreadable: {error}"}
+    if line is None:
+        return {"same_as_kernel_log": None, "detail": "/proc/self/status has no NSpid line"}
+    levels = len(line.split()) - 1
+    return {"same_as_kernel_log": levels == 1, "levels": levels,
+            "detail": "the initial pid namespace" if levels == 1 else
+            f"a nested pid namespace ({levels} levels): the kernel log's pids are the host's, not these"}
+
+
+def parse_kernel_kills(text: str, *, booted_at: float | None, since: float | None = None) -> list[dict[str, Any]]:
+    """The OOM kills in dmesg output: pid, command name, wall time (from the ``[seconds]`` stamp), the line.
+
+    ``booted_at``: wall time of the kernel clock's zero (None: times unknown).
+    With ``since``, kills stamped before ``since - KERNEL_LOG_SLACK_S`` are
+    left out (an old kill of a reused pid is not this death).
+    """
     import re
 
-    tool = find_tool("dmesg")
-    if tool is None:
-        return {"permitted": False, "reason": "dmesg is not installed", "kills": []}
-    done = run_tool([tool], timeout=5)
-    if done["returncode"] != 0:
-        reason = (done["stderr"] or done["error"] or "dmesg failed").strip().splitlines()
-        return {"permitted": False, "reason": (reason[-1] if reason else "dmesg failed")[:200], "kills": []}
     kills = []
-    for line in done["stdout"].splitlines():
+    for line in text.splitlines():
         if not any(marker in line for marker in _KERNEL_KILL_LINE):
             continue
         match = re.search(r"Killed process (\d+) \(([^)]*)\)", line)
-        if match:
-            kills.append({"pid": int(match.group(1)), "name": match.group(2), "text": line.strip()[:400]})
-    return {"permitted": True, "reason": None, "kills": kills}
+        if not match:
+            continue
+        stamp = re.match(r"\s*\[\s*(\d+(?:\.\d+)?)\]", line)
+        when = booted_at + float(stamp.group(1)) if stamp and booted_at is not None else None
+        if since is not None and when is not None and when < since - KERNEL_LOG_SLACK_S:
+            continue
+        kills.append({"pid": int(match.group(1)), "name": match.group(2), "time": when, "text": line.strip()[:400]})
+    return kills
+
+
+def _kernel_oom_kills(since: float | None = None) -> dict[str, Any]:
+    """OOM-killer records from the kernel log; ``permitted`` False with the reason when it is closed to us."""
+    namespace = pid_namespace()
+    tool = find_tool("dmesg")
+    if tool is None:
+        return {"permitted": False, "reason": "dmesg is not installed", "kills": [], "pid_namespace": namespace}
+    done = run_tool([tool], timeout=5)
+    if done["returncode"] != 0:
+        reason = (done["stderr"] or done["error"] or "dmesg failed").strip().splitlines()
+        return {"permitted": False, "reason": (reason[-1] if reason else "dmesg failed")[:200], "kills": [],
+                "pid_namespace": namespace}
+    # dmesg stamps count from boot on the kernel's monotonic clock (suspend not counted)
+    booted_at = time.time() - time.monotonic()
+    return {"permitted": True, "reason": None, "since": since, "pid_namespace": namespace,
+            "kills": parse_kernel_kills(done["stdout"], booted_at=booted_at, since=since)}
 
 
 def _read_int(path: str) -> int | None:
@@ -171,14 +212,18 @@ def _cgroup_memory() -> dict[str, Any]:
 
 
 def oom_evidence(since: float | None = None) -> dict[str, Any]:
-    """The node's OOM evidence: kernel-log kills and the memory cgroup's counts and limit."""
+    """The node's OOM evidence: kernel-log kills (since ``since``, wall time) and the memory cgroup's counts and limit.
+
+    Each kill carries its pid, command name and wall time; ``pid_namespace``
+    says whether those pids are this node's view of the workers' pids.
+    """
     import psutil
 
     cgroup = _cgroup_memory()
     total = psutil.virtual_memory().total
     limit = cgroup.get("cgroup_limit_bytes")
     cgroup["limit_bytes"] = min(limit, total) if limit else total
-    return {"kernel_log": _kernel_oom_kills(), "cgroup": cgroup, "time": time.time()}
+    return {"kernel_log": _kernel_oom_kills(since), "cgroup": cgroup, "time": time.time()}
 
 
 def read_files(paths: list[str], tail_bytes: int = 65536) -> dict[str, str | None]:

@@ -153,17 +153,55 @@ def rank_hints(pids: list[int] | None = None, *, logs_dir: str | None = None,
     return {"processes": result, "seconds": time.perf_counter() - started}
 
 
-def thread_times(pids: list[int]) -> dict[int, dict[int, float]]:
-    """Per pid, per OS thread id: user + system CPU seconds so far; pids that are gone are left out."""
-    import psutil
+def thread_times(pids: list[int]) -> dict[int, dict[int, dict[str, float]]]:
+    """Per pid, per OS thread id: progress counters so far, read from ``/proc`` with no ptrace.
 
-    found: dict[int, dict[int, float]] = {}
+    ``cpu`` (user + system CPU seconds), ``switches`` (voluntary context switches: a thread that
+    sleeps, waits on I/O or yields between steps switches every step; one blocked for good does not),
+    ``preempted`` (involuntary switches: a spinning thread is preempted) and ``io`` (bytes the thread
+    read and wrote through system calls: a checkpoint being written moves it, a spinning wait does not). Pids that are gone are
+    left out; where ``/proc`` has no ``status`` (not Linux), psutil's CPU times alone.
+    """
+    found: dict[int, dict[int, dict[str, float]]] = {}
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     for pid in pids:
         try:
-            found[pid] = {thread.id: thread.user_time + thread.system_time for thread in psutil.Process(pid).threads()}
-        except (psutil.Error, OSError):
-            continue
+            found[pid] = _proc_counters(pid, ticks)
+        except OSError:
+            try:
+                import psutil
+
+                found[pid] = {thread.id: {"cpu": thread.user_time + thread.system_time}
+                              for thread in psutil.Process(pid).threads()}
+            except Exception:
+                continue
     return found
+
+
+def _proc_counters(pid: int, ticks: int) -> dict[int, dict[str, float]]:
+    threads: dict[int, dict[str, float]] = {}
+    for name in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{name}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+            counters = {"cpu": (int(fields[11]) + int(fields[12])) / ticks}
+            try:
+                with open(f"/proc/{pid}/task/{name}/io") as handle:
+                    moved = {key: int(value) for key, _, value in (line.partition(":") for line in handle)
+                             if key in ("rchar", "wchar")}
+                counters["io"] = moved.get("rchar", 0) + moved.get("wchar", 0)
+            except (OSError, ValueError):
+                pass  # another user's process: no io counters
+            with open(f"/proc/{pid}/task/{name}/status") as handle:
+                for line in handle:
+                    if line.startswith("voluntary_ctxt_switches"):
+                        counters["switches"] = int(line.split(":")[1])
+                    elif line.startswith("nonvoluntary_ctxt_switches"):
+                        counters["preempted"] = int(line.split(":")[1])
+        except (OSError, IndexError, ValueError):
+            continue  # the thread ended while we read
+        threads[int(name)] = counters
+    return threads
 
 
 def is_ray_worker(cmdline: list[str]) -> bool:

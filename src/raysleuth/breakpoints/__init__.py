@@ -21,7 +21,14 @@ worker waits for a client at most ``settings().debug_wait`` seconds
 (``RAYSLEUTH_DEBUG_WAIT``, default 600). An unattended breakpoint logs a
 warning and lets the worker run on; that location then stays quiet until
 breakpoints are armed again, so a breakpoint in a loop cannot stall a job
-600 s per step. Other ranks never wait.
+600 s per step. Other ranks never wait. ``debug disarm`` also releases
+breakpoints that are waiting for a client (post-mortem sessions stay).
+
+**Who may attach.** A pdb session has a per-session secret in a 0600 file
+(``$RAYSLEUTH_HOME/debug/<session>.secret`` on the worker's node); a client
+must send it as its first line (``raysleuth debug attach`` does), else it
+is disconnected without a prompt. debugpy has no authentication: it
+listens on 127.0.0.1 only, and ``debug ls`` says so.
 
 Scaling note: each process polls the writer once per POLL_INTERVAL (one
 tiny actor call). At thousands of workers, publish the control through a
@@ -31,6 +38,7 @@ per-node agent (one poll per node) instead.
 from __future__ import annotations
 
 from raysleuth.breakpoints._sessions import (
+    DEBUGPY_NOTE,
     DebugSession,
     attach_instructions,
     local_addresses,
@@ -56,6 +64,7 @@ from raysleuth.breakpoints.opening import post_mortem_session
 
 __all__ = [
     "ArmState",
+    "DEBUGPY_NOTE",
     "DebugSession",
     "POLL_INTERVAL",
     "arm",

@@ -25,6 +25,7 @@ from typing import Any
 
 __all__ = [
     "CONTROL_KEY",
+    "DEBUGPY_NOTE",
     "DebugSession",
     "TOPIC",
     "attach_instructions",
@@ -37,6 +38,10 @@ __all__ = [
 TOPIC = "debug_sessions"
 #: Writer control key that arms/disarms breakpoints at runtime.
 CONTROL_KEY = "debug"
+#: What a debugpy session is open to (debugpy has no authentication of its own).
+DEBUGPY_NOTE = ("debugpy has no authentication: any local user of that node who reaches its port can attach and "
+                "run code as the job while it waits; it listens on 127.0.0.1 only, unless RAYSLEUTH_DEBUG_HOST says "
+                "otherwise (RAYSLEUTH_DEBUGGER=pdb uses a per-session secret)")
 #: Name prefix of the launch.json configurations raysleuth owns.
 VSCODE_PREFIX = "raysleuth: "
 
@@ -76,6 +81,8 @@ class DebugSession:
     """Why a session was released (``client detached``, ``no client within 600s``...)."""
     exception: str | None = None
     """For post-mortem sessions: the exception, as ``Type: message``."""
+    secret_file: str | None = None
+    """pdb sessions: the 0600 file (on the session's node) holding the secret a client sends first."""
 
     @property
     def location(self) -> str:
@@ -154,8 +161,11 @@ def attach_instructions(session: DebugSession, *, local_ips: set[str] | None = N
     }
     if session.kind == "pdb":
         result["command"] = f"raysleuth debug attach {session.id}"
-        result["netcat"] = f"nc {connect_host} {session.port}"
+        result["secret_file"] = session.secret_file
+        # the secret goes first, as one line; `raysleuth debug attach` does this for you
+        result["netcat"] = f"(cat {session.secret_file or 'SECRET_FILE'}; cat) | nc {connect_host} {session.port}"
     else:
+        result["authentication"] = DEBUGPY_NOTE
         result["vscode"] = vscode_configuration(session, host=connect_host)
         result["command"] = "raysleuth debug vscode   # then Run and Debug -> " + result["vscode"]["name"]
     return result

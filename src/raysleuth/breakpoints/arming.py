@@ -233,4 +233,12 @@ def _consider(frame: FrameType, name: str | None, rank_filter: Any, when: Any) -
     except Exception as error:  # a bad condition or filter must not take the step down
         _warn_once(f"condition:{error!r}", "raysleuth: breakpoint %s skipped: %r", name, error)
         return
-    _open_session(frame, name, key=key, skipped=_skipped)
+    _open_session(frame, name, key=key, skipped=_skipped, cancelled=_disarmed)
+
+
+def _disarmed() -> bool:
+    """Breakpoints were disarmed on purpose (``raysleuth debug disarm``, ``rs.disarm()``): a waiting one lets go.
+
+    Falling back to the environment (the first poll of an unset control, ``debug disarm --reset``) releases none.
+    """
+    return not _armed and _arm_source != "env"

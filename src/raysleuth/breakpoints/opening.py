@@ -121,11 +121,13 @@ def _publish(session: DebugSession) -> None:
 
 
 def _open_session(frame: FrameType | None, name: str | None, *, key: tuple | None = None,
-                  exc_info: tuple | None = None, skipped: set | None = None) -> DebugSession | None:
+                  exc_info: tuple | None = None, skipped: set | None = None,
+                  cancelled: Any = None) -> DebugSession | None:
     """Start (or reuse) a server, publish, wait (bounded), stop at ``frame``. Never raises.
 
     A session no client attached to adds ``key`` to ``skipped`` (the arming's
-    quiet locations).
+    quiet locations). ``cancelled()`` true while waiting (breakpoints were
+    disarmed) releases the session at once.
 
     Nothing may run after the pdb ``set_trace`` call: the next traced line
     must be the caller's.
@@ -155,10 +157,12 @@ def _open_session(frame: FrameType | None, name: str | None, *, key: tuple | Non
                 kind = "pdb"
         if kind == "debugpy":
             session = _new_session("debugpy", listen_host, port, frame, name, exception)
-            attached = _servers.debugpy_session(session, frame, wait, _publish, exc_info=exc_info)
+            attached = _servers.debugpy_session(session, frame, wait, _publish, exc_info=exc_info,
+                                                cancelled=cancelled)
         else:
             session = _new_session("pdb", host, 0, frame, name, exception)
-            attached = _servers.pdb_session(session, frame, wait, host, _publish, exc_info=exc_info)
+            attached = _servers.pdb_session(session, frame, wait, host, _publish, exc_info=exc_info,
+                                            cancelled=cancelled)
         if not attached and key is not None and skipped is not None:
             skipped.add(key)
         return session

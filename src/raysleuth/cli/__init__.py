@@ -33,6 +33,7 @@ COMMAND_MODULES = (
     "stacks",
     "tasks",
     "timeline",
+    "weights",
 )
 
 for _module in COMMAND_MODULES:

@@ -22,7 +22,10 @@ def consistency(
     limit: Annotated[int, typer.Option("--limit", help="How many checks to list, newest first.", callback=at_least_one)] = 20,
     json_: JsonOption = False,
 ) -> None:
-    """List stored consistency checks (which tensor, which rank, which element); exit 1 if the latest mismatched."""
+    """List stored consistency checks (which tensor, which rank, which element); exit 1 unless the latest was consistent.
+
+    The latest check mismatched, could not run, or compared nothing (0 tensors on every rank): exit 1.
+    """
     from raysleuth.consistency import latest_checks
 
     checks = latest_checks(name_run(run, home), home=home_path(home), key=key, limit=limit, jobs=job)
@@ -45,6 +48,8 @@ def consistency(
             verdict = f"[green]consistent[/green] ({report.tensors_checked} tensors)"
         elif report.error:
             verdict = "[yellow]could not run[/yellow]"
+        elif report.nothing_compared:
+            verdict = "[yellow]nothing compared[/yellow] (0 tensors)"
         else:
             verdict = f"[red]{len(report.mismatches)} mismatched[/red]"
             if report.missing_ranks:
@@ -67,6 +72,8 @@ def consistency(
             console.print(f"  [red]✗[/red] rank(s) {latest.missing_ranks} did not arrive within {latest.timeout}s")
         if latest.error:
             console.print(f"  [yellow]⚠️ [/yellow] {latest.error}")
+        if latest.nothing_compared:
+            console.print(f"  [yellow]⚠️ [/yellow] {latest.summary()}", soft_wrap=True)
         for note in latest.notes:
             console.print(f"  note: {note}")
     finish(1 if latest_bad else 0)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from raysleuth.cli._app import (
@@ -50,9 +51,13 @@ def ls(
     json_: JsonOption = False,
 ) -> None:
     """List debug sessions: waiting for a client, attached (and released with --all)."""
+    from raysleuth import breakpoints
+
     sessions, source = _sessions(address, run, home, all_)
+    open_debugpy = any(session.kind == "debugpy" and session.state != "released" for session in sessions)
     if json_:
-        emit_json({"source": source, "sessions": [session.to_dict() for session in sessions]})
+        emit_json({"source": source, "sessions": [session.to_dict() for session in sessions],
+                   "notes": [breakpoints.DEBUGPY_NOTE] if open_debugpy else []})
         finish(0)
     if not sessions:
         console.print(f"no debug sessions ({source}); arm breakpoints with `raysleuth debug arm` or RAYSLEUTH_DEBUG=1")
@@ -69,13 +74,44 @@ def ls(
                       f"{os.path.basename(session.file or '?')}:{session.line}", f"{age:.0f}s ago")
     console.print(table)
     console.print("attach: [bold]raysleuth debug attach ID[/bold] (pdb) or [bold]raysleuth debug vscode[/bold] (debugpy)")
+    if open_debugpy:
+        console.print(f"[yellow]note:[/yellow] {escape(breakpoints.DEBUGPY_NOTE)}")
     finish(0)
 
 
-def _bridge(host: str, port: int, *, timeout: float = 10.0) -> int:
-    """Connect the terminal to a pdb session until it closes."""
+def _secret(session) -> str:
+    """The pdb session's secret: from its 0600 file here, else through its node's agent."""
+    path = session.secret_file
+    if not path:
+        raise UsageError(f"session {session.id} has no secret file (made by an older raysleuth?)",
+                         fix="arm again and attach to the new session")
+    try:
+        return Path(path).read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        pass
+    except OSError as error:
+        raise UsageError(f"cannot read the secret of session {session.id} at {path} ({error.strerror or error})",
+                         fix="run `raysleuth debug attach` as the user that runs the job") from None
+    text = None
+    if session.node_id:
+        from raysleuth import agents
+
+        try:
+            found = agents.call_agents("read_files", [path], timeout=20, nodes=[session.node_id])
+            text = next((result.value or {}).get(path) for result in found if result.ok)
+        except Exception:
+            text = None
+    if not text:
+        raise UsageError(f"the secret of session {session.id} is gone ({path})",
+                         fix="the session was attached or released: `raysleuth debug ls --all`")
+    return text.strip()
+
+
+def _bridge(host: str, port: int, secret: str, *, timeout: float = 10.0) -> int:
+    """Connect the terminal to a pdb session (the secret first) until it closes."""
     try:
         connection = socket.create_connection((host, port), timeout=timeout)
+        connection.sendall(secret.encode() + b"\n")
     except OSError as error:
         raise ClusterUnreachable(f"cannot connect to the pdb session at {host}:{port} ({error.strerror or error})",
                                  fix="it may have been released (`raysleuth debug ls --all`), or needs an SSH tunnel") from None
@@ -130,9 +166,10 @@ def attach(
         if how["ssh_tunnel"]:
             console.print(f"session {session.id} is on {session.node_ip}: open a tunnel first, in another terminal:\n"
                           f"  {how['ssh_tunnel']}")
-        finish(_bridge(how["connect"]["host"], how["connect"]["port"]))
+        finish(_bridge(how["connect"]["host"], how["connect"]["port"], _secret(session)))
     console.print(f"debugpy session [bold]{session.id}[/bold]: rank {session.rank}, pid {session.pid}, "
-                  f"{session.location}")
+                  f"{escape(session.location)}")
+    console.print(f"[yellow]note:[/yellow] {escape(breakpoints.DEBUGPY_NOTE)}")
     if how["ssh_tunnel"]:
         console.print(f"1. forward the port (the server listens on 127.0.0.1 of {session.node_ip}):\n"
                       f"   {how['ssh_tunnel']}")
@@ -226,5 +263,6 @@ def disarm(
     if json_:
         emit_json(value)
     else:
-        console.print(f"disarmed breakpoints; workers pick it up within {breakpoints.POLL_INTERVAL:g}s")
+        console.print(f"disarmed breakpoints; within {breakpoints.POLL_INTERVAL:g}s workers pick it up and "
+                      "breakpoints waiting for a client let their worker run on (post-mortem sessions stay)")
     finish(0)

@@ -58,18 +58,30 @@ def render_report(report, *, show_frames: int = MAX_FRAMES, out=None) -> None:
             out.print(f"  [yellow]{escape(where)}[/yellow] {escape(item.reason)}")
     for note in verdict.notes:
         out.print(f"[dim]note: {escape(note)}[/dim]")
+    if verdict.signals:
+        out.print(f"[dim]decided by: {escape('; '.join(verdict.signals))}[/dim]")
     out.print()
     if verdict.problem:
         out.print(f"[red bold]verdict:[/red bold] [red]{escape(verdict.summary)}[/red]")
+        title = "root cause" if verdict.state == "culprit" else "in the cycle"
         for culprit in verdict.culprits:
             name = f"rank {culprit.rank}" if culprit.rank is not None else "no rank"
             source = f" (from {culprit.rank_source})" if culprit.rank_source else ""
             place = f"{culprit.function} ({culprit.file}:{culprit.line})" if culprit.function else ""
-            out.print(f"  [red]✗ {name}{escape(source)}, pid {culprit.pid} @ {culprit.node_ip}[/red] "
+            where = f", pid {culprit.pid} @ {culprit.node_ip}" if culprit.pid else ""
+            out.print(f"  [red]✗ {title}: {name}{escape(source)}{escape(where)}[/red] "
                       f"{escape(culprit.actor_class or '')} {escape(place)}")
-            out.print(f"    [dim]rule: {escape(culprit.rule or '?')} — {escape(culprit.reason)}[/dim]")
+            out.print(f"    [dim]evidence: {escape(culprit.rule or '?')} — {escape(culprit.reason)}[/dim]")
+        if verdict.consequences:
+            out.print("  [bold]consequences[/bold]")
+            for item in verdict.consequences[:12]:
+                out.print(f"    [yellow]{escape(item.who)}[/yellow] ({escape(item.state)}): {escape(item.because)}")
+            if len(verdict.consequences) > 12:
+                out.print(f"    [dim]... and {len(verdict.consequences) - 12} more[/dim]")
         if verdict.next_command:
             out.print(f"[bold]next:[/bold] {escape(verdict.next_command)}")
+    elif verdict.state in ("unsure", "unread"):
+        out.print(f"[yellow bold]verdict:[/yellow bold] [yellow]{escape(verdict.summary)}[/yellow]")
     else:
         out.print(f"[green]verdict:[/green] {escape(verdict.summary)}")
 
@@ -120,21 +132,25 @@ def stacks(
     include_idle: Annotated[bool, typer.Option("--include-idle", help="Also idle pool workers and idle background threads.")] = False,
     rank: RanksOption = None,
     pid: Annotated[list[int] | None, typer.Option("--pid", help="Only these pids (repeatable).")] = None,
-    timeout: Annotated[float, duration_option("--timeout", help="Time for the whole capture; partial results after that.", check=positive)] = 30.0,
+    timeout: Annotated[float, duration_option("--timeout", help="Time for the whole capture (both samples and every clue); partial results after that.", check=positive)] = 30.0,
+    job: Annotated[str | None, typer.Option("--job", help="Only this Ray job's processes (its id, e.g. 02000000).")] = None,
     once: Annotated[bool, typer.Option("--once", help="One sample only (cannot tell a hung job from a busy one).")] = False,
     interval: Annotated[float, duration_option("--interval", help="Time between the two samples.")] = 2.0,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Also write the report here (.json: JSON, else text).")] = None,
     record: Annotated[bool, typer.Option("--record/--no-record", help="Store the report as stack_report evidence.")] = True,
     json_: JsonOption = False,
 ) -> None:
-    """Dump every worker's and driver's Python stack, grouped, with the culprit (exit 1 when one is named or the job is hung)."""
+    """Every worker's and driver's Python stack, grouped, judged: the root cause and its consequences.
+
+    Exit 0: progress seen (busy) or an idle job (ok); 1: culprit, deadlock or hung; 2: unsure or unread.
+    """
     from raysleuth.errors import UsageError
     from raysleuth.stacks import dump_stacks, record_report
 
     if interval < 0 or interval > 300:
         raise UsageError(f"--interval must be between 0 and 300 seconds, got {interval:g}", fix="e.g. --interval 2")
     report = dump_stacks(address, pids=pid or None, native=native, include_idle=include_idle, rank=rank,
-                         timeout=timeout, samples=1 if once else 2, interval=interval)
+                         timeout=timeout, samples=1 if once else 2, interval=interval, job=job)
     if record:
         record_report(report)
         _flush()
@@ -148,7 +164,7 @@ def stacks(
         for call in unreturned:
             console.print(f"[yellow]verl: rank {call['rank']} has not returned from {call['method']} "
                           f"({call['seconds']:.0f}s, {call['worker_name'] or 'worker'})[/yellow]")
-    finish(1 if report.verdict.problem else 0)
+    finish(report.verdict.exit_code)
 
 
 def _unreturned_calls() -> list[dict]:
@@ -195,6 +211,7 @@ def watch(
     duration: Annotated[float | None, duration_option("--duration", help="Stop after this long (exit 0 if no stall).", check=positive)] = None,
     interval: Annotated[float | None, duration_option("--interval", help="Time between heartbeat reads.", check=positive)] = None,
     timeout: Annotated[float, duration_option("--timeout", help="Time for the stacks snapshot at a stall.", check=positive)] = 30.0,
+    job: Annotated[str | None, typer.Option("--job", help="Only this Ray job's ranks (its id, e.g. 02000000).")] = None,
     home: HomeOption = None,
     json_: JsonOption = False,
 ) -> None:
@@ -204,7 +221,7 @@ def watch(
 
     connect(address)
     dog = Watchdog(stall, address=address, home=str(home_path(home)), interval=interval, stacks_timeout=timeout,
-                   include_self=False)
+                   include_self=False, job=job)
     if not json_:
         err_console.print(f"[dim]watching heartbeats (stall {stall:g}s){'; Ctrl-C to stop' if forever else ''}[/dim]")
     started = time.monotonic()
@@ -232,7 +249,8 @@ def watch(
     except KeyboardInterrupt:
         pass
     if stalls == 0 and json_:
-        emit_json({"stalls": 0, "ranks": sorted(dog.tracker.ranks), "summary": dog.finished or "no stall",
+        emit_json({"stalls": 0, "ranks": sorted({r.rank for r in dog.tracker.ranks.values()}),
+                   "summary": dog.finished or "no stall",
                    "finished": dog.finished is not None})
     elif stalls == 0 and dog.finished:
         console.print(f"[green]no stall[/green]: {escape(dog.finished)}")

@@ -3,8 +3,10 @@
 - ``install()`` (worker side, :mod:`.record`): called in a worker by the
   zero-code setup, or given to Ray directly as
   ``runtime_env={"worker_process_setup_hook": "raysleuth.collectives.install"}``.
-  Switches torch's Flight Recorder on (``TORCH_FR_BUFFER_SIZE`` unless set),
-  wraps the ``torch.distributed`` collectives when the job imports them
+  Switches torch's Flight Recorder on in full mode (``TORCH_FR_BUFFER_SIZE``
+  unless set; light mode keeps only the wrapper, see
+  :func:`.record.flight_recorder_wanted`), wraps the ``torch.distributed``
+  collectives when the job imports them
   (user frame, step, progress heartbeats), answers dump requests from the
   control thread. Never raises; a no-op without torch.
 - ``dump(reason)``: writes this process's collective records to the store.

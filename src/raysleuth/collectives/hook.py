@@ -59,11 +59,17 @@ _wake = threading.Event()
 """Set when a process group is created: the background thread then records this rank at once."""
 
 
-class _WrapOnImport(importlib.abc.MetaPathFinder):
-    """Wraps the collectives right after the job imports ``torch.distributed``."""
+class WrapOnImport(importlib.abc.MetaPathFinder):
+    """Calls ``then()`` right after the job imports module ``name`` (default: wraps ``torch.distributed``).
+
+    Put one at the front of ``sys.meta_path``; it removes itself at the first import of ``name``.
+    """
+
+    def __init__(self, name: str = "torch.distributed", then: Callable[[], Any] | None = None) -> None:
+        self.name, self.then = name, then
 
     def find_spec(self, name, path=None, target=None):
-        if name != "torch.distributed":
+        if name != self.name:
             return None
         try:
             sys.meta_path.remove(self)
@@ -77,11 +83,11 @@ class _WrapOnImport(importlib.abc.MetaPathFinder):
             return None
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        original = spec.loader.exec_module
+        original, then = spec.loader.exec_module, self.then or wrap_collectives
 
         def exec_module(module):
             original(module)
-            wrap_collectives()
+            then()
 
         spec.loader.exec_module = exec_module
         return spec

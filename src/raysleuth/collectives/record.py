@@ -3,7 +3,8 @@
 Two sources, read together at dump time:
 
 - **torch's Flight Recorder** (``TORCH_FR_BUFFER_SIZE``, set by :func:`install`
-  before any process group exists): every collective the process group
+  before any process group exists, in full mode only: see
+  :func:`flight_recorder_wanted`): every collective the process group
   issues, DDP's gradient buckets included, with ``collective_seq_id`` per
   process group, op, sizes and dtypes. Read with torch's JSON dump, never the
   pickle one.
@@ -33,8 +34,8 @@ from typing import Any, Callable
 from raysleuth import runtime
 from raysleuth.collectives import hook
 from raysleuth.collectives.hook import (
+    WrapOnImport,
     _STATE,
-    _WrapOnImport,
     _groups,
     _plain,
     _progress,
@@ -44,7 +45,7 @@ from raysleuth.collectives.hook import (
 )
 
 FR_BUFFER_SIZE = "2000"
-"""Flight Recorder entries torch keeps per process (``TORCH_FR_BUFFER_SIZE`` unless set)."""
+"""Flight Recorder entries torch keeps per process in full mode (``TORCH_FR_BUFFER_SIZE`` unless set)."""
 DUMP_LIMIT = 256
 """At most this many entries per process group in one dump (the newest)."""
 FULL_MODE_INTERVAL = 1.0
@@ -83,11 +84,12 @@ def install() -> None:
         if runtime.settings().mode == "off":
             return
         _installed = True
-        os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FR_BUFFER_SIZE)
+        if flight_recorder_wanted(runtime.settings().mode):
+            os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FR_BUFFER_SIZE)
         if "torch.distributed" in sys.modules:
             wrap_collectives()
         else:
-            sys.meta_path.insert(0, _WrapOnImport())
+            sys.meta_path.insert(0, WrapOnImport())
         from raysleuth import control
 
         control.register("collectives.dump", _on_request)
@@ -96,6 +98,20 @@ def install() -> None:
                          name="raysleuth-collectives", daemon=True).start()
     except Exception:
         pass
+
+
+def flight_recorder_wanted(mode: str) -> bool:
+    """Whether :func:`install` switches torch's Flight Recorder on: in full mode only.
+
+    It costs a 1 MiB gloo ``all_reduce`` about 5 % (``bench/bench_collectives.py``),
+    against a 2 % budget for what light mode (the default) keeps on. Light mode
+    keeps the wrapper: every call the job makes itself, with its start and end
+    times (``start_ns``/``end_ns``), file:line and step, but not DDP's gradient
+    buckets. A job that wants the Flight Recorder in light mode sets
+    ``TORCH_FR_BUFFER_SIZE`` itself (torch's own switch, read when a process
+    group is created).
+    """
+    return mode == "full"
 
 
 # --------------------------------------------------------------------- dump

@@ -118,18 +118,19 @@ def _meet(exchange: Exchange, report: ConsistencyReport, mine: dict[str, Fingerp
             del posted[rank]
     report.arrived_ranks = sorted(posted)
     report.missing_ranks = [rank for rank in world if rank not in posted]
+    report.tensors_checked = len({name for fps in posted.values() for name in fps})
     if report.rank not in posted:  # only possible if our own post was lost
         raise RuntimeError("this rank's own fingerprints did not reach the mailbox")
     mismatches, requests, rehash = compare_fingerprints(posted)
     if rehash:
-        # CPU (xxh3) and CUDA (wsum) ranks hold the same tensor: compare wsum digests.
-        again = {name: fingerprint(tensors[name], name=name, stats=atol > 0 or rtol > 0, algorithm="wsum")
+        # CPU (xxh3) and CUDA (mix64) ranks hold the same tensor: compare mix64 digests.
+        again = {name: fingerprint(tensors[name], name=name, stats=atol > 0 or rtol > 0, algorithm="mix64")
                  for name in rehash if name in tensors}
         redo = exchange.round("rehash", again, expected=report.arrived_ranks)
         for rank, fps in redo.items():
             posted[rank].update(fps)
         mismatches, requests, still = compare_fingerprints(posted)
-        for name in still:  # a rank's wsum rehash did not arrive: say so, never count it consistent
+        for name in still:  # a rank's mix64 rehash did not arrive: say so, never count it consistent
             report.incomparable.append(name)
             report.notes.append(f"{name}: not compared, digests differ in algorithm ({algorithms_of(posted, name)})")
     if requests:
@@ -146,8 +147,7 @@ def _meet(exchange: Exchange, report: ConsistencyReport, mine: dict[str, Fingerp
 
 
 def _finish(report: ConsistencyReport, started: float, record: bool) -> ConsistencyReport:
-    report.consistent = (not report.mismatches and not report.missing_ranks and not report.incomparable
-                         and report.error is None)
+    report.settle()
     report.seconds = round(time.monotonic() - started, 4)
     if report.consistent:
         log.info(report.summary())
@@ -158,8 +158,7 @@ def _finish(report: ConsistencyReport, started: float, record: bool) -> Consiste
         try:
             from raysleuth.recorder import record as store
 
-            store("consistency", report.to_dict(), name=report.key, step=report.step,
-                  level="info" if report.consistent else "error")
+            store("consistency", report.to_dict(), name=report.key, step=report.step, level=report.level)
         except Exception:  # the recorder never blocks or raises, but be sure
             log.debug("could not record consistency report", exc_info=True)
     return report

@@ -58,24 +58,24 @@ def _ship_chunks(actor: Any, token: str, wanted: list[tuple[str, int]], fps: dic
     return {(name, chunk): chunk_bytes(values[name], fps[name], chunk) for name, chunk in wanted}
 
 
-def _wsum_again(actor: Any, token: str, names: list[str], stats: bool) -> dict[str, Any]:
+def _mix64_again(actor: Any, token: str, names: list[str], stats: bool) -> dict[str, Any]:
     values = _stash.get(token, {})
-    return {name: fingerprint(values[name], name=name, stats=stats, algorithm="wsum")
+    return {name: fingerprint(values[name], name=name, stats=stats, algorithm="mix64")
             for name in names if name in values}
 
 
 def _rehash(handles: list[Any], posted: dict[int, dict[str, Any]], names: list[str], token: str,
             deadline: float, report: ConsistencyReport) -> None:
-    """Every rank fingerprints ``names`` again with ``wsum`` (same digests on CPU and CUDA)."""
+    """Every rank fingerprints ``names`` again with ``mix64`` (same digests on CPU and CUDA)."""
     import ray
 
     refs = {rank: ray_call(handles[rank], functools.partial(
-        _wsum_again, token=token, names=names, stats=report.atol > 0 or report.rtol > 0)) for rank in posted}
+        _mix64_again, token=token, names=names, stats=report.atol > 0 or report.rtol > 0)) for rank in posted}
     for rank, ref in refs.items():
         try:
             posted[rank].update(ray.get(ref, timeout=max(1.0, deadline - time.monotonic())))
         except Exception as error:
-            report.notes.append(f"rank {rank}: could not rehash {names} with wsum: {type(error).__name__}")
+            report.notes.append(f"rank {rank}: could not rehash {names} with mix64: {type(error).__name__}")
 
 
 def _forget(actor: Any, token: str) -> None:
@@ -138,7 +138,7 @@ def compare(actor_handles: list[Any], fn: Callable[[Any], Any], atol: float = 0,
         if posted:
             report.tensors_checked = len({name for fps in posted.values() for name in fps})
             mismatches, requests, rehash = compare_fingerprints(posted)
-            if rehash:  # ranks digested alike-named tensors differently (CPU xxh3, CUDA wsum): rehash as wsum
+            if rehash:  # ranks digested alike-named tensors differently (CPU xxh3, CUDA mix64): rehash as mix64
                 _rehash(handles, posted, rehash, token, deadline, report)
                 mismatches, requests, still = compare_fingerprints(posted)
                 for name in still:
@@ -167,14 +167,13 @@ def compare(actor_handles: list[Any], fn: Callable[[Any], Any], atol: float = 0,
     finally:
         for rank in posted:
             ray_call(handles[rank], functools.partial(_forget, token=token))
-    report.consistent = (not report.mismatches and not report.missing_ranks and not report.incomparable
-                         and report.error is None)
+    report.settle()
     report.seconds = round(time.monotonic() - started, 4)
     (log.info if report.consistent else log.warning)(report.summary())
     if record:
         from raysleuth.recorder import record as store
 
-        store("consistency", report.to_dict(), name=key, level="info" if report.consistent else "error")
+        store("consistency", report.to_dict(), name=key, level=report.level)
     return report
 
 

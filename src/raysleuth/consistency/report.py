@@ -33,7 +33,7 @@ class Mismatch:
     groups: list[list[int]]
     """Ranks that agree with each other, largest group first."""
     outlier_ranks: list[int]
-    """Ranks outside the reference (largest; on a tie, the one with the lowest rank) group."""
+    """Ranks outside the largest group; empty when the mismatch is :attr:`ambiguous`."""
     reference_rank: int | None = None
     first_index: list[int] | None = None
     """Index (one entry per dimension) of the first element that differs."""
@@ -45,10 +45,15 @@ class Mismatch:
     values: dict[str, str] = field(default_factory=dict)
     """Rank -> the value it holds at ``first_index`` (one rank per group)."""
     detail: str = ""
+    ambiguous: bool = False
+    """The largest groups are of one size (2 ranks, an even split): no rank is named as the outlier."""
 
     def describe(self) -> str:
         """One line for logs and the CLI."""
-        text = f"{self.name}: {self.kind} differs on rank(s) {self.outlier_ranks}"
+        if self.ambiguous:
+            text = f"{self.name}: {self.kind} differs, ambiguous: ranks " + " vs ".join(map(str, self.groups))
+        else:
+            text = f"{self.name}: {self.kind} differs on rank(s) {self.outlier_ranks}"
         if self.first_index is not None:
             text += f", first at index {tuple(self.first_index)}"
         if self.max_abs_diff is not None:
@@ -83,8 +88,23 @@ class ConsistencyReport:
     error: str | None = None
     notes: list[str] = field(default_factory=list)
     incomparable: list[str] = field(default_factory=list)
-    """Tensors whose ranks' digests use different algorithms (xxh3/blake2b/wsum) and could not be
+    """Tensors whose ranks' digests use different algorithms (xxh3/blake2b/mix64) and could not be
     rehashed alike: not compared, so the check cannot say they are consistent."""
+    nothing_compared: bool = False
+    """No rank that arrived posted a tensor (``check_gradient_sync`` before ``backward()``,
+    parameters without ``.grad``, an exhausted generator): a warning, never consistent."""
+
+    @property
+    def level(self) -> str:
+        """The record level: ``INFO`` consistent, ``WARNING`` when nothing was compared, else ``ERROR``."""
+        return "INFO" if self.consistent else ("WARNING" if self.nothing_compared else "ERROR")
+
+    def settle(self) -> None:
+        """Set :attr:`consistent` (and :attr:`nothing_compared`) from what the check found."""
+        self.nothing_compared = (self.error is None and not self.mismatches and not self.incomparable
+                                 and not self.missing_ranks and self.tensors_checked == 0)
+        self.consistent = (not self.mismatches and not self.missing_ranks and not self.incomparable
+                           and self.error is None and not self.nothing_compared)
 
     @property
     def outlier_ranks(self) -> list[int]:
@@ -96,6 +116,10 @@ class ConsistencyReport:
         """One line: the verdict and the first few culprits."""
         if self.error:
             return f"consistency check {self.key!r} could not run: {self.error}"
+        if self.nothing_compared:
+            return (f"consistency check {self.key!r} NOTHING COMPARED: no rank of {self.world_size} posted a tensor "
+                    "(a gradient check before backward(), parameters without .grad, an exhausted generator?): "
+                    "pass the tensors to compare")
         if self.consistent:
             extra = f" ({len(self.within_tolerance)} within tolerance)" if self.within_tolerance else ""
             return (f"consistency check {self.key!r}: {self.tensors_checked} tensors consistent across "
@@ -136,6 +160,8 @@ class ConsistencyReport:
                       for m in data.get("mismatches", []) if isinstance(m, dict)]
         report = cls(**{k: v for k, v in data.items() if k in known and k != "mismatches"})
         report.mismatches = mismatches
+        if report.consistent and report.tensors_checked == 0:  # stored before 0 tensors was a warning
+            report.settle()
         return report
 
 
@@ -167,6 +193,13 @@ def _groups(values: dict[int, Any]) -> list[list[int]]:
     return sorted(by_value.values(), key=lambda ranks: (-len(ranks), ranks[0]))
 
 
+def _blamed(name: str, kind: str, groups: list[list[int]], outliers: list[int], **fields: Any) -> Mismatch:
+    """A mismatch naming ``outliers``, unless the largest groups tie: then ambiguous, naming no rank."""
+    ambiguous = len(groups) > 1 and len(groups[0]) == len(groups[1])
+    return Mismatch(name, kind, groups, [] if ambiguous else outliers, reference_rank=groups[0][0],
+                    ambiguous=ambiguous, **fields)
+
+
 def compare_fingerprints(
     posted: dict[int, dict[str, Fingerprint]],
     *,
@@ -177,7 +210,7 @@ def compare_fingerprints(
     Returns the mismatches (values not yet localised), the chunks to fetch
     to localise value mismatches, and the names whose ranks used different
     digest algorithms (CPU and CUDA ranks: fingerprint those again with
-    ``wsum``).
+    ``mix64``).
     """
     ranks = sorted(posted)
     names: list[str] = []
@@ -194,16 +227,15 @@ def compare_fingerprints(
             absent = [rank for rank in ranks if rank not in have]
             present = sorted(have)
             outliers = absent if len(absent) <= len(present) else present
-            mismatches.append(Mismatch(name, "missing", groups, outliers, reference_rank=groups[0][0],
-                                       detail=f"absent on rank(s) {absent}"))
+            mismatches.append(_blamed(name, "missing", groups, outliers, detail=f"absent on rank(s) {absent}"))
             if len(have) < 2:
                 continue  # the ranks that have it are still compared with each other below
         for kind, attribute in (("dtype", "dtype"), ("shape", "shape")):
             groups = _groups({rank: getattr(fp, attribute) for rank, fp in have.items()})
             if len(groups) > 1:
                 described = ", ".join(f"{getattr(have[g[0]], attribute)} on {g}" for g in groups)
-                mismatches.append(Mismatch(name, kind, groups, sorted(r for g in groups[1:] for r in g),
-                                           reference_rank=groups[0][0], detail=described))
+                mismatches.append(_blamed(name, kind, groups, sorted(r for g in groups[1:] for r in g),
+                                          detail=described))
                 break
         else:
             if len({(fp.algorithm, fp.chunk_elems) for fp in have.values()}) > 1:
@@ -213,8 +245,7 @@ def compare_fingerprints(
             if len(groups) == 1:
                 continue
             reference = groups[0][0]
-            mismatch = Mismatch(name, "value", groups, sorted(r for g in groups[1:] for r in g),
-                                reference_rank=reference)
+            mismatch = _blamed(name, "value", groups, sorted(r for g in groups[1:] for r in g))
             ref_fp = have[reference]
             complete = True
             wanted: set[int] = set()
@@ -239,7 +270,7 @@ def compare_fingerprints(
 
 
 def algorithms_of(posted: dict[int, dict[str, Fingerprint]], name: str) -> str:
-    """``xxh3 on [0, 1], wsum on [2]``: which rank digested ``name`` how."""
+    """``xxh3 on [0, 1], mix64 on [2]``: which rank digested ``name`` how."""
     by_algorithm: dict[str, list[int]] = defaultdict(list)
     for rank in sorted(posted):
         if name in posted[rank]:

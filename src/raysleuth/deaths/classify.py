@@ -110,11 +110,70 @@ class Verdict:
     """Ray's own death reason (``WORKER_DIED``, ``RAY_KILL``...), for comparison."""
 
 
-def _kernel_kill(oom: Mapping[str, Any] | None, pid: int | None) -> str | None:
-    for kill in ((oom or {}).get("kernel_log") or {}).get("kills") or []:
-        if pid is not None and kill.get("pid") == pid:
-            return kill.get("text") or f"Killed process {pid}"
-    return None
+#: A kernel OOM kill counts for a death when logged this long before it, or up to ``KILL_AFTER_S`` after.
+KILL_BEFORE_S = 60.0
+KILL_AFTER_S = 15.0
+
+
+def _expected_names(evidence: DeathEvidence) -> list[str]:
+    """The command names (``comm``, 15 characters) the worker can have had: Ray titles it ``ray::<what>``."""
+    names = []
+    if evidence.actor is not None and evidence.actor.class_name:
+        names.append(f"ray::{evidence.actor.class_name}")
+    if evidence.task is not None and evidence.task.function:
+        names.append(f"ray::{evidence.task.function}")
+    return names
+
+
+def _name_fits(name: str | None, expected: list[str]) -> bool:
+    if not name or not expected or name.startswith("python") or name == "ray::IDLE":
+        return True  # unknown, or a worker before Ray set its title
+    return any(name.startswith(want) or want.startswith(name) for want in expected)
+
+
+def _kernel_kill(evidence: DeathEvidence, pid: int | None) -> tuple[str | None, list[str]]:
+    """The kernel log's kill of this process at this time: ``(line, [])``, else ``(None, why none counted)``.
+
+    A kill counts when its pid, its time (``KILL_BEFORE_S`` before to
+    ``KILL_AFTER_S`` after the death) and its command name fit. In another
+    pid namespace (a container: dmesg prints host pids) the pid cannot
+    decide: one kill whose name and time fit does, and the line says so.
+    """
+    kernel = (evidence.oom or {}).get("kernel_log") or {}
+    kills = kernel.get("kills") or []
+    same_namespace = (kernel.get("pid_namespace") or {}).get("same_as_kernel_log")
+    died, expected = _died_at(evidence), _expected_names(evidence)
+    notes: list[str] = []
+
+    def in_time(kill: Mapping[str, Any]) -> bool:
+        when = kill.get("time")
+        return died is None or when is None or died - KILL_BEFORE_S <= when <= died + KILL_AFTER_S
+
+    if same_namespace is False:
+        fitting = [kill for kill in kills if in_time(kill) and expected and _name_fits(kill.get("name"), expected)
+                   and str(kill.get("name", "")).startswith("ray::")]
+        if len(fitting) == 1 and died is not None and fitting[0].get("time") is not None:
+            return (f"{fitting[0].get('text')} (matched by command name and time: the kernel log's pids are "
+                    "the host's)"), []
+        notes.append("the kernel log uses another pid namespace (its pids are the host's), and "
+                     + ("no single kill fits this worker's name and time" if kills else "it lists no OOM kill"))
+        return None, notes
+    for kill in kills:
+        if pid is None or kill.get("pid") != pid:
+            continue
+        if not in_time(kill):
+            notes.append(f"kernel log: pid {pid} was OOM-killed at {kill.get('time'):.0f}, not near this death "
+                         f"at {died:.0f} (a reused pid)")
+        elif not _name_fits(kill.get("name"), expected):
+            notes.append(f"kernel log: pid {pid} was OOM-killed as {kill.get('name')!r}, not as this worker "
+                         f"({', '.join(expected)})")
+        else:
+            line = kill.get("text") or f"Killed process {pid}"
+            if died is None or kill.get("time") is None:
+                line += " (time not compared: " + ("the death time is unknown)" if died is None
+                                                   else "the kernel line has no time stamp)")
+            return line, []
+    return None, notes
 
 
 def _gb(value: float | None) -> str:
@@ -135,7 +194,9 @@ def classify(evidence: DeathEvidence) -> Verdict:
     ) if part)
     pid = (evidence.actor.pid if evidence.actor else None) or (worker.pid if worker else None)
 
-    for rule in (_init_failed, _node_died, _memory_monitor, _fatal_signal, _python_exception, _ray_kill,
+    # strongest evidence first: a kernel record of killing this very process at this time beats an
+    # exception captured (and perhaps handled) up to CAPSULE_WINDOW_S before
+    for rule in (_init_failed, _node_died, _kernel_oom, _memory_monitor, _fatal_signal, _python_exception, _ray_kill,
                  _exited, _vanished):
         verdict = rule(evidence, cause, reason, message, pid)
         if verdict is not None:
@@ -235,10 +296,28 @@ def _died_at(evidence: DeathEvidence) -> float | None:
     return None
 
 
-def _python_exception(evidence, cause, reason, message, pid) -> Verdict | None:
+def _recent_capsules(evidence: DeathEvidence) -> list[dict[str, Any]]:
     died = _died_at(evidence)
-    capsules = [capsule for capsule in evidence.capsules
-                if died is None or capsule.get("time") is None or died - CAPSULE_WINDOW_S <= capsule["time"] <= died + 5]
+    return [capsule for capsule in evidence.capsules
+            if died is None or capsule.get("time") is None or died - CAPSULE_WINDOW_S <= capsule["time"] <= died + 5]
+
+
+def _kernel_oom(evidence, cause, reason, message, pid) -> Verdict | None:
+    line, _ = _kernel_kill(evidence, pid)
+    if line is None:
+        return None
+    found = [f"kernel log: {line[:400]}"]
+    if message:
+        found.append(f"Ray: {message.splitlines()[0][:200]}")
+    for capsule in _recent_capsules(evidence)[-1:]:
+        found.append(f"before it, crash capsule {capsule.get('id', '')} recorded {capsule.get('exception_type')} "
+                     "(an exception the worker outlived, not the cause)")
+    return Verdict(cause="oom_killer", summary="killed by the kernel OOM killer (SIGKILL)", signal="SIGKILL",
+                   evidence=found)
+
+
+def _python_exception(evidence, cause, reason, message, pid) -> Verdict | None:
+    capsules = _recent_capsules(evidence)
     if not capsules:
         return None
     capsule = capsules[-1]
@@ -286,21 +365,23 @@ def _vanished(evidence, cause, reason, message, pid) -> Verdict | None:
              "no fatal-signal output in its log" if evidence.err_lines else "its error log could not be read"]
     kernel = (evidence.oom or {}).get("kernel_log") or {}
     cgroup = (evidence.oom or {}).get("cgroup") or {}
-    kill_line = _kernel_kill(evidence.oom, pid)
-    if kill_line:
-        return Verdict(cause="oom_killer", summary="killed by the kernel OOM killer (SIGKILL)", signal="SIGKILL",
-                       evidence=found + [f"kernel log: {kill_line[:300]}"])
+    _, kill_notes = _kernel_kill(evidence, pid)
     oom_kills = cgroup.get("oom_kill")
     limit = cgroup.get("limit_bytes")
     last = evidence.memory_samples[-1] if evidence.memory_samples else None
     rss = (last or {}).get("rss_bytes")
     near = bool(limit and rss and rss >= 0.9 * limit)
-    if oom_kills and near and not kernel.get("permitted"):
+    # the kernel log rules an OOM kill out only when it was read and its pids are the workers' pids
+    ruled_out = bool(kernel.get("permitted")) and (kernel.get("pid_namespace") or {}).get("same_as_kernel_log") \
+        is not False
+    if oom_kills and near and not ruled_out:
         return Verdict(cause="oom_killer", summary="killed by the kernel OOM killer (SIGKILL)", signal="SIGKILL",
                        evidence=found + [f"cgroup {cgroup.get('path') or ''} counted {oom_kills} OOM kill(s)",
                                          f"its last memory sample {_gb(rss)} was ≥90% of the {_gb(limit)} limit"])
+    found.extend(kill_notes)
     if kernel.get("permitted"):
-        found.append("kernel log read: no OOM kill of this pid")
+        if not kill_notes:
+            found.append("kernel log read: no OOM kill of this pid")
     elif kernel:
         found.append(f"no OOM record readable on this node (kernel log not permitted: {kernel.get('reason') or 'denied'})")
     else:
@@ -312,5 +393,5 @@ def _vanished(evidence, cause, reason, message, pid) -> Verdict | None:
     if last:
         found.append(f"its last memory sample: rss {_gb(rss)}")
     return Verdict(cause="sigkill", summary="killed by SIGKILL (not the kernel OOM killer as far as the node shows)"
-                   if kernel.get("permitted") else "killed by SIGKILL; the kernel OOM killer could not be ruled out",
+                   if ruled_out else "killed by SIGKILL; the kernel OOM killer could not be ruled out",
                    evidence=found, signal="SIGKILL")

@@ -13,14 +13,18 @@ equal tensors give equal digests whatever their strides):
   over the same buffer (``bench/bench_fingerprint.py``). ``xxhash`` is a
   dependency; where it is missing anyway the chunks are hashed with BLAKE2b
   and the fingerprint says ``algorithm="blake2b"`` (never ``xxh3``), so a
-  comparison with an xxh3 rank is rehashed with ``wsum`` or called
+  comparison with an xxh3 rank is rehashed with ``mix64`` or called
   incomparable, never a false mismatch;
 - on CUDA the bytes are viewed as 64-bit words and reduced with torch ops on
-  the device, per chunk: a wrapping sum and a position-weighted wrapping sum
-  (``wsum``), mixed into one 64-bit value. Only the chunk digests (8 bytes
-  per 4 MiB) come back to the host. ``wsum`` also has a numpy
-  implementation giving identical digests, so CPU and GPU ranks can be
-  compared (``fingerprint(x, algorithm="wsum")``).
+  the device, per chunk (``mix64``): each word goes through MurmurHash3's
+  finaliser with its first multiplier replaced by an odd key of the word's
+  position, and the mixed words are summed with wrap-around. The xor-shifts
+  make each word's share nonlinear, so structured errors (sign flips at a
+  stride, two sign flips, swapped or permuted words, +-1 ulp patterns) do
+  not cancel in the sum as they did in the weighted sum it replaced
+  (``wsum``). Only the chunk digests (8 bytes per 4 MiB) come back to the
+  host. ``mix64`` also has a numpy implementation giving identical digests,
+  so CPU and GPU ranks can be compared (``fingerprint(x, algorithm="mix64")``).
 
 Chunks are element-aligned (``chunk_elems`` elements of ``CHUNK_BYTES``
 bytes), so a differing chunk digest names an element range; comparing the

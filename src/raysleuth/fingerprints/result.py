@@ -42,8 +42,8 @@ class Fingerprint:
     device: str
     """Where it was computed: ``cpu`` or ``cuda:N``."""
     algorithm: str
-    """``xxh3`` (CPU default), ``blake2b`` (CPU without ``xxhash``) or ``wsum`` (CUDA; same digests on CPU
-    with ``algorithm="wsum"``). Digests of different algorithms are not comparable."""
+    """``xxh3`` (CPU default), ``blake2b`` (CPU without ``xxhash``) or ``mix64`` (CUDA; same digests on CPU
+    with ``algorithm="mix64"``). Digests of different algorithms are not comparable."""
     chunk_elems: int
     """Elements per chunk; chunk ``c`` covers flat elements ``[c*chunk_elems, (c+1)*chunk_elems)``."""
     digest: str

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import os
@@ -98,6 +99,8 @@ class CrashCapsule:
     """Every knowledge-base match, root cause first (id, title, cause, fix, evidence)."""
     errors: list[str] = dataclasses.field(default_factory=list)
     """Parts of the capture that failed, and why (the capsule is still written)."""
+    skipped_before: int = 0
+    """Capsules this process skipped since the one before (over :data:`MAX_CAPSULES` per window)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The capsule as a JSON-ready dict."""
@@ -260,11 +263,30 @@ def build_capsule(exc: BaseException, *, method: str | None = None) -> CrashCaps
 # Identities of exceptions captured lately (a wrapped call, then sys.excepthook, see the same one).
 _recent: deque = deque(maxlen=64)
 _recent_lock = threading.Lock()
-_FLUSH_TIMEOUT = 5.0
+
+#: Not crashes: a cancelled request (asyncio), an exit, an interrupt. They leave no capsule.
+SKIPPED_TYPES = (asyncio.CancelledError, SystemExit, KeyboardInterrupt, GeneratorExit)
+#: At most this many capsules per process in any :data:`CAPSULE_WINDOW_S` seconds; the rest are counted.
+MAX_CAPSULES = 20
+CAPSULE_WINDOW_S = 60.0
+_written: deque = deque()
+_skipped = {"since_last": 0, "total": 0, "noted": False}
 
 
 def _already_captured(exc: BaseException) -> bool:
-    """True when this exception object was captured already (no reference to it is kept)."""
+    """True when this exception object was captured already.
+
+    The object is marked (an attribute); ids alone are reused once an
+    exception is freed, and a new crash then looked captured already. An
+    exception that takes no attribute falls back to its recent ids.
+    """
+    try:
+        if getattr(exc, "__raysleuth_captured__", False):
+            return True
+        exc.__raysleuth_captured__ = True  # type: ignore[attr-defined]
+        return False
+    except Exception:
+        pass
     key = (id(exc), id(exc.__traceback__), type(exc))
     with _recent_lock:
         if key in _recent:
@@ -273,28 +295,76 @@ def _already_captured(exc: BaseException) -> bool:
         return False
 
 
-def capture_exception(exc: BaseException, *, method: str | None = None, flush_timeout: float = _FLUSH_TIMEOUT,
-                      post_mortem: bool | None = None) -> CrashCapsule | None:
-    """Write a crash capsule for ``exc`` now (and flush, bounded). Never raises; returns the capsule or None.
+def _admit() -> tuple[bool, int, bool]:
+    """Rate limit: (write this capsule?, capsules skipped since the last one written, first skip of a burst?)."""
+    now = time.monotonic()
+    with _recent_lock:
+        while _written and now - _written[0] > CAPSULE_WINDOW_S:
+            _written.popleft()
+        if len(_written) >= MAX_CAPSULES:
+            _skipped["since_last"] += 1
+            _skipped["total"] += 1
+            first, _skipped["noted"] = not _skipped["noted"], True
+            return False, _skipped["since_last"], first
+        _written.append(now)
+        skipped, _skipped["since_last"], _skipped["noted"] = _skipped["since_last"], 0, False
+        return True, skipped, False
 
+
+def capsules_skipped() -> int:
+    """Capsules this process skipped so far (rate limit)."""
+    return _skipped["total"]
+
+
+def capture_exception(exc: BaseException, *, method: str | None = None, flush_timeout: float | None = None,
+                      post_mortem: bool | None = None) -> CrashCapsule | None:
+    """Write a crash capsule for ``exc`` now. Never raises, never waits for the writer; returns the capsule or None.
+
+    The capsule is on disk (the client's write-ahead file) before this
+    returns; the client's background thread delivers it. ``flush_timeout``:
+    also wait that long for the delivery (never from an event loop's thread).
     The same exception object is captured once, however many wrapped calls
-    it passes through on its way out.
+    it passes through on its way out; a cancelled request
+    (``asyncio.CancelledError``) is not a crash; past :data:`MAX_CAPSULES`
+    in :data:`CAPSULE_WINDOW_S` seconds, capsules are skipped and counted
+    (an ``event`` named ``capsules_skipped`` at the first, then
+    ``skipped_before`` in the next capsule written).
     """
     try:
-        if runtime.settings().mode == "off" or _already_captured(exc):
+        if isinstance(exc, SKIPPED_TYPES) or runtime.settings().mode == "off" or _already_captured(exc):
             return None
-        capsule = build_capsule(exc, method=method)
         from raysleuth.recorder import get_client, record
 
+        admitted, skipped, first = _admit()
+        if not admitted:
+            if first:
+                record("event", {"reason": "rate limit", "max_capsules": MAX_CAPSULES, "window_s": CAPSULE_WINDOW_S,
+                                 "exception_type": _type_name(exc), "method": method},
+                       name="capsules_skipped", level="WARNING")
+            return None
+        capsule = build_capsule(exc, method=method)
+        capsule.skipped_before = skipped
         label = ".".join(part for part in (capsule.actor_class, (method or "").rsplit(".", 1)[-1]) if part)
         record("crash", capsule.to_dict(), name=label or method or capsule.exception_type, level="ERROR")
-        get_client().flush(timeout=flush_timeout)
+        client = get_client()
+        if flush_timeout and not _in_event_loop():
+            client.flush(timeout=flush_timeout)
+        else:
+            client.nudge()  # the background thread delivers it now; this thread goes on at once
     except Exception as error:
         log.warning("raysleuth: crash capture failed (%r); the exception is re-raised unchanged", error)
         capsule = None
     if post_mortem if post_mortem is not None else _post_mortem_enabled():
         _open_post_mortem(exc, method)
     return capsule
+
+
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+        return True
+    except RuntimeError:
+        return False
 
 
 def _post_mortem_enabled() -> bool:

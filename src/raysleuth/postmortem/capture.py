@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from raysleuth.postmortem.capsule import capture_exception
+from raysleuth.postmortem.capsule import SKIPPED_TYPES, capture_exception
 
 log = logging.getLogger("raysleuth.postmortem")
 
@@ -22,11 +22,8 @@ _MARK = "__raysleuth_capture__"
 #: How many captured calls are on this context's stack: only the outermost one captures, so an
 #: exception caught and handled by an outer captured method leaves no capsule (it was not fatal).
 _depth: contextvars.ContextVar[int] = contextvars.ContextVar("raysleuth_capture_depth", default=0)
-_SKIP = (SystemExit, KeyboardInterrupt, GeneratorExit)
-
-
 def _should_capture(error: BaseException) -> bool:
-    return not isinstance(error, _SKIP)
+    return not isinstance(error, SKIPPED_TYPES)  # a cancelled request (asyncio) is not a crash
 
 
 def _enter() -> contextvars.Token:

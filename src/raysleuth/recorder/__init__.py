@@ -24,6 +24,7 @@ from raysleuth.recorder.client import RecordClient
 from raysleuth.recorder.process import get_client, record, reset_client
 from raysleuth.recorder.sinks import StoreSink, WriterSink
 from raysleuth.recorder.store import DB_NAME, EvidenceStore, Record, latest_run, list_runs, resolve_store_path, run_dir
+from raysleuth.recorder.files import write_private
 
 __all__ = [
     "EvidenceStore",
@@ -168,7 +169,7 @@ def _deliver_run_spool(home: Path, run_id: str) -> int:
         if latest is None or latest == run_id or newest_spool > latest_path.stat().st_mtime:
             marker = home / "runs" / "latest"
             tmp = marker.with_name(f".latest.{os.getpid()}")
-            tmp.write_text(run_id)
+            write_private(tmp, run_id.encode())
             os.replace(tmp, marker)
     return stored
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import atexit
 import collections
 import itertools
-import json
 import logging
 import os
 import threading
@@ -38,8 +37,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from raysleuth import runtime
-from raysleuth.recorder import spool
+from raysleuth.recorder import spool, store
 from raysleuth.recorder.sinks import Sink
+from raysleuth.recorder.write_ahead import WriteAhead
 
 __all__ = ["ClientStats", "RecordClient", "register_lazy_data"]
 
@@ -77,6 +77,8 @@ class RecordClient:
         interval: float = 0.2,
         spool_dir: Path | None = None,
         run_id: str | None = None,
+        node_id: str | None = None,
+        spool_max_bytes: int | None = None,
     ) -> None:
         self.sink = sink
         self.capacity = capacity
@@ -97,12 +99,11 @@ class RecordClient:
         if spool_dir is not None:
             self.spool_path = Path(spool_dir) / f"{os.uname().nodename}-{os.getpid()}-{self.client_id}.jsonl"
         else:
-            self.spool_path = spool.spool_path(runtime.settings().home, self.run_id, self.client_id)
-        self.write_ahead = True
-        self._wal_path = self.spool_path.with_name(self.spool_path.name[: -len(".jsonl")] + ".wal.jsonl")
-        self._wal_fd: int | None = None
-        self._wal_headed = False
-        self._wal_lock = threading.Lock()
+            self.spool_path = spool.spool_path(runtime.settings().home, self.run_id, self.client_id, node_id)
+        #: The most the spool file (and the write-ahead file) may hold; rows beyond it are dropped, counted.
+        self.spool_max_bytes = spool.MAX_BYTES if spool_max_bytes is None else spool_max_bytes
+        self._wal = WriteAhead(self.spool_path.with_name(self.spool_path.name[: -len(".jsonl")] + ".wal.jsonl"),
+                               self.spool_max_bytes)
         self._inflight: list | None = None
         self._last_header: dict[str, Any] | None = None
 
@@ -128,8 +129,8 @@ class RecordClient:
                 {} if data is None else data,
                 next(self._seq),
             )
-            if level in URGENT_LEVELS and self.write_ahead:
-                self._write_ahead(row)  # queues it too, under the same lock as the file is emptied
+            if level in URGENT_LEVELS and self._wal.enabled:
+                self._wal.write(row, buffer, self.header)  # queues it too, under the same lock as the file is emptied
             else:
                 buffer.append(row)
             self.stats.recorded += 1
@@ -164,39 +165,8 @@ class RecordClient:
         except Exception:  # an instrument must not take the step down
             pass
 
-    def _write_ahead(self, row: tuple) -> None:
-        """Append one urgent row to this client's write-ahead file (one ``write``; survives a hard kill), and queue it."""
-        with self._wal_lock:
-            self._buffer.append(row)
-            try:
-                if self._wal_fd is None:
-                    self._wal_path.parent.mkdir(parents=True, exist_ok=True)
-                    self._wal_fd = os.open(self._wal_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-                text = json.dumps(list(row), default=repr, separators=(",", ":")) + "\n"
-                if not self._wal_headed:
-                    text = json.dumps({"header": self.header()}, default=repr, separators=(",", ":")) + "\n" + text
-                    self._wal_headed = True
-                os.write(self._wal_fd, text.encode("utf-8"))
-            except Exception:
-                self.write_ahead = False  # read-only home, disk full: the normal path still delivers
-
     def _clear_write_ahead(self, remove: bool = False) -> None:
-        """Everything written ahead has been delivered (or spooled): empty the file."""
-        if self._wal_fd is None:
-            return
-        try:
-            with self._wal_lock:
-                if self._buffer and not remove:
-                    return  # rows written ahead may still be queued
-                if remove:
-                    os.close(self._wal_fd)
-                    self._wal_fd, self._wal_headed = None, False
-                    self._wal_path.unlink(missing_ok=True)
-                else:
-                    os.ftruncate(self._wal_fd, 0)
-                    self._wal_headed = False
-        except Exception:
-            pass
+        self._wal.clear(self._buffer, remove)
 
     # ---------------------------------------------------------- background
 
@@ -245,7 +215,7 @@ class RecordClient:
             row = buffer.popleft()
             if type(row[7]) is tuple and row[0] in _lazy_data:  # spans: the dict is built here, not when traced
                 row = (*row[:7], _lazy_data[row[0]](row[7]), row[8])
-            batch.append(row)
+            batch.append(store.redacted_row(row))  # every row of every kind leaves through the one redactor
         return batch
 
     def _deliver_pending(self) -> bool:
@@ -285,31 +255,40 @@ class RecordClient:
 
     def _spool(self, header: dict[str, Any], batch: list) -> None:
         try:
-            self.stats.spooled += spool.append(self.spool_path, header, batch)
+            written = spool.append(self.spool_path, header, batch, max_bytes=self.spool_max_bytes)
+            self.stats.spooled += written
+            self.stats.dropped += len(batch) - written  # over the spool's cap: counted in the file too
         except Exception as error:  # disk full, read-only home: count as dropped
             self.stats.dropped += len(batch)
             self.stats.last_error = repr(error)
 
     def _deliver_spool(self, header: dict[str, Any]) -> bool:
+        """Stream the spool file to the sink in batches; True when all of it was delivered."""
+        def deliver(file_header: dict[str, Any], batch: list) -> int:
+            self.sink.deliver(file_header or header, batch)
+            self.stats.delivered += len(batch)
+            return len(batch)
+
         try:
-            size = self.spool_path.stat().st_size
-            groups = spool.read_spool(self.spool_path, size)
-        except OSError:
-            return True
-        for file_header, rows in groups:
-            for start in range(0, len(rows), self.batch_size):
-                batch = rows[start:start + self.batch_size]
-                try:
-                    self.sink.deliver(file_header or header, batch)
-                except Exception as error:
-                    self._failed(error)
-                    return False  # the file stays; rows already delivered are ignored when sent again
-                self.stats.delivered += len(batch)
-        spool.take_delivered(self.spool_path, size)
+            spool.deliver_file(self.spool_path, deliver, self.batch_size)
+        except FileNotFoundError:
+            return True  # nothing (left) to send
+        except Exception as error:
+            self._failed(error)
+            return False  # the file stays; rows already delivered are ignored when sent again
         self.stats.last_error = None
         return True
 
     # -------------------------------------------------------------- control
+
+    def nudge(self) -> None:
+        """Have the background thread deliver now (an urgent record); returns at once. Never raises."""
+        try:
+            if self._thread is None:
+                self._start()
+            self._wake.set()
+        except Exception:
+            pass
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Deliver everything queued now; True when all of it reached the sink."""
@@ -338,6 +317,7 @@ class RecordClient:
             pending = list(self._inflight or ()) + self._take_all()
             if pending:
                 self._spool(header, pending)  # on disk first: a kill from here on loses nothing
+            spool.note_drops(self.spool_path)
             if not self.spool_path.exists():
                 self._clear_write_ahead(remove=True)  # everything it holds was delivered
                 return True
@@ -372,15 +352,7 @@ class RecordClient:
                 os.replace(self.spool_path, self.spool_path.with_name(f"{host}-closed-{self.client_id}.jsonl"))
         except OSError:
             pass
-        try:
-            with self._wal_lock:
-                if self._wal_fd is not None:
-                    os.close(self._wal_fd)
-                    self._wal_fd, self._wal_headed = None, False
-                if self._wal_path.exists():
-                    os.replace(self._wal_path, self._wal_path.with_name(f"{host}-closed-{self.client_id}.wal.jsonl"))
-        except OSError:
-            pass
+        self._wal.hand_over(self._wal.path.with_name(f"{host}-closed-{self.client_id}.wal.jsonl"))
 
 
 _lazy_data: dict[str, Callable[[tuple], dict[str, Any]]] = {}

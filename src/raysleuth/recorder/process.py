@@ -105,7 +105,13 @@ def get_client() -> RecordClient:
 def _create() -> None:
     global _client, _client_pid, _provisional
     sink, run_id = _default_sink()
-    _client = RecordClient(sink, run_id=run_id)
+    node_id = None
+    if isinstance(sink, WriterSink):  # its spool goes to its node's folder, which that node's agent forwards
+        try:
+            node_id = runtime.whoami().node_id
+        except Exception:
+            node_id = None
+    _client = RecordClient(sink, run_id=run_id, node_id=node_id)
     _client_pid = os.getpid()
     _provisional = _client.provisional = not isinstance(sink, WriterSink)
     if not _provisional:

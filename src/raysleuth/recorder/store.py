@@ -25,7 +25,9 @@ from typing import Any
 
 from raysleuth.errors import StoreCorrupt, StoreNotFound, UsageError
 from raysleuth.recorder import reading
+from raysleuth.recorder.files import private_file, write_private
 from raysleuth.recorder.reading import where_clause
+from raysleuth.redaction import redact_record
 
 __all__ = [
     "COLUMNS",
@@ -117,6 +119,17 @@ class Record:
         return dict(self.__dict__)
 
 
+def redacted_row(row: Sequence[Any]) -> tuple:
+    """A row (``ROW_COLUMNS``) as it may be written: its phase, name and data through the one redactor.
+
+    The client applies it to every row leaving a worker's buffer (and to
+    write-ahead lines), :meth:`EvidenceStore.add` to direct writes.
+    """
+    phase, name = row[4], row[5]
+    return (row[0], row[1], row[2], row[3], redact_record(phase) if type(phase) is str else phase,
+            redact_record(name) if type(name) is str else name, row[6], redact_record(row[7]), row[8])
+
+
 def _dumps(value: Any) -> str:
     if isinstance(value, str):
         return value
@@ -189,7 +202,8 @@ class EvidenceStore:
                 self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True,
                                            check_same_thread=False, timeout=10)
             else:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                if not self.path.exists():  # 0600 (SQLite gives its -wal and -shm the same mode), in a 0700 folder
+                    os.close(private_file(self.path, os.O_WRONLY | os.O_CREAT))
                 self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=30)
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=NORMAL")
@@ -267,7 +281,7 @@ class EvidenceStore:
         row = (kind, columns.pop("time", time.time()), columns.pop("rank", None), columns.pop("step", None),
                columns.pop("phase", None), columns.pop("name", None), columns.pop("level", None),
                data or {}, None)
-        self.write_batch(columns, [row])
+        self.write_batch(columns, [redacted_row(row)])
 
     # ------------------------------------------------------------------ read
 
@@ -367,6 +381,6 @@ def open_run(home: Path, run_id: str, *, take_latest: bool = True) -> EvidenceSt
     if not take_latest and latest_run(home) not in (None, run_id):
         return store
     tmp = marker.with_name(f".latest.{os.getpid()}")
-    tmp.write_text(run_id)
+    write_private(tmp, run_id.encode())
     os.replace(tmp, marker)
     return store

@@ -13,9 +13,12 @@ shared state that instruments need to meet without NCCL:
   (consistency checks meet here when ``torch.distributed`` is broken).
 
 Spooled evidence: when it starts (or restarts) and then every
-:data:`SPOOL_SCAN_S` seconds, the writer stores the run's spool files whose
-process is gone (a worker that exited before the writer could take its last
-records), so they land in the same run while the cluster still runs.
+:data:`SPOOL_SCAN_S` seconds, the writer stores the spool files of its run
+and node whose process is gone (a worker that exited before the writer
+could take its last records); every :data:`AGENT_FORWARD_S` seconds it asks
+each node's agent (created where missing) to send that node's files
+(:meth:`EvidenceWriter.ingest`), so a worker killed on any node keeps its
+records in the run while the cluster still runs.
 
 Scaling note: one writer serialises all inserts. Measured at tens of
 thousands of records per second (bench/bench_store.py); beyond a few
@@ -40,6 +43,10 @@ WRITER_NAME = "raysleuth-writer"
 NAMESPACE = "raysleuth"
 #: How often the writer looks for abandoned spool files of its run (seconds).
 SPOOL_SCAN_S = 1.0
+#: How often the writer asks every node's agent to forward its node's spool (seconds).
+AGENT_FORWARD_S = 5.0
+#: Control key ``raysleuth.agents.remove_agents`` sets to ``"removed"``: the writer then makes no agents.
+AGENTS_CONTROL = "agents"
 
 
 class EvidenceWriter:
@@ -57,22 +64,35 @@ class EvidenceWriter:
         self._lock = threading.Lock()
         self.received = 0
         self.ingested = 0
+        self.forwarded = 0
+        self.node_id = _own_node_id()
         self.ingest_spool()
         threading.Thread(target=self._scan_spool, name="raysleuth-spool", daemon=True).start()
 
     def ingest_spool(self) -> int:
         """Store the run's abandoned spool files now; returns rows newly stored."""
         try:
-            stored = spool.ingest_spools(self.home, self.store, self.run_id)
+            stored = spool.ingest_spools(self.home, self.store, self.run_id, nodes=[None, self.node_id])
         except Exception:
             return 0
         self.ingested += stored
         return stored
 
     def _scan_spool(self) -> None:
+        asked = 0.0
         while True:
             time.sleep(SPOOL_SCAN_S)
             self.ingest_spool()
+            if time.monotonic() - asked >= AGENT_FORWARD_S:
+                asked = time.monotonic()
+                # after remove_agents() only the agents that commands made again are asked; none is made
+                _ask_agents_to_forward(create=self.get_controls().get(AGENTS_CONTROL) != "removed")
+
+    def ingest(self, header: dict[str, Any], rows: list) -> int:
+        """Store a batch an agent read from a dead worker's spool (not a live client: no registry entry)."""
+        stored = self.store.write_batch(header, rows)
+        self.forwarded += stored
+        return stored
 
     def write(self, header: dict[str, Any], rows: list) -> int:
         """Insert one batch; returns rows newly inserted (duplicates ignored)."""
@@ -96,6 +116,7 @@ class EvidenceWriter:
             "started": self.started,
             "received": self.received,
             "ingested": self.ingested,
+            "forwarded": self.forwarded,
             "clients": len(self.registry),
         }
 
@@ -139,6 +160,34 @@ class EvidenceWriter:
         """Forget a topic."""
         with self._lock:
             self.mailboxes.pop(topic, None)
+
+
+def _own_node_id() -> str | None:
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+    except Exception:
+        return None
+
+
+def _ask_agents_to_forward(create: bool = True) -> None:
+    """Every node's agent (``create``: made where missing) sends its node's abandoned spool files to this writer.
+
+    No wait for the answers.
+    """
+    try:
+        import ray
+
+        from raysleuth import agents
+
+        me = ray.get_runtime_context().current_actor
+        handles = [handle for handle, _ip in agents.get_agents(timeout=10).values()] if create else \
+            agents.existing_agents()
+        for handle in handles:
+            handle.forward_spools.remote(me)
+    except Exception:
+        pass  # no State API yet, a node going away: the next round asks again
 
 
 _writer_lock = threading.Lock()

@@ -1,9 +1,13 @@
 """What is a secret, and how evidence is written without it: the one redaction module.
 
-Every writer of evidence passes what it keeps through here: crash capsules
-(locals, messages, tracebacks, environment), ``@rs.debug_decorator``
-arguments and span attributes, shipped log messages, failed-task error
-texts, memory-capsule source lines.
+Every writer of evidence passes what it keeps through here. Some redact
+what they capture themselves (crash capsules: locals, messages, tracebacks,
+environment; ``@rs.debug_decorator`` arguments; shipped log messages;
+failed-task error texts; memory-capsule source lines), and the recorder
+applies :func:`redact_record` to every record of every kind as it leaves
+the worker's buffer (on its background thread; urgent records also before
+their write-ahead line), so death records, stack reports, span attributes,
+event keyword arguments and whatever a new writer adds are redacted too.
 
 Where the line is drawn
 -----------------------
@@ -16,10 +20,14 @@ Redacted (the value, never the name around it):
   ``--api-key=X``), ``(name, value)`` pairs, ``name=value`` and
   ``"name": "value"`` in free text. A name is secret when one of its words
   (split at ``_ - .`` and camelCase) is ``password passwd passphrase secret
-  credential(s) cookie auth authorization apikey ...``, or it ends in
-  ``token``/``key`` with a secret-ish sense (``hf_token``, ``api_key``,
-  ``access_key``; not ``pad_token``, ``max_tokens``, ``sort_key``,
-  ``key_states``);
+  credential(s) cookie auth authorization apikey webhook ...``, or it ends in
+  ``token``/``key``/``pass`` with a secret-ish sense (``hf_token``,
+  ``api_key``, ``access_key``, ``DB_PASS``; not ``pad_token``,
+  ``max_tokens``, ``sort_key``, ``key_states``, ``forward_pass``), or it is
+  a connection string (``*_CONNECTION_STRING``) or a database/broker URL
+  (``DATABASE_URL``, ``REDIS_URL``, ``SQLALCHEMY_DATABASE_URI``);
+- JSON text (``RAY_JOB_CONFIG_JSON_ENV_VAR``, JSON held in a JSON string):
+  parsed and redacted by its structure, so its names count;
 - ``Authorization: Basic|Bearer|Token <credential>`` and a lone
   ``Bearer <credential>``;
 - the password of a URL (``scheme://user:PASSWORD@host``), and a URL's
@@ -28,7 +36,8 @@ Redacted (the value, never the name around it):
   Face ``hf_``, GitHub ``ghp_ gho_ ghs_ ghu_ ghr_ github_pat_``, GitLab
   ``glpat-``, Slack ``xox?-``, AWS ``AKIA/ASIA`` key ids, Google ``AIza``
   keys and ``ya29.`` tokens, Stripe ``sk_live_``/``rk_live_``, npm
-  ``npm_``, PyPI ``pypi-``, JWTs, PEM private-key blocks;
+  ``npm_``, PyPI ``pypi-``, JWTs (also glued to text, ``Bearer%20eyJ...``,
+  and unsigned), Slack and Discord webhook URLs, PEM private-key blocks;
 - a run of 32 or more hex digits inside text (mixing letters and digits),
   unless it is named as an identifier (below);
 - a whole string value that is one long hex word, or one long base64 word
@@ -41,7 +50,8 @@ names (hex inside a path or a file name, e.g. Ray's
 ``...id``/``..._id`` name (``actor_id=``, ``run_id:``, ``task id``), or a
 Ray id repr (``ObjectRef(...)``, ``ActorID(...)``, ``TaskID(...)``,
 ``NodeID(...)``), or a name itself saying identifier (``commit``,
-``actor_id``). A secret behind a name that says identifier *and* a shape
+``actor_id``, a name ending in ``actor``/``task``/``node``/``worker``/
+``owner``; the items of a list under such a name too). A secret behind a name that says identifier *and* a shape
 that says token (``"run_id": "hf_..."``) is still redacted: known token
 shapes always win.
 
@@ -51,6 +61,8 @@ random password in a positional argument) cannot be told from data.
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import reprlib
 import sys
@@ -58,8 +70,8 @@ from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
-    "REDACTED", "looks_like_secret_name", "looks_like_token", "redact", "redact_text", "redact_value",
-    "redacted_repr", "relevant_environment", "safe_repr",
+    "REDACTED", "looks_like_secret_name", "looks_like_token", "redact", "redact_record", "redact_text",
+    "redact_value", "redacted_repr", "relevant_environment", "safe_repr",
 ]
 
 from raysleuth.redaction.text import (
@@ -68,39 +80,122 @@ from raysleuth.redaction.text import (
 
 # --------------------------------------------------------------- structure
 
+_MAX_DEPTH = 32
+"""Containers deeper than this are kept as their redacted, bounded repr (never passed through raw)."""
+_MAX_BYTES = 1 << 20
+"""Bytes and JSON text up to this size are decoded and redacted; longer ones are not kept."""
+_REPR_ITEMS = 200
+"""Items kept per container by :func:`redact_value` (it feeds reprs); records keep every item."""
+
+_secret_name = functools.lru_cache(maxsize=8192)(looks_like_secret_name)
+_identifier_name = functools.lru_cache(maxsize=8192)(names_identifier)
+
+
 def redact_value(value: Any, name: Any = None, _depth: int = 0) -> Any:
-    """``value`` with secrets replaced, looking into dicts, lists, tuples, argv lists and pairs.
+    """``value`` with secrets replaced, looking into dicts, lists, tuples, argv lists, pairs and JSON text.
 
     Containers come back as new containers of the same kind (at most 200
-    items each, 6 levels deep); other objects come back unchanged (their
-    ``repr`` is redacted as text by :func:`redacted_repr`).
+    items each; deeper than 32 levels, their redacted repr); bytes come back
+    as redacted text; other objects come back unchanged (their ``repr`` is
+    redacted as text by :func:`redacted_repr`).
     """
-    if looks_like_secret_name(name):
-        return REDACTED
-    if isinstance(value, str):
-        if names_identifier(name):  # a commit, an actor id: kept unless it has a known token shape
-            return _KNOWN_TOKEN.sub(REDACTED, value)
-        if looks_like_token(value):
-            return REDACTED
-        return redact_text(value)
-    if isinstance(value, bytes):
-        return redact_value(value.decode("utf-8", "replace"), name, _depth) if len(value) < 4096 else value
-    if _depth >= 6:
-        return value
+    return _redact(value, name, _depth, _REPR_ITEMS)
+
+
+def redact_record(data: Any) -> Any:
+    """A record's data as it may be stored: every string, name and byte string redacted, at any depth.
+
+    What the recorder applies to every record of every kind (crash, death,
+    stack_report, span, event, log...) when it leaves the worker's buffer,
+    off the caller's thread. Unlike :func:`redact_value` it keeps every item,
+    and objects JSON would write as their ``repr`` are kept as that repr,
+    redacted. Never raises.
+    """
     try:
-        if isinstance(value, Mapping):
-            return {key: redact_value(item, key if isinstance(key, str) else None, _depth + 1)
-                    for key, item in list(value.items())[:200]}
-        if isinstance(value, (list, tuple)):
-            return _redact_sequence(value, _depth)
+        return _redact(data, None, 0, None)
     except Exception:
         return REDACTED
+
+
+_PLAIN_TYPES = frozenset({int, float, bool, type(None)})
+
+
+def _redact(value: Any, name: Any, depth: int, cap: int | None) -> Any:
+    if type(name) is str:
+        if _secret_name(name):
+            return REDACTED
+    else:
+        name = None
+    kind = type(value)
+    if kind in _PLAIN_TYPES:
+        return value
+    if kind is str:
+        return _redact_str(value, name, depth)
+    if depth >= _MAX_DEPTH:
+        return value if isinstance(value, (int, float)) else redact_text(safe_repr(value))
+    try:
+        if kind is dict or isinstance(value, Mapping):
+            return _redact_mapping(value, depth, cap)
+        if kind is list or kind is tuple or isinstance(value, (list, tuple)):
+            return _redact_sequence(value, name, depth, cap)
+    except Exception:
+        return REDACTED
+    if isinstance(value, (int, float)):  # numpy scalars, enums: numbers hold no secret
+        return value
+    if isinstance(value, str):
+        return _redact_str(str(value), name, depth)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        raw = bytes(value)
+        if len(raw) > _MAX_BYTES:
+            return f"<{len(raw)} bytes not kept: over {_MAX_BYTES} to redact>"
+        return _redact_str(raw.decode("utf-8", "replace"), name, depth)
+    if cap is None:  # a record: what JSON would write as its repr, redacted
+        return redact_text(safe_repr(value, limit=4000))
     return value
 
 
-def _redact_sequence(value: list | tuple, depth: int) -> list | tuple:
-    items = list(value[:200])
-    if len(items) == 2 and isinstance(items[0], str) and looks_like_secret_name(items[0]):
+def _redact_mapping(value: Mapping, depth: int, cap: int | None) -> dict:
+    out = {}
+    for key, item in (value.items() if cap is None else list(value.items())[:cap]):
+        if type(key) is str and _secret_name(key):
+            out[key] = REDACTED
+        elif type(item) in _PLAIN_TYPES:  # most of a record: numbers, inline (spans are many)
+            out[key] = item
+        else:
+            out[key] = _redact(item, key, depth + 1, cap)
+    return out
+
+
+def _redact_str(value: str, name: str | None, depth: int) -> str:
+    if name is not None and _identifier_name(name):  # a commit, an actor id: kept unless it has a known token shape
+        return _KNOWN_TOKEN.sub(REDACTED, value)
+    if value[:1] in ("{", "[") and len(value) <= _MAX_BYTES and depth < _MAX_DEPTH:
+        parsed = _json(value)
+        if isinstance(parsed, (dict, list)):  # JSON text (RAY_JOB_CONFIG_JSON_ENV_VAR...): redacted by structure
+            cleaned = _redact(parsed, name, depth + 1, None)
+            return value if cleaned == parsed else json.dumps(cleaned)
+    if len(value) <= 64:
+        return _short_text(value)
+    return REDACTED if looks_like_token(value) else redact_text(value)
+
+
+@functools.lru_cache(maxsize=8192)
+def _short_text(value: str) -> str:
+    """A short string redacted (span names, phases, attribute values repeat: remembered)."""
+    return REDACTED if looks_like_token(value) else redact_text(value)
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _redact_sequence(value: list | tuple, name: str | None, depth: int, cap: int | None) -> list | tuple:
+    items = list(value if cap is None else value[:cap])
+    inherited = name if name is not None and _identifier_name(name) else None  # actor_ids: [...] stay ids
+    if len(items) == 2 and isinstance(items[0], str) and _secret_name(items[0]):
         out = [items[0], REDACTED]  # a (name, value) pair
     else:
         out = []
@@ -110,11 +205,12 @@ def _redact_sequence(value: list | tuple, depth: int) -> list | tuple:
                 out.append(REDACTED)
                 secret_next = False
                 continue
-            if isinstance(item, str) and item.startswith("-") and "=" not in item and looks_like_secret_name(item):
+            if isinstance(item, str) and item.startswith("-") and "=" not in item and len(item.split()) == 1 \
+                    and _secret_name(item):
                 secret_next = True  # argv: "--hf-token", "X"
                 out.append(item)
                 continue
-            out.append(redact_value(item, None, depth + 1))
+            out.append(_redact(item, inherited, depth + 1, cap))
     if isinstance(value, tuple):
         try:
             return type(value)(*out) if hasattr(value, "_fields") else tuple(out)

@@ -7,6 +7,7 @@ look-alike is drawn in the package's docstring.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -22,8 +23,16 @@ _SECRET_WORDS = frozenset({
     "password", "passwd", "passphrase", "pwd", "secret", "secrets", "credential", "credentials", "cookie",
     "cookies", "auth", "authorization", "apikey", "apitoken", "accesstoken", "authtoken", "secretkey",
     "privatekey", "accesskey", "apisecret", "clientsecret", "hftoken", "bearer", "refreshtoken",
-    "sessiontoken", "xapikey", "oauth", "dsn", "pat", "sas", "signingkey",
+    "sessiontoken", "xapikey", "oauth", "dsn", "pat", "sas", "signingkey", "webhook", "webhooks", "webhookurl",
+    "connectionstring", "connstr", "databaseurl", "dburl", "jwt",
 })
+#: Before a final "pass", these words name a pass over data or code, not a password (``DB_PASS`` is one).
+_PLAIN_PASS = frozenset({"forward", "backward", "first", "second", "third", "last", "next", "single", "multi",
+                         "one", "two", "each", "per", "render", "compile", "compiler", "optimization", "opt", "post",
+                         "pre", "by", "over", "under", "fused", "warmup", "eval", "train", "full", "extra", "no"})
+#: Before a final "url"/"uri", these words name a URL that carries its credentials (``DATABASE_URL``).
+_CREDENTIAL_URL = frozenset({"database", "db", "redis", "mongo", "mongodb", "postgres", "postgresql", "pg", "mysql",
+                             "amqp", "broker", "sqlalchemy", "rabbitmq", "rabbit", "celery", "jdbc", "odbc", "sql"})
 #: After "auth", these words name a setting, not a credential (``RAY_AUTH_MODE``, ``auth_url``).
 _AUTH_SETTINGS = frozenset({"mode", "type", "method", "methods", "enabled", "required", "provider", "url",
                             "host", "domain", "scheme", "kind", "backend", "plugin", "timeout", "port"})
@@ -57,6 +66,11 @@ def looks_like_secret_name(name: Any) -> bool:
     """True when a variable/key/flag/environment name says its value is a secret."""
     if not name or not isinstance(name, str) or len(name) > 128:
         return False
+    return _secret_name(name)
+
+
+@functools.lru_cache(maxsize=8192)  # names repeat (keys, flags, loss= lr= in log lines)
+def _secret_name(name: str) -> bool:
     bare = name.strip().lstrip("-").strip("'\"")
     if not bare or bare.upper() in _NOT_SECRET_NAMES:
         return False
@@ -74,6 +88,12 @@ def looks_like_secret_name(name: Any) -> bool:
             return True
         if word.endswith(("password", "passwd")):
             return True
+        if word in ("connection", "conn") and after in ("string", "str", "uri", "url"):
+            return True
+        if after is None and word == "pass":
+            return before not in _PLAIN_PASS
+        if after is None and word in ("url", "uri") and before in _CREDENTIAL_URL:
+            return True
         if after is None and word == "token":
             return before not in _VOCAB_TOKEN
         if after is None and word == "key":
@@ -85,8 +105,13 @@ def names_identifier(name: Any) -> bool:
     if not name or not isinstance(name, str):
         return False
     words = _words(name)
-    return bool(words) and (words[-1] in _ID_WORDS or words[-1].endswith("id") and len(words[-1]) <= 8
-                            and words[-1] in {"id", "runid", "jobid", "taskid", "nodeid", "actorid", "objectid"})
+    return bool(words) and (words[-1] in _ID_WORDS or words[-1] in _RAY_ENTITIES
+                            or words[-1] in {"id", "runid", "jobid", "taskid", "nodeid", "actorid", "objectid"})
+
+
+#: A name ending in one of these holds a Ray id in evidence (``dead_actor``, ``owner``, ``parent_task``).
+_RAY_ENTITIES = frozenset({"actor", "actors", "task", "tasks", "node", "nodes", "worker", "workers", "owner",
+                           "parent", "ref", "refs", "placement", "group"})
 
 
 # ------------------------------------------------------------------ shapes
@@ -105,9 +130,13 @@ _KNOWN_TOKENS = (
     r"|\bnpm_[A-Za-z0-9]{30,}"                          # npm
     r"|\bpypi-[A-Za-z0-9_\-]{40,}"                      # PyPI
     r"|\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"  # JWTs
+    r"|eyJ[A-Za-z0-9_\-]{5,}\.eyJ[A-Za-z0-9_\-]*\.[A-Za-z0-9_\-]*"  # JWTs glued to text (Bearer%20eyJ...), unsigned
+    r"|\bhttps://hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9/_\-]+"  # Slack webhooks
+    r"|\bhttps://(?:ptb\.|canary\.)?discord(?:app)?\.com/api/webhooks/[0-9]+/[A-Za-z0-9_\-]+"  # Discord webhooks
     r"|-----BEGIN[A-Z ]*PRIVATE KEY-----[\s\S]*?(?:-----END[A-Z ]*PRIVATE KEY-----|$)"
 )
-_KNOWN_TOKEN = re.compile(_KNOWN_TOKENS)
+# the lookahead on the first characters of every shape lets the engine skip most positions (~3x faster)
+_KNOWN_TOKEN = re.compile(f"(?=[shgxAyrpne-])(?:{_KNOWN_TOKENS})")
 #: ``Authorization: Basic xxx`` / ``Bearer xxx`` / ``Token xxx``: the credential after the scheme.
 _AUTH_SCHEME = re.compile(r"(?P<lead>\b(?:Basic|Bearer|Token|Digest|Negotiate)\s+)(?P<value>[A-Za-z0-9._~+/=\-]{6,})")
 _AUTH_HEADER = re.compile(
@@ -117,9 +146,10 @@ _AUTH_HEADER = re.compile(
 _URL_CREDENTIALS = re.compile(r"(?P<lead>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^\s/:@'\"]*)"
                               r"(?::(?P<password>[^\s/@'\"]*))?@")
 #: argv flags and ``name=value`` / ``name: value`` / ``"name": "value"`` in text; the name is judged in code.
-_ASSIGNMENT = re.compile(
-    r"(?P<lead>(?P<q1>['\"]?)(?P<name>-{0,2}[A-Za-z_][A-Za-z0-9_.\-]{0,80})(?P=q1)\s*[:=]\s*(?P<q2>['\"])?)"
-    r"(?P<value>(?(q2)[^'\"\n]*|[^\s'\",;}\)\]]+))")
+_ASSIGNMENT = re.compile(  # also with escaped quotes: \"name\": \"value\" in JSON held in a JSON string
+    r"(?P<lead>(?P<q1>(?:\\*['\"])?)(?P<name>-{0,2}[A-Za-z_][A-Za-z0-9_.\-]{0,80})(?P=q1)\s*[:=]\s*"
+    r"(?:(?P<q2>['\"])|(?P<e2>\\+['\"]))?)"
+    r"(?P<value>(?(q2)[^'\"\n]*|(?(e2)[^'\"\n\\]*|[^\s'\",;}\)\]]+)))")
 _FLAG = re.compile(r"(?<![\w-])(?P<lead>(?P<name>--?[A-Za-z][A-Za-z0-9_.\-]{0,80})\s+(?P<q2>['\"])?)"
                    r"(?P<value>(?(q2)[^'\"\n]*|[^\s'\",;}\)\]-][^\s'\",;}\)\]]*))")
 #: ``('name', 'value')`` / ``'--flag', 'value'`` in a repr.
@@ -139,7 +169,8 @@ _B64_WORD = re.compile(r"[A-Za-z0-9+/_\-]{32,}={0,2}")
 #: of 16+ token characters (every token shape, long hex) or one of these stems (a name, a scheme, a URL).
 _LONG_RUN = re.compile(r"[A-Za-z0-9_+/.=-]{16,}")
 _STEMS = ("pass", "secret", "token", "key", "auth", "cred", "cookie", "pwd", "bearer", "basic", "digest",
-          "negotiate", "dsn", "://", "private", "--pat", "sas=", "sas:")
+          "negotiate", "dsn", "://", "private", "--pat", "sas=", "sas:", "eyj", "conn_str", "connstr",
+          "connection_string", "connectionstring", "webhook", "_url", "_uri")
 
 
 def _maybe_secret(text: str) -> bool:

@@ -8,7 +8,8 @@ embedded inline, so the file opens offline with no network at all.
 
 Sections: run summary, doctor, stacks and verdicts, tasks, consistency
 checks, per-rank memory curves and leak verdicts, crashes, warning/error logs
-by rank, per-step phase durations per rank (stragglers), and a link to the
+by rank, per-step phase durations per rank (stragglers), weight syncs with the
+logprob gap beside them (:mod:`raysleuth.report.weights`), and a link to the
 Perfetto trace when one was exported next to the report.
 
 Scale: the dense kinds are read as aggregates in SQL (:mod:`.overview`):
@@ -35,6 +36,7 @@ from raysleuth.collectives.report import read_collectives
 from raysleuth.options import format_ranks
 from raysleuth.recorder import open_store
 from raysleuth.report import overview, sections
+from raysleuth.report.weights import weights_section
 
 __all__ = ["MAX_RECORDS", "ReportResult", "build_report_data", "generate_report", "render_report"]
 
@@ -50,6 +52,7 @@ SECTION_KINDS = {
     "memory": ("memory_verdict", "leak"),  # samples of kind "memory": read as aggregates (overview.memory_curves)
     "crashes": ("crash", "death"),
     "logs": ("log",),
+    "weights": ("weight_sync", "logprob_gap"),
 }
 
 
@@ -103,6 +106,7 @@ def build_report_data(store) -> dict[str, Any]:
         "crashes": _robust(sections.crash_section, fetched["crashes"]),
         "logs": _robust(sections.log_section, fetched["logs"]),
         "spans": overview.span_overview(store),
+        "weights": _robust(weights_section, fetched["weights"]),
     }
 
 
@@ -292,6 +296,7 @@ def generate_report(output: Path | str = "report.html", *, run: str | None = Non
         "crashes": len(data["crashes"]),
         "logs": sum(len(lines) for lines in data["logs"].values()),
         "spans": len(data["spans"]["steps"]),
+        "weights": len(data["weights"]["syncs"]),
     }
     return ReportResult(path=output, run_id=run_id, store_path=store_path, sections=counts, trace_path=trace,
                         bytes=len(text.encode()), seconds=round(time.monotonic() - started, 3))

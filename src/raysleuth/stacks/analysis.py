@@ -38,7 +38,6 @@ __all__ = [
     "headline",
     "is_library",
     "key_thread",
-    "moved_between",
     "parse_py_spy",
     "signature",
     "wait_chains",
@@ -345,25 +344,3 @@ def wait_chains(processes: list[ProcessStack], tasks: list[RayTask], *, max_dept
         if process.role == "driver" and process.job_id:
             follow(process, _DRIVER_TASK_PREFIX + process.job_id, [process], 0)
     return chains, ends
-
-
-WORKING_CPU_SECONDS = 0.03
-"""CPU a key thread must use between the two samples to count as working (a stuck wait uses ~0)."""
-
-
-def moved_between(old_signature: tuple, old_threads: list[ThreadStack], proc: ProcessStack,
-                  cpu_before: dict | None, cpu_after: dict | None) -> bool:
-    """Working between two samples: the key thread's frames changed, or it used CPU in between.
-
-    A training loop that sleeps most of each step is caught at the same line
-    twice; its thread's CPU time still grows, where a stuck thread's does not.
-    Without CPU times, py-spy's on-CPU flag in either sample stands in.
-    """
-    now = key_thread(proc)
-    if now is None or signature(proc) != old_signature:
-        return True
-    tid = now.os_thread_id
-    if cpu_before and cpu_after and tid in cpu_before and tid in cpu_after:
-        return cpu_after[tid] - cpu_before[tid] >= WORKING_CPU_SECONDS
-    old_key = next((t for t in old_threads if t.os_thread_id == tid), None)
-    return any(thread is not None and not thread.idle for thread in (old_key, now))

@@ -19,7 +19,6 @@ the groups.
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,10 +28,10 @@ from raysleuth import agents, cluster
 from raysleuth.cluster.records import RayTask, RayWorker
 from raysleuth.errors import UsageError, WorkerNotFound
 from raysleuth.labels.live import apply_notes, collect_hints, merge_hints, registered_labels
-from raysleuth.stacks.analysis import group_processes, moved_between, signature
-from raysleuth.stacks.clues import collective_positions, dead_actors, recorded_calls, thread_times
+from raysleuth.stacks.analysis import group_processes
 from raysleuth.stacks.model import Missing, ProcessStack, StackReport
-from raysleuth.stacks.spy import NOT_PYTHON, spy_round
+from raysleuth.stacks.sampling import sample
+from raysleuth.stacks.spy import NOT_PYTHON
 from raysleuth.stacks.verdict import VerdictContext, build_verdict
 
 __all__ = ["dump_stacks", "is_own_actor"]
@@ -83,6 +82,7 @@ def dump_stacks(
     parallel: int | None = None,
     samples: int = 2,
     interval: float = 2.0,
+    job: str | None = None,
 ) -> StackReport:
     """Dump, label, group and judge the stacks of every Ray worker and driver.
 
@@ -93,12 +93,17 @@ def dump_stacks(
     processes at once per node (default: twice the node's cores, at most 32).
     ``samples``: 2 (default) reads every process twice, ``interval`` seconds
     apart, to tell a hung job (nothing moves) from a busy one; 1 reads once.
-    Returns within about ``timeout`` seconds (plus the interval): nodes or
-    processes that did not answer are listed in ``report.missing`` with the reason.
+    ``job`` keeps one Ray job's processes (its id as ``ray job list`` or
+    ``raysleuth tasks`` show it, e.g. ``02000000``).
+    Returns within ``timeout`` seconds, the interval and every clue included: nodes,
+    processes or clues that did not answer in time are listed in ``report.missing`` with the reason.
     """
     started = time.monotonic()
     if timeout <= 0:
         raise UsageError(f"timeout must be positive, got {timeout!r}", fix="pass e.g. --timeout 30")
+    if samples > 1 and interval >= timeout:
+        raise UsageError(f"the interval ({interval:g}s) must be shorter than the timeout ({timeout:g}s)",
+                         fix="e.g. --interval 2 --timeout 30")
     if samples not in (1, 2) or interval < 0:
         raise UsageError(f"samples must be 1 or 2 and interval >= 0, got {samples!r}, {interval!r}",
                          fix="pass --once for one sample, or --interval 2")
@@ -106,20 +111,14 @@ def dump_stacks(
     deadline = started + timeout
     report = StackReport(captured_at=time.time(), native=native, include_idle=include_idle, samples=samples,
                          interval=interval if samples > 1 else 0.0)
-    # Dead actors, recorded calls and collective positions: read while py-spy runs (one sample), or during the interval between
-    # the samples (two), so they cost no time and do not slow the State API's answers to discovery.
-    clues_pool = ThreadPoolExecutor(max_workers=3)
-    try:
-        clues = None
-        found = _discover(report, timeout)
-        targets = _targets(report, found, include_self, include_idle)
-        targets = _narrow(report, targets, pids, rank)
-        report.timings["discover"] = time.monotonic() - started
-        _sample(report, targets, found, clues_pool, clues, native=native, include_idle=include_idle,
-                deadline=deadline, per_process_timeout=per_process_timeout, parallel=parallel, samples=samples,
-                interval=interval)
-    finally:
-        clues_pool.shutdown(wait=False)
+    found = _discover(report, timeout)
+    targets = _targets(report, found, include_self, include_idle)
+    targets = _narrow(report, targets, pids, rank, job)
+    report.timings["discover"] = time.monotonic() - started
+    # Dead actors, recorded calls, collective positions and failed calls are read while py-spy runs and during
+    # the interval, so they cost no time; all of it inside ``deadline``.
+    sample(report, targets, found, native=native, include_idle=include_idle, deadline=deadline,
+           per_process_timeout=per_process_timeout, parallel=parallel, samples=samples, interval=interval)
     analyse = time.monotonic()
 
     # ---- group and judge
@@ -130,55 +129,14 @@ def dump_stacks(
     report.processes = processes
     readable = [proc for proc in processes if proc.threads]
     context = VerdictContext(tasks=found["tasks"],  # unfinished only: the listing asked the GCS for those
-                             dead=found["dead"], calls=found["calls"], samples=samples,
-                             collective_positions=found.get("collectives") or [])
+                             dead=_of_jobs(found.get("dead") or [], job), calls=found.get("calls") or [],
+                             samples=samples, window=interval if samples > 1 else 0.0,
+                             collective_positions=found.get("collectives") or [], failed=found.get("failed") or {})
     report.verdict = build_verdict(readable, context=context)
     report.groups = group_processes(readable)
     report.seconds = time.monotonic() - started
     report.timings["analyse"] = time.monotonic() - analyse
     return report
-
-
-def _start_clues(pool: ThreadPoolExecutor, samples: int = 1) -> tuple:
-    # With two samples the collectives dump is asked for during the interval (no extra time); with one, only
-    # the dumps already stored are read, so a single sample stays as fast as before.
-    positions = functools.partial(collective_positions, request=samples > 1)
-    return (pool.submit(_safe, dead_actors), pool.submit(_safe, recorded_calls), pool.submit(_safe, positions))
-
-
-def _sample(report: StackReport, targets: dict[str, list[ProcessStack]], found: dict[str, Any],
-            clues_pool: ThreadPoolExecutor, clues: tuple | None, *, native: bool, include_idle: bool,
-            deadline: float, per_process_timeout: float | None, parallel: int | None, samples: int,
-            interval: float) -> None:
-    """py-spy on every node at once, twice by default; fills threads, ``moved`` and the dead/call clues."""
-    first = time.monotonic()
-    if samples == 1:
-        clues = _start_clues(clues_pool)
-    tools = spy_round(report, targets, found, native, include_idle, deadline, per_process_timeout, parallel)
-    report.timings["py_spy"] = time.monotonic() - first
-    if clues is None:
-        clues = _start_clues(clues_pool, samples)
-    if samples > 1 and any(proc.threads for procs in targets.values() for proc in procs):
-        earlier = {(proc.node_id, proc.pid): (signature(proc), proc.threads) for procs in targets.values()
-                   for proc in procs if proc.threads}
-        again = {node: [p for p in procs if (p.node_id, p.pid) in earlier] for node, procs in targets.items()}
-        again = {node: procs for node, procs in again.items() if procs}
-        cpu_before = thread_times(again)
-        time.sleep(max(0.0, interval - (time.monotonic() - first)))
-        second = time.monotonic()
-        spy_round(report, again, found, native, include_idle,
-                   second + max(5.0, deadline - first), per_process_timeout, parallel, tools=tools, second=True)
-        cpu_after = thread_times(again)
-        report.timings["py_spy_2"] = time.monotonic() - second
-        for key, (old_signature, old_threads) in earlier.items():
-            proc = next((p for p in targets.get(key[0], []) if p.pid == key[1]), None)
-            if proc is not None:
-                proc.moved = moved_between(old_signature, old_threads, proc, cpu_before.get(key), cpu_after.get(key))
-    found["dead"] = clues[0].result()[0] or []
-    found["calls"] = clues[1].result()[0] or []
-    found["collectives"] = clues[2].result()[0] or []
-    for item in found["dead"]:
-        item["node_ip"] = item.get("node_ip") or found["ip_of"].get(item.get("node_id"))
 
 
 def _discover(report: StackReport, timeout: float) -> dict[str, Any]:
@@ -295,9 +253,18 @@ def _add_children(targets: dict[str, list[ProcessStack]], table: dict) -> None:
                                       task_name=owner.task_name))
 
 
+def _of_jobs(dead: list[dict[str, Any]], job: str | None) -> list[dict[str, Any]]:
+    return [item for item in dead if job is None or item.get("job_id") == job]
+
+
 def _narrow(report: StackReport, targets: dict[str, list[ProcessStack]], pids: list[int] | None,
-            rank: int | list[int] | None) -> dict[str, list[ProcessStack]]:
-    """Only the pids / the rank(s) asked for."""
+            rank: int | list[int] | None, job: str | None = None) -> dict[str, list[ProcessStack]]:
+    """Only the pids / the rank(s) / the job asked for."""
+    if job is not None:
+        targets = {node: [p for p in procs if p.job_id == job] for node, procs in targets.items()}
+        if not any(targets.values()):
+            raise WorkerNotFound(f"no Ray worker or driver of job {job} is alive",
+                                 fix="list the jobs with `ray job list` or `raysleuth tasks`")
     if pids:
         wanted = set(pids)
         targets = {node: [p for p in procs if p.pid in wanted] for node, procs in targets.items()}

@@ -6,13 +6,15 @@ the rules that judge them are in :mod:`raysleuth.stacks.verdict`.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from raysleuth import agents, cluster
 from raysleuth.labels.dead import dead_worker_labels
 from raysleuth.stacks.model import ProcessStack
 
-__all__ = ["collective_positions", "dead_actors", "recorded_calls", "thread_times"]
+__all__ = ["collective_positions", "dead_actors", "failed_calls", "progress_records", "read_coroutines", "recorded_calls",
+           "request_coroutines", "thread_times"]
 
 
 def dead_actors() -> list[dict[str, Any]]:
@@ -81,16 +83,92 @@ def collective_positions(*, request: bool = True, wait: float = 1.5) -> list[dic
     return [culprit.to_dict() for culprit in report.culprits]
 
 
-def thread_times(targets: dict[str, list[ProcessStack]]) -> dict[tuple, dict[int, float]]:
-    """CPU seconds per thread of every target, from the node agents (empty where an agent does not answer)."""
+def thread_times(targets: dict[str, list[ProcessStack]], timeout: float = 5.0) -> dict[tuple, dict[int, Any]]:
+    """Progress counters per thread of every target (CPU, switches, I/O), from the node agents, read from
+    ``/proc`` with no ptrace (empty where an agent does not answer)."""
     try:
-        results = agents.call_agents("thread_times", timeout=5.0, nodes=list(targets),
+        results = agents.call_agents("thread_times", timeout=timeout, nodes=list(targets),
                                      per_node_args={node: ([p.pid for p in procs],) for node, procs in targets.items()})
     except Exception:
         return {}
-    times: dict[tuple, dict[int, float]] = {}
+    times: dict[tuple, dict[int, Any]] = {}
     for result in results:
         if result.ok:
             for pid, threads in (result.value or {}).items():
                 times[(result.node_id, int(pid))] = {int(tid): seconds for tid, seconds in threads.items()}
     return times
+
+
+def progress_records(since: float) -> dict[tuple, list[str]]:
+    """Per ``(node_ip, pid)``, the progress its own records show since ``since``: heartbeats and steps that advanced.
+
+    A ``heartbeat`` row (``rs.heartbeat``, ``rs.step``, or the collective wrapper's beat every 2 s while
+    collectives complete) whose step is above every earlier step of the same process is progress.
+    Jobs without raysleuth inside write none: then nothing.
+    """
+    from raysleuth.recorder import open_store
+
+    store = open_store()
+    try:
+        rows = store.query("heartbeat", since=since - 30.0)
+    finally:
+        store.close()
+    best: dict[tuple, float] = {}
+    found: dict[tuple, list[str]] = {}
+    for row in rows:
+        step = row.step if row.step is not None else (row.data or {}).get("step")
+        key = (row.node_ip, row.pid)
+        if row.pid is None or step is None:
+            continue
+        previous = best.get(key)
+        if row.time >= since and previous is not None and step > previous:
+            source = (row.data or {}).get("source")
+            what = "collectives" if source == "collectives" else "heartbeat step"
+            found[key] = [f"{what} {previous:g} → {step:g}"]
+        best[key] = max(step, previous if previous is not None else step)
+    return found
+
+
+def request_coroutines() -> str | None:
+    """Ask every instrumented worker to list its pending coroutines (control key); returns the request id."""
+    import uuid
+
+    import ray
+
+    from raysleuth.coroutines import CONTROL_KEY
+    from raysleuth.recorder import get_writer
+
+    request = {"id": uuid.uuid4().hex[:12], "time": time.time()}
+    try:
+        ray.get(get_writer(create=False).set_control.remote(CONTROL_KEY, request), timeout=5)
+    except Exception:
+        return None
+    return request["id"]
+
+
+def read_coroutines(request_id: str | None) -> dict[tuple[str | None, int], list[dict[str, Any]]]:
+    """``(node_ip, pid) -> pending tasks`` from the workers that answered ``request_id``."""
+    if request_id is None:
+        return {}
+    from raysleuth.recorder import open_store
+
+    store = open_store()
+    try:
+        rows = store.query("coroutines", since=time.time() - 120)
+    finally:
+        store.close()
+    return {(row.node_ip, row.pid): list((row.data or {}).get("tasks") or []) for row in rows
+            if ((row.data or {}).get("request") or {}).get("id") == request_id}
+
+
+def failed_calls(job_ids: set[str]) -> dict[tuple, str]:
+    """``(node_id, pid) -> error text`` of each worker's newest failed call in these jobs."""
+    found: dict[tuple, tuple[float, str]] = {}
+    for job_id in sorted(job_ids):
+        for task in cluster.tasks(state="FAILED", job_id=job_id, limit=500, detail=True).items:
+            if task.worker_pid is None:
+                continue
+            key, when = (task.node_id, task.worker_pid), task.end_time_ms or 0.0
+            if key not in found or when >= found[key][0]:
+                found[key] = (when, f"{task.error_type or ''}: {task.error_message or ''}".strip(": "))
+    return {key: text for key, (_when, text) in found.items()}

@@ -7,10 +7,10 @@ raysleuth concluded; the CLI draws them, ``--json`` is :meth:`StackReport.to_dic
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
-__all__ = ["Culprit", "Frame", "Missing", "ProcessStack", "StackGroup", "StackReport", "ThreadStack", "Verdict",
-           "WaitLink"]
+__all__ = ["PROBLEM_STATES", "STATES", "Consequence", "Culprit", "Frame", "Missing", "ProcessStack", "StackGroup",
+           "StackReport", "ThreadStack", "Verdict", "VerdictState", "WaitEdge", "WaitLink"]
 
 
 @dataclasses.dataclass
@@ -80,11 +80,27 @@ class ProcessStack:
     """How long py-spy took on this process."""
     event_loop: bool = False
     """A thread runs an asyncio event loop (an async actor: its calls await off the main thread)."""
+    event_loop_thread: int | None = None
+    """The OS thread id of that event loop: an async actor's progress is measured on it."""
     moved: bool | None = None
-    """Between the two samples: True when the key thread's frames changed or it ran on CPU; None with one sample."""
+    """Between the two samples: True when the key thread's frames changed or it used CPU or woke; None with one sample."""
+    moved_frames: bool | None = None
+    """Between the two samples: True when the key thread's frames changed; None with one sample."""
+    counters: dict[str, float] | None = None
+    """The key thread's counters over the window (``/proc``, read by the node agent): ``cpu`` seconds,
+    ``switches`` (voluntary context switches), ``preempted``, ``io`` bytes, ``window`` seconds."""
+    progress: list[str] = dataclasses.field(default_factory=list)
+    """The signals that decided ``activity``: ``heartbeat step 4 → 6``, ``collectives 120 → 180``,
+    ``Ray call finished``, ``stack moved between the samples``, ``cpu 0.40s in 2.0s``, ``woke 40 times in 2.0s``."""
+    group: str | None = None
+    """Its peer group: one role in one group of one job (``job 01000000 / verl group abcdefWorkerDict``)."""
+    coroutines: list[dict[str, Any]] | None = None
+    """Pending asyncio tasks (processes with raysleuth inside): ``task``, ``frames``, ``awaits``, ``waited_s``."""
     activity: str | None = None
-    """``working`` (on CPU, or its stack moved), ``waiting`` (blocked in a collective or ``ray.get``),
-    ``blocked`` (idle elsewhere, not moving), ``returned`` (idle in Ray's task loop), or None (no stack)."""
+    """``working`` (progress seen), ``active`` (CPU or wake-ups at the same frames, no counter moved),
+    ``waiting`` (no progress, blocked in a collective, ``ray.get`` or an awaited call), ``blocked`` (no
+    progress, elsewhere), ``returned`` (idle in Ray's task loop), or None (no stack):
+    :mod:`raysleuth.stacks.progress`."""
     wait: str | None = None
     """What it waits in, when ``waiting``: ``all_reduce (torch.distributed)``, ``ray.get``."""
 
@@ -131,8 +147,9 @@ class Culprit:
     file: str | None = None
     line: int | None = None
     rule: str = ""
-    """The rule that named it: ``peers``, ``wait-for chain``, ``dead peer``, ``call not returned``,
-    or an extra rule's name (``collective position``)."""
+    """The evidence that named it: ``collective positions``, ``deadlock``, ``peers`` (the ones its
+    collective waits for), ``wait-for chain`` (the sink of Ray calls), ``coroutine``, ``dead peer``,
+    ``call not returned``, or an extra rule's name."""
     rank_source: str | None = None
     evidence: str | None = None
     """The clue itself, in a line (the peers' wait, the death cause, the call that did not return)."""
@@ -155,24 +172,71 @@ class WaitLink:
 
 
 @dataclasses.dataclass
+class WaitEdge:
+    """One "A waits for B" of the wait-for graph (:mod:`raysleuth.stacks.graph`)."""
+
+    source: str
+    target: str
+    kind: str
+    """``ray call``, ``queued call`` (behind a busy actor's running call), ``collective``, ``await``
+    (a coroutine), ``call not returned`` (a verl / pool call) or ``dead peer``."""
+    evidence: str = ""
+
+
+@dataclasses.dataclass
+class Consequence:
+    """A process whose state the root cause explains, and the edge that ties it to it."""
+
+    who: str
+    """``rank 2 DDPRank pid 4242 @ 10.0.0.2``."""
+    state: str
+    """Its activity (``waiting``, ``blocked``, ``returned``, ``dead``...)."""
+    because: str
+    """``waits for rank 1 in all_reduce (torch.distributed)``."""
+    pid: int | None = None
+    node_ip: str | None = None
+    rank: int | None = None
+
+
+VerdictState = Literal["ok", "busy", "culprit", "deadlock", "hung", "unsure", "unread"]
+STATES: tuple[str, ...] = ("ok", "busy", "culprit", "deadlock", "hung", "unsure", "unread")
+PROBLEM_STATES = ("culprit", "deadlock", "hung")
+
+
+@dataclasses.dataclass
 class Verdict:
-    """Who is to blame, the wait-for chains, and a one-line summary."""
+    """The root cause (or causes), what it explains, the wait-for graph, and a one-line summary."""
 
     culprits: list[Culprit] = dataclasses.field(default_factory=list)
+    """The root causes: one, or several only when the evidence shows they are independent; every
+    member of a cycle for ``deadlock``."""
     summary: str = ""
     chains: list[list[WaitLink]] = dataclasses.field(default_factory=list)
-    state: str = "ok"
-    """``culprit`` (someone is named), ``hung`` (every rank waits, none stands apart), ``busy`` (ranks work),
-    ``ok`` (nothing waits), ``unread`` (no process could be read)."""
+    state: VerdictState = "ok"
+    """``culprit`` (a root cause is named), ``deadlock`` (a wait-for cycle, every member named), ``hung``
+    (no progress, no root cause found), ``busy`` (progress seen), ``ok`` (an idle job: nothing runs,
+    nothing waits), ``unsure`` (progress could not be measured: one sample, or no counters), ``unread``
+    (no process could be read)."""
     samples: int = 1
     notes: list[str] = dataclasses.field(default_factory=list)
     next_command: str | None = None
     """What to run next when the job is hung or a culprit is named."""
+    consequences: list[Consequence] = dataclasses.field(default_factory=list)
+    edges: list[WaitEdge] = dataclasses.field(default_factory=list)
+    signals: list[str] = dataclasses.field(default_factory=list)
+    """Which signals decided the state (``collectives advanced on 3 ranks``, ``no CPU, no wake-ups``)."""
 
     @property
     def problem(self) -> bool:
         """True when the verdict found something wrong (exit code 1)."""
-        return bool(self.culprits) or self.state == "hung"
+        return bool(self.culprits) or self.state in PROBLEM_STATES
+
+    @property
+    def exit_code(self) -> int:
+        """0: progress seen or an idle job; 1: a culprit, a deadlock or a hang; 2: nothing read or unsure."""
+        if self.problem:
+            return 1
+        return 2 if self.state in ("unread", "unsure") else 0
 
 
 @dataclasses.dataclass

@@ -97,7 +97,9 @@ def _read_one(report: StackReport, proc: ProcessStack, done: dict[str, Any], nod
                 proc.error = f"unreadable py-spy output ({error})"
             return
         proc.seconds = done.get("seconds")
-        proc.event_loop = any(has_event_loop(thread) for thread in threads)  # before idle threads are folded
+        loops = [thread for thread in threads if has_event_loop(thread)]  # before idle threads are folded
+        proc.event_loop = bool(loops)
+        proc.event_loop_thread = loops[0].os_thread_id if loops else None
         proc.threads, proc.folded_threads = fold_threads(threads, include_idle)
         return
     if second:

@@ -1,53 +1,58 @@
-"""One verdict from every clue: who is to blame, by which rule, or whether the job is hung or busy.
+"""One verdict: the root cause with its consequences, or a plain "cannot tell".
 
 Pure logic on plain data (processes already read, tasks, dead actors,
-recorded calls); unit tested without Ray. Each culprit names its rule:
+recorded calls, collective positions, coroutines); unit tested without Ray.
 
-- ``peers`` — processes of one role (actor class: a Ray Train worker group,
-  a verl worker group, DDP actors), groups of 2 included: a peer *blocked*
-  elsewhere (idle, its stack not moving) while other peers wait in a
-  collective / ``ray.get`` or have returned. A peer that is *working* (on
-  CPU, or its stack moved between the samples) is never blamed.
-- ``wait-for chain`` — a driver's ``ray.get`` chain that ends in a process
-  blocked in the user's code; a chain that ends in ranks that work is
-  progress, not a culprit.
-- ``dead peer`` — a rank whose process died (not by ``ray.kill``) while its
-  live peers wait.
-- ``call not returned`` — a rank that has not returned from a verl call or
-  a pool call while its peers of the same call returned.
-- ``collective positions`` — a rank whose collective sequence differs from
-  its peers' (skipped, other op/shape/dtype, behind), from the ranks' own
-  collective dumps (:mod:`raysleuth.collectives`).
-- extra rules plug in through :data:`EXTRA_RULES` or
-  ``build_verdict(..., extra_rules=[...])``: each is
-  ``rule(processes, context) -> list[Culprit]`` and sets ``Culprit.rule``.
+1. **Progress is measured** (:mod:`raysleuth.stacks.progress`): each
+   process is ``working``, ``active``, ``waiting``, ``blocked`` or
+   ``returned``, with the signals that decided it.
+2. **One wait-for graph** (:mod:`raysleuth.stacks.graph`): Ray calls and
+   calls queued behind a busy actor, collectives by peer group
+   (:mod:`raysleuth.stacks.peers`), coroutines, unreturned calls, dead peers.
+3. **One root cause with its consequences**: a cycle is a ``deadlock`` and
+   names every member. Otherwise the root cause is the strongest evidence
+   the waits lead to, in this order:
 
-With two samples, ranks that all wait at the same place in both, none
-working, make the job **hung** (exit 1) even when no one stands apart;
-ranks that work make it **busy** (exit 0).
+   - ``collective positions``: the rank whose collective sequence differs
+     (skipped, other op, behind), from the ranks' own records;
+   - ``coroutine``: a coroutine that has awaited one point for long while
+     its loop is idle;
+   - ``peers`` / ``wait-for chain``: the sink its peers' collective or a
+     caller's ``ray.get`` leads to, blocked in the user's code, spinning at
+     one line without progress while its peers wait in the collective, or
+     a call still waiting for resources;
+   - ``dead peer``: a rank whose process died, unless the collective
+     library aborted it (then it is a consequence: a peer broke the sequence);
+   - ``call not returned``: a verl / pool call that did not return while the
+     same call to its peers did;
+   - a rank that left a collective its peers still wait in (its call ended),
+     unless its call failed because the collective lost a peer.
+
+   Several root causes are named only when they are of the same strength
+   and none waits for another. Every other stuck process is listed as a
+   consequence, with the edge that ties it to the root cause.
+4. **Honest states**: ``culprit`` / ``deadlock`` / ``hung`` exit 1; ``busy``
+   (progress seen) and ``ok`` (an idle job) exit 0; ``unsure`` (progress
+   not measured) and ``unread`` exit 2. "Nothing fired" is never ``ok``.
+
+Extra rules plug in through :data:`EXTRA_RULES` or ``build_verdict(...,
+extra_rules=[...])``: each is ``rule(processes, context) -> list[Culprit]``,
+taken as evidence as strong as collective positions.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
 from raysleuth.cluster.records import RayTask
-from raysleuth.stacks.analysis import (
-    frames_that_matter,
-    headline,
-    in_ray_wait,
-    is_library,
-    is_ray_idle,
-    key_thread,
-    signature,
-    user_frame,
-    wait_chains,
-    wait_point,
-)
-from raysleuth.stacks.model import Culprit, ProcessStack, Verdict, WaitLink
+from raysleuth.stacks.analysis import headline, signature, wait_chains
+from raysleuth.stacks.causes import Candidate, collective_candidates, extra_candidates, make_culprit, sink_candidate
+from raysleuth.stacks.graph import WAITING, WaitGraph, build_graph, node_key
+from raysleuth.stacks.model import Consequence, Culprit, ProcessStack, Verdict, WaitLink
+from raysleuth.stacks.peers import assign_groups, peer_groups
+from raysleuth.stacks.progress import classify
 
 __all__ = ["EXTRA_RULES", "VerdictContext", "build_verdict", "classify", "make_culprit", "peer_groups"]
 
@@ -63,73 +68,25 @@ class VerdictContext:
     tasks: list[RayTask] = dataclasses.field(default_factory=list)
     """Unfinished tasks from the State API (records: ``task_id``, ``parent_task_id``, ``worker_pid``, ``node_id``)."""
     dead: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    """Dead actors: ``actor_class``, ``rank``, ``pid``, ``node_ip``, ``job_id``, ``cause``, ``on_purpose``."""
+    """Dead actors: ``actor_class``, ``actor_name``, ``rank``, ``pid``, ``node_ip``, ``job_id``, ``cause``, ``on_purpose``."""
     calls: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     """Recorded calls per rank: ``kind`` (verl_call/pool_call), ``method``, ``rank``, ``returned``,
     ``submitted`` (time), ``worker_pid``."""
     samples: int = 1
+    window: float = 0.0
+    """Seconds between the samples."""
     collective_positions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     """The collective matcher's culprits (``collectives.collective_culprits``), for the collective rule."""
+    failed: dict[tuple, str] = dataclasses.field(default_factory=dict)
+    """``(node_id, pid) -> error text`` of each process's newest failed call (why a rank left a collective)."""
     chains: list[list[WaitLink]] = dataclasses.field(default_factory=list)
-    """Filled by the wait-for chain rule."""
     errors: list[str] = dataclasses.field(default_factory=list)
     """Rules that failed (an extra rule must never cost the verdict)."""
 
 
 Rule = Callable[[list[ProcessStack], VerdictContext], list[Culprit]]
 EXTRA_RULES: list[Rule] = []
-"""Rules added by other features (issue 15: collective positions); run after the built-in ones."""
-
-
-# ------------------------------------------------------------------- classify
-
-def classify(process: ProcessStack) -> str | None:
-    """What a process is doing: working, waiting, blocked, returned (None without a stack).
-
-    Sets ``process.activity`` and ``process.wait`` and returns the activity.
-    """
-    thread = key_thread(process)
-    if thread is None:
-        process.activity, process.wait = None, None
-        return None
-    wait = wait_point(thread)
-    if process.moved or not thread.idle:
-        activity = "working"
-    elif is_ray_idle(thread) and not (process.task_name and process.event_loop):
-        activity = "returned"  # (a finished call's task name may lag in the State API)
-    elif is_ray_idle(thread):
-        activity = "waiting"  # an async actor's call awaits off the main thread
-        wait = wait or "an awaited call"
-    elif wait is not None:
-        activity = "waiting"
-    else:
-        activity = "blocked"
-    process.activity, process.wait = activity, wait if activity == "waiting" else None
-    return activity
-
-
-def peer_groups(processes: list[ProcessStack]) -> dict[str, list[ProcessStack]]:
-    """Processes of one role: same actor class (Ray Train workers, a verl group, DDP actors)."""
-    groups: dict[str, list[ProcessStack]] = defaultdict(list)
-    for process in processes:
-        if process.actor_class and process.role == "actor" and process.threads:
-            groups[process.actor_class].append(process)
-    return {name: peers for name, peers in groups.items() if len(peers) >= 2}
-
-
-def make_culprit(process: ProcessStack, reason: str, rule: str, evidence: str | None = None) -> Culprit:
-    """A culprit for ``process``, pointing at its innermost user frame, named by ``rule``."""
-    thread = key_thread(process)
-    mine = None
-    if thread is not None:
-        frames = frames_that_matter(thread)
-        mine, _ = user_frame(frames)
-        mine = mine or (frames[0] if frames else None)
-    return Culprit(pid=process.pid, node_ip=process.node_ip, rank=process.rank, reason=reason,
-                   actor_class=process.actor_class, actor_name=process.actor_name,
-                   function=mine.function if mine else None, file=mine.file if mine else None,
-                   line=mine.line if mine else None, rule=rule, rank_source=process.rank_source,
-                   evidence=evidence)
+"""Rules added by other features; their culprits count as strong evidence."""
 
 
 def _who(processes: list[ProcessStack]) -> str:
@@ -139,234 +96,212 @@ def _who(processes: list[ProcessStack]) -> str:
     return f"pid{'s' if len(processes) != 1 else ''} {[p.pid for p in processes]}"
 
 
-def _common_wait(processes: list[ProcessStack], *, point: bool = False) -> str:
-    """Where these processes wait: the shared headline (or, with ``point``, the shared wait point)."""
-    waits = sorted({p.wait for p in processes if p.wait})
-    if processes and (not point or len(waits) != 1) and len({signature(p) for p in processes}) == 1:
-        return headline(processes[0]).removeprefix("waiting in ")
-    if len(waits) == 1:
-        return waits[0]
-    return ", ".join(waits) or "different places"
-
-
-# ------------------------------------------------------------------- rules
-
-def peers_rule(processes: list[ProcessStack], context: VerdictContext) -> list[Culprit]:
-    """Peers apart from where the others wait (groups of 2 too).
-
-    A peer *blocked* elsewhere while the others wait or have returned; with
-    no peer blocked, a peer that *returned* (its call ended, often with an
-    error) while the others still wait in a collective it left.
-    """
-    culprits = []
-    for actor_class, peers in sorted(peer_groups(processes).items()):
-        waiting = [p for p in peers if p.activity == "waiting"]
-        returned = [p for p in peers if p.activity == "returned"]
-        blocked = [p for p in peers if p.activity == "blocked"]
-        if blocked and (waiting or returned) and len(blocked) <= len(waiting) + len(returned):
-            if not waiting:
-                # Peers that returned are only a clue against a peer stuck in the user's own code.
-                blocked = [p for p in blocked if _in_user_code(p)]
-            if waiting:
-                where = (f"{len(waiting)} of {len(peers)} {actor_class} peers ({_who(waiting)}) wait in "
-                         f"{_common_wait(waiting)}")
-            else:
-                where = f"{len(returned)} of {len(peers)} {actor_class} peers ({_who(returned)}) have returned"
-            for peer in blocked:
-                culprits.append(make_culprit(peer, f"{headline(peer)} while {where}", "peers", evidence=where))
-        elif returned and waiting and not blocked and len(returned) < len(waiting) and all(
-                "(torch.distributed" in (p.wait or "") or "(torch.autograd" in (p.wait or "") for p in waiting):
-            where = (f"{len(waiting)} of {len(peers)} {actor_class} peers ({_who(waiting)}) still wait in "
-                     f"{_common_wait(waiting, point=True)}")
-            for peer in returned:
-                culprits.append(make_culprit(peer, f"left the collective: its call ended (returned or raised) while "
-                                               f"{where}", "peers", evidence=where))
-    return culprits
-
-
-def _in_user_code(process: ProcessStack) -> bool:
-    thread = key_thread(process)
-    frames = frames_that_matter(thread) if thread else []
-    return bool(frames) and not is_library(frames[0])
-
-
-def chain_rule(processes: list[ProcessStack], context: VerdictContext) -> list[Culprit]:
-    """Ends of wait-for chains blocked in the user's code (working ends are progress)."""
-    chains, ends = wait_chains(processes, context.tasks)
-    context.chains = chains
-    culprits = []
-    for end in ends:
-        thread = key_thread(end)
-        if thread is None or end.activity in ("working", "returned") or in_ray_wait(thread):
-            continue
-        frames = frames_that_matter(thread)
-        if not frames or (is_library(frames[0]) and thread.idle):
-            continue  # blocked in a library wait (event loop, lock, queue): it waits on something unseen
-        path = next((chain for chain in chains if (chain[-1].node_ip, chain[-1].pid) == (end.node_ip, end.pid)), None)
-        route = " → ".join(link.task_name or link.role for link in path) if path else end.task_name
-        culprits.append(make_culprit(end, f"end of the wait-for chain {route}: {headline(end)}", "wait-for chain",
-                                 evidence=route))
-    return culprits
-
-
-def dead_peer_rule(processes: list[ProcessStack], context: VerdictContext) -> list[Culprit]:
-    """A rank whose process died while its live peers (same class, same job) wait."""
-    culprits = []
-    by_class: dict[str, list[ProcessStack]] = defaultdict(list)
-    for process in processes:
-        if process.actor_class and process.threads:
-            by_class[process.actor_class].append(process)
-    for dead in context.dead:
-        if dead.get("on_purpose"):
-            continue
-        peers = [p for p in by_class.get(dead.get("actor_class") or "", [])
-                 if not (dead.get("job_id") and p.job_id and p.job_id != dead.get("job_id"))]
-        waiting = [p for p in peers if p.activity in ("waiting", "blocked")]
-        if not waiting or any(p.activity == "working" for p in peers):
-            continue
-        live_ranks = {p.rank for p in peers if p.rank is not None}
-        if dead.get("rank") is not None and dead["rank"] in live_ranks:
-            continue  # that rank lives again (restarted)
-        where = f"{len(waiting)} {dead.get('actor_class')} peers ({_who(waiting)}) wait in {_common_wait(waiting)}"
-        who = f"rank {dead['rank']}" if dead.get("rank") is not None else f"pid {dead.get('pid')}"
-        culprits.append(Culprit(
-            pid=dead.get("pid") or 0, node_ip=dead.get("node_ip"), rank=dead.get("rank"),
-            reason=f"{who} ({dead.get('actor_class')}) died: {dead.get('cause') or 'no cause recorded'}; {where}",
-            actor_class=dead.get("actor_class"), actor_name=dead.get("actor_name"), rule="dead peer",
-            rank_source=dead.get("rank_source"), evidence=dead.get("cause")))
-    return culprits
-
-
-def unreturned_rule(processes: list[ProcessStack], context: VerdictContext, *, batch_window: float = 2.0
-                    ) -> list[Culprit]:
-    """A rank that has not returned from a verl/pool call while the same call to its peers returned."""
-    culprits = []
-    batches: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
-    for call in sorted(context.calls, key=lambda c: c.get("submitted") or 0):
-        key = (call.get("kind"), call.get("method"))
-        group = batches[key]
-        if group and (call.get("submitted") or 0) - (group[-1][0].get("submitted") or 0) > batch_window:
-            group.append([])
-        if not group:
-            group.append([])
-        group[-1].append(call)
-    by_rank = {p.rank: p for p in processes if p.rank is not None and p.role != "driver"}
-    by_pid = {p.pid: p for p in processes}
-    for (kind, method), group in sorted(batches.items(), key=lambda item: str(item[0])):
-        for batch in group:
-            done = [c for c in batch if c.get("returned")]
-            open_calls = [c for c in batch if not c.get("returned")]
-            if not done or not open_calls:
-                continue
-            for call in open_calls:
-                process = (by_pid.get(call["worker_pid"]) if call.get("worker_pid")
-                           else by_rank.get(call.get("rank")))
-                if process is None or process.activity == "working":
-                    continue  # not among the processes read (gone, another job), or slow but moving
-                evidence = (f"rank {call.get('rank')} has not returned from {method} ({kind}) while ranks "
-                            f"{sorted(c.get('rank') for c in done)} returned")
-                culprits.append(make_culprit(process, f"{evidence}: {headline(process)}", "call not returned",
-                                         evidence=evidence))
-    return culprits
-
-
-def collective_rule(processes: list[ProcessStack], context: VerdictContext) -> list[Culprit]:
-    """Ranks that broke the collective sequence (issue 15's matcher, run on the ranks' own dumps).
-
-    ``context.collective_positions`` holds the matcher's culprits (rank,
-    reason, kind, file, line, pid, node_ip). It comes before the dead-peer
-    rule: when a sequence mismatch makes gloo abort a process, the one that
-    died is not always the one that skipped.
-
-    Only processes of the job being looked at are named: a sampled process,
-    or a dead actor of a job one of them belongs to. The store keeps the
-    dumps of earlier jobs on the same cluster, and their ranks are not this
-    hang's culprits.
-    """
-    culprits = []
-    jobs = {p.job_id for p in processes if p.job_id}
-    for item in context.collective_positions or []:
-        pid, node_ip = item.get("pid"), item.get("node_ip")
-        process = next((p for p in processes if p.pid == pid and (node_ip is None or p.node_ip in (None, node_ip))),
-                       None)
-        dead = next((d for d in context.dead if d.get("pid") == pid and d.get("job_id") in jobs), None)
-        if process is None and dead is None:
-            continue
-        culprits.append(Culprit(
-            pid=pid or 0, node_ip=node_ip or (process.node_ip if process else None), rank=item.get("rank"),
-            reason=str(item.get("reason") or "broke the collective sequence"),
-            actor_class=process.actor_class if process else None, actor_name=process.actor_name if process else None,
-            function=item.get("function"), file=item.get("file"), line=item.get("line"), rule="collective positions",
-            rank_source=(process.rank_source if process and process.rank_source else "collectives"),
-            evidence=item.get("kind")))
-    return culprits
-
-
-BUILTIN_RULES: list[Rule] = [peers_rule, chain_rule, collective_rule, dead_peer_rule, unreturned_rule]
-
-
 # ------------------------------------------------------------------- verdict
-
-def _hung(processes: list[ProcessStack], samples: int) -> tuple[str | None, list[str]]:
-    """With two samples: a peer group whose ranks all wait, none working → the hang's one-line summary."""
-    notes = []
-    for actor_class, peers in sorted(peer_groups(processes).items()):
-        activities = {p.activity for p in peers}
-        same_place = len({signature(p) for p in peers}) == 1 or (
-            activities == {"waiting"} and len({p.wait for p in peers}) == 1)
-        if activities <= {"waiting", "blocked"} and same_place:
-            where = _common_wait(peers, point=True)
-            if samples >= 2:
-                return f"hung: every rank waits in {where}; no rank stands apart ({actor_class}, {_who(peers)})", notes
-            notes.append(f"every {actor_class} rank waits in {where} in this one sample: "
-                         "drop --once to tell a hang from a busy job")
-    return None, notes
-
 
 def build_verdict(processes: list[ProcessStack], tasks: list[RayTask] | None = None, *,
                   context: VerdictContext | None = None, extra_rules: list[Rule] | None = None) -> Verdict:
-    """Every rule's culprits (first rule to name a process wins), the chains, the state and a summary."""
+    """Classify, build the wait-for graph, name the root cause and its consequences, or say what is unknown."""
     context = context or VerdictContext()
     if tasks is not None:
         context.tasks = tasks
+    assign_groups(processes)
     for process in processes:
-        classify(process)
-    culprits: list[Culprit] = []
-    named: set[tuple] = set()
-    for rule in BUILTIN_RULES + EXTRA_RULES + list(extra_rules or []):
-        try:
-            found = rule(processes, context)
-        except Exception as error:  # an extra rule must never cost the verdict
-            found = []
-            context.errors.append(f"rule {getattr(rule, '__name__', rule)} failed: {type(error).__name__}: {error}")
-        for culprit in found:
-            key = (culprit.node_ip, culprit.pid) if culprit.pid else ("rank", culprit.rank)
-            if key not in named:
-                culprits.append(culprit)
-                named.add(key)
-    verdict = Verdict(culprits=culprits, chains=context.chains, samples=context.samples)
-    verdict.notes = list(context.errors)
-    working = [p for p in processes if p.activity == "working" and p.role != "driver"]
-    if culprits:
-        verdict.state = "culprit"
-        who = ", ".join((f"rank {c.rank}" if c.rank is not None else f"pid {c.pid}")
-                        + (f" ({c.actor_class})" if c.actor_class else "") + f" [{c.rule}]" for c in culprits)
-        verdict.summary = f"culprit{'s' if len(culprits) > 1 else ''}: {who}"
-        first = culprits[0]
-        verdict.next_command = NEXT_WHEN_CULPRIT.format(rank=first.rank) if first.rank is not None else (
-            f"raysleuth stacks --pid {first.pid} --native")
-        return verdict
-    hung, notes = _hung(processes, context.samples)
-    verdict.notes += notes
-    if hung:
-        verdict.state, verdict.summary, verdict.next_command = "hung", hung, NEXT_WHEN_HUNG
-    elif not processes:
+        classify(process, context.samples)
+    graph = build_graph(processes, context)
+    context.chains, _ends = wait_chains(processes, context.tasks)
+    verdict = Verdict(samples=context.samples, chains=context.chains, edges=list(graph.edges))
+    if not processes:
         verdict.state, verdict.summary = "unread", "no processes were read"
-    elif working:
+        return verdict
+    cycles = [cycle for cycle in graph.cycles() if all(graph.nodes[key].state in WAITING for key in cycle)]
+    candidates = collective_candidates(processes, context) + extra_candidates(
+        processes, context, EXTRA_RULES + list(extra_rules or []))
+    stuck = [p for p in processes if p.activity in WAITING]
+    for process in stuck:
+        for sink in graph.sinks_from(node_key(process)):
+            found = sink_candidate(graph, sink, context)
+            if found is not None:
+                candidates.append(found)
+    if cycles:
+        _deadlock(verdict, graph, cycles)
+    elif candidates:
+        _root_causes(verdict, graph, candidates, processes)
+    else:
+        _without_root_cause(verdict, graph, processes, context)
+    verdict.notes = list(context.errors) + verdict.notes + _invisible_coroutines(processes, graph)
+    verdict.signals = _signals(processes)
+    _consequences(verdict, graph, processes)
+    return verdict
+
+
+def _peer_text(graph: WaitGraph, key: str, processes: list[ProcessStack]) -> str:
+    """``2 of 3 DDPRank peers (ranks [0, 2]) wait in all_reduce (torch.distributed)`` for a collective sink."""
+    waiters = [graph.nodes[e.source].process for e in graph.into(key) if e.kind in ("collective", "peers", "dead peer")]
+    waiters = [w for w in waiters if w is not None]
+    if not waiters:
+        return ""
+    group = waiters[0].group
+    size = len([p for p in processes if p.group == group]) + (1 if key.startswith("dead:") else 0)
+    where = sorted({w.wait for w in waiters if w.wait})
+    if len({signature(w) for w in waiters}) == 1 and not any("(torch." in w for w in where):
+        where = [headline(waiters[0]).removeprefix("waiting in ")]  # ray.get inside the user's own collective
+    return (f"{len(waiters)} of {size} {waiters[0].actor_class or 'peer'} peers ({_who(waiters)}) wait in "
+            f"{', '.join(where) or 'a collective'}")
+
+
+def _root_causes(verdict: Verdict, graph: WaitGraph, candidates: list[Candidate],
+                 processes: list[ProcessStack]) -> None:
+    best = min(candidate.strength for candidate in candidates)
+    roots: dict[str, Candidate] = {}
+    for candidate in candidates:
+        if candidate.strength == best:
+            roots.setdefault(candidate.key, candidate)
+    # Of equal evidence, one that waits for another is explained by it: keep the ones nobody else explains.
+    independent = [c for c in roots.values() if not any(
+        other.key != c.key and other.key in graph.sinks_from(c.key) for other in roots.values())] or list(roots.values())
+    for candidate in independent:
+        chain = next((c for c in verdict.chains if (c[-1].node_ip, c[-1].pid) == (candidate.culprit.node_ip,
+                                                                                   candidate.culprit.pid)), None)
+        if chain and candidate.culprit.rule == "wait-for chain":
+            route = " → ".join(link.task_name or link.role for link in chain)
+            candidate.culprit.reason = f"end of the wait-for chain {route}: {candidate.culprit.reason.split('; ')[0]}"
+            candidate.culprit.evidence = route
+        peers = _peer_text(graph, candidate.key, processes)
+        if peers and candidate.culprit.rule == "peers":
+            candidate.culprit.reason = f"{candidate.culprit.reason.split('; ')[0]} while {peers}"
+            candidate.culprit.evidence = peers
+        verdict.culprits.append(candidate.culprit)
+    verdict.state = "culprit"
+    who = ", ".join((f"rank {c.rank}" if c.rank is not None else f"pid {c.pid}")
+                    + (f" ({c.actor_class})" if c.actor_class else "") + f" [{c.rule}]" for c in verdict.culprits)
+    verdict.summary = f"culprit{'s' if len(verdict.culprits) > 1 else ''}: {who}"
+    first = verdict.culprits[0]
+    verdict.next_command = NEXT_WHEN_CULPRIT.format(rank=first.rank) if first.rank is not None else (
+        f"raysleuth stacks --pid {first.pid} --native" if first.pid else "raysleuth tasks --pending")
+
+
+def _deadlock(verdict: Verdict, graph: WaitGraph, cycles: list[list[str]]) -> None:
+    verdict.state = "deadlock"
+    texts = []
+    for cycle in cycles:
+        members = set(cycle)
+        steps = []
+        for key in cycle:
+            node = graph.nodes[key]
+            edge = next(e for e in graph.out(key) if e.target in members)
+            target = graph.nodes[edge.target]
+            steps.append(f"{node.label} {edge.evidence} ({edge.kind}, on {target.label})")
+            if node.process is not None:
+                verdict.culprits.append(make_culprit(node.process, f"in a wait-for cycle: {edge.evidence} "
+                                                                   f"({edge.kind}) on {target.label}",
+                                                     "deadlock", evidence=edge.kind))
+        texts.append("; ".join(steps))
+    verdict.summary = (f"deadlock: {len(verdict.culprits)} processes wait for each other in a cycle: "
+                       + " | ".join(texts))
+    verdict.next_command = "raysleuth tasks --stuck (the calls in the cycle), then fix the order of the calls"
+
+
+def _without_root_cause(verdict: Verdict, graph: WaitGraph, processes: list[ProcessStack],
+                        context: VerdictContext) -> None:
+    """No root cause: busy (progress seen), ok (an idle job), hung (no progress) or unsure (not measured)."""
+    moving = [p for p in processes if p.activity in ("working", "active")]
+    stuck = [p for p in processes if p.activity in WAITING and _relevant(graph, p, processes)]
+    unexplained = [p for p in stuck if not any(
+        graph.nodes[sink].state in ("working", "active") for sink in graph.sinks_from(node_key(p)))]
+    if unexplained and context.samples < 2:
+        verdict.state = "unsure"
+        verdict.summary = (f"unsure: {len(unexplained)} process(es) look blocked in this one sample and no root "
+                           "cause stands out; one sample cannot measure progress")
+        verdict.notes.append("one sample: drop --once to measure progress (two samples, counters)")
+    elif unexplained:
+        verdict.state, verdict.next_command = "hung", NEXT_WHEN_HUNG
+        verdict.summary = _hung_summary(unexplained)
+    elif moving or stuck:
+        working = [p for p in moving if p.role != "driver"] or moving
+        by = sorted({signal.split(" ")[0] for p in working for signal in p.progress})
         verdict.state = "busy"
-        verdict.summary = (f"no culprit: busy — {len(working)} process(es) working"
-                           + (" (stacks moved between the samples)" if context.samples >= 2 else " (on CPU)"))
+        verdict.summary = (f"busy: {len(working)} process(es) make progress, no culprit"
+                           + (f" ({', '.join(by)})" if by else ""))
+        if context.samples < 2 and not any("on CPU" not in s for p in working for s in p.progress):
+            verdict.state = "unsure"
+            verdict.summary = "unsure: processes were on CPU in one sample; progress was not measured"
+            verdict.notes.append("one sample: drop --once to measure progress (two samples, counters)")
     else:
         verdict.state = "ok"
-        verdict.summary = "no culprit: no peer stands apart and no wait-for chain ends in user code"
-    return verdict
+        verdict.summary = "ok: an idle job — every process is idle in Ray's task loop and nothing waits"
+
+
+def _relevant(graph: WaitGraph, process: ProcessStack, processes: list[ProcessStack]) -> bool:
+    """A stuck process that matters to a hang: it waits for someone, someone waits for it, it is a driver,
+    or every peer of its group is stuck too (a lone actor blocked on a queue nobody feeds is just idle)."""
+    key = node_key(process)
+    if graph.out(key) or graph.into(key) or process.role == "driver":
+        return True
+    peers = [p for p in processes if process.group is not None and p.group == process.group]
+    return len(peers) >= 2 and all(p.activity in WAITING for p in peers)
+
+
+def _hung_summary(unexplained: list[ProcessStack]) -> str:
+    for group, peers in sorted(peer_groups(unexplained).items()):
+        if len({p.wait for p in peers}) == 1 and all(p.activity == "waiting" for p in peers):
+            cls = peers[0].actor_class or group
+            return (f"hung: every rank waits in {peers[0].wait}; no rank stands apart ({cls}, {_who(peers)}); "
+                    "nothing they wait for makes progress")
+    where = "; ".join(f"{p.label}: {headline(p)}" for p in unexplained[:4])
+    more = f" (+{len(unexplained) - 4} more)" if len(unexplained) > 4 else ""
+    return f"hung: {len(unexplained)} process(es) make no progress and no root cause was found — {where}{more}"
+
+
+def _invisible_coroutines(processes: list[ProcessStack], graph: WaitGraph) -> list[str]:
+    notes = []
+    for process in processes:
+        waited_on = bool(graph.into(node_key(process)))
+        if process.event_loop and process.coroutines is None and (
+                process.activity in WAITING or (waited_on and process.activity == "returned")):
+            notes.append(f"{process.label} is an async actor whose coroutines are invisible from outside: run the "
+                         "job under `raysleuth run` (or give Ray the setup hook raysleuth.setup_worker) to list what "
+                         "each request awaits; on Python >= 3.14, `python -m asyncio pstree PID` reads them")
+    return notes
+
+
+def _signals(processes: list[ProcessStack]) -> list[str]:
+    found: dict[str, int] = {}
+    for process in processes:
+        for signal in process.progress:
+            kind = signal.split(" ")[0]
+            found[kind] = found.get(kind, 0) + 1
+    waiting = sum(1 for p in processes if p.activity in WAITING)
+    signals = [f"{kind}: {count} process(es)" for kind, count in sorted(found.items())]
+    if waiting:
+        signals.append(f"no progress (same frames, no CPU, no wake-ups, no counter): {waiting} process(es)")
+    return signals
+
+
+def _consequences(verdict: Verdict, graph: WaitGraph, processes: list[ProcessStack]) -> None:
+    """Every other stuck, dead or departed process, with the edge that ties it to a root cause."""
+    if verdict.state not in ("culprit", "deadlock"):
+        return
+    roots = {(c.node_ip, c.pid) for c in verdict.culprits}
+    root_keys = [key for key, node in graph.nodes.items() if node.process is not None
+                 and (node.process.node_ip, node.process.pid) in roots]
+    root_keys += [key for key in graph.nodes if key.startswith("dead:") and any(
+        key == f"dead:{ip}:{pid}" for ip, pid in roots)]
+    root_groups = {graph.nodes[key].process.group for key in root_keys if graph.nodes[key].process is not None}
+    for key, node in graph.nodes.items():
+        if key in root_keys or node.state in ("working", "active", "coroutine", "pending", None):
+            continue
+        path = next((graph.path(key, root) for root in root_keys if graph.path(key, root)), [])
+        process = node.process
+        if path:
+            because = path[0].evidence + (f" (then {len(path) - 1} more wait(s) to the root cause)"
+                                          if len(path) > 1 else "")
+        elif (process is not None and process.group in root_groups) or (
+                node.state == "dead" and any(g and g.endswith(str(node.detail.get("actor_class"))) for g in root_groups)):
+            because = ("its process died (" + str(node.detail.get("cause") or "?")[:120] + ") in the root cause's group"
+                       if node.state == "dead" else f"{node.state} in the root cause's group")
+        else:
+            continue
+        verdict.consequences.append(Consequence(
+            who=node.label, state=node.state or "?", because=because, pid=process.pid if process else node.detail.get("pid"),
+            node_ip=process.node_ip if process else node.detail.get("node_ip"),
+            rank=process.rank if process else node.detail.get("rank")))

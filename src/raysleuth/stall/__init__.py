@@ -47,15 +47,17 @@ class Watchdog:
     def __init__(self, stall: float = 120.0, on_stall: Callable[[StallEvent], Any] | None = None, *,
                  address: str | None = None, run: str | None = None, home: str | None = None,
                  interval: float | None = None, stacks: bool = True, stacks_timeout: float = 30.0,
-                 include_self: bool = True, forever: bool = True) -> None:
+                 include_self: bool = True, forever: bool = True, job: str | None = None) -> None:
         self.tracker = StallTracker(stall)
         self.on_stall = on_stall
         self.address, self.run, self.home = address, run, home
         self.interval = interval if interval is not None else max(0.2, min(5.0, stall / 4))
         self.stacks, self.stacks_timeout, self.include_self = stacks, stacks_timeout, include_self
         self.forever = forever
+        self.job = job
+        """Only this Ray job's heartbeats (``--job``)."""
         self.events: list[StallEvent] = []
-        self._done: dict[int, RankProgress] = {}
+        self._done: dict[tuple, RankProgress] = {}
         self.finished: str | None = None
         """Set when every rank stopped because the training loop finished (not a stall): why we think so."""
         self.error: str | None = None
@@ -87,12 +89,13 @@ class Watchdog:
         except Exception as error:  # no run yet: nothing has heart-beaten
             self.error = str(error)
             return 0
-        rows = store.query("heartbeat", after_id=self._after_id, limit=100_000)
+        rows = store.query("heartbeat", after_id=self._after_id, limit=100_000, job=self.job)
         if rows:
             self._after_id = max(row.id for row in rows)
             self.tracker.update({"rank": row.rank, "step": row.step if row.step is not None else row.data.get("step"),
                                  "time": row.time, "pid": row.pid, "node_ip": row.node_ip,
-                                 "actor_class": row.actor_class} for row in rows)
+                                 "actor_class": row.actor_class, "job_id": row.job_id,
+                                 "source": (row.data or {}).get("source")} for row in rows)
         return len(rows)
 
     # -- one round
@@ -110,7 +113,7 @@ class Watchdog:
                                summary=describe(stalled, peers, all_stopped, now))
             finished, report = self._finished(event)
             if finished:  # these ranks returned from their loop: not a stall (peers may finish a moment later)
-                self._done.update({rank.rank: rank for rank in stalled})
+                self._done.update({rank.key: rank for rank in stalled})
                 if set(self._done) >= set(self.tracker.ranks):
                     self.finished = describe_finish(list(self._done.values()))
                     self._record_finished(list(self._done.values()), self.finished)
@@ -213,7 +216,8 @@ class Watchdog:
                 if proc is None and rank.pid is not None:
                     proc = next((p for p in report.processes if p.rank == rank.rank), None)
                 where = headline(proc) if proc is not None else "its process was not found (exited?)"
-                reason = f"no heartbeat progress for {rank.stalled_for(event.time):.0f}s at step {rank.step}: {where}"
+                reason = (f"no heartbeat progress for {rank.stalled_for(event.time):.0f}s at {rank.unit} {rank.step}: "
+                          f"{where}")
                 key = (proc.node_ip, proc.pid) if proc is not None else (rank.node_ip, rank.pid)
                 if key in named:
                     culprit = next(c for c in report.verdict.culprits if (c.node_ip, c.pid) == key)

@@ -39,6 +39,16 @@ class RankProgress:
     pid: int | None = None
     node_ip: str | None = None
     actor_class: str | None = None
+    job_id: str | None = None
+    unit: str = "step"
+    """What ``step`` counts: ``step`` (``rs.step``/``rs.heartbeat``) or ``collective`` (completed collectives,
+    from the collective wrapper of the zero-code setup)."""
+
+    @property
+    def key(self) -> tuple:
+        """Who this is: one process of one job. Two processes with one rank number (two verl groups, two
+        jobs) are two ranks; a restarted rank is a new process."""
+        return (self.job_id, self.node_ip, self.pid if self.pid is not None else f"rank {self.rank}")
 
     def stalled_for(self, now: float) -> float:
         """Seconds since the step last advanced."""
@@ -67,58 +77,80 @@ class StallEvent:
 
 
 class StallTracker:
-    """Follows heartbeats per rank and says which ranks are stalled."""
+    """Follows heartbeats per process (one rank of one job) and says which are stalled."""
 
     def __init__(self, stall: float) -> None:
         if stall <= 0:
             raise UsageError(f"stall must be a positive number of seconds, got {stall!r}", fix="e.g. --stall 120")
         self.stall = stall
-        self.ranks: dict[int, RankProgress] = {}
-        self.reported: set[int] = set()
+        self.ranks: dict[tuple, RankProgress] = {}
+        """Keyed by :attr:`RankProgress.key` (job, node, pid): never by the rank number alone."""
+        self.reported: set[tuple] = set()
 
     def update(self, beats: Iterable[dict[str, Any]]) -> None:
-        """Feed heartbeat rows: dicts with rank, step, time (pid, node_ip, actor_class optional)."""
+        """Feed heartbeat rows: dicts with rank, step, time (pid, node_ip, actor_class, job_id, source optional)."""
         for beat in beats:
             rank = beat.get("rank")
             if rank is None:
                 continue
             when, step_now = float(beat["time"]), beat.get("step")
-            known = self.ranks.get(rank)
-            pid = beat.get("pid")
-            if known is not None and pid is not None and known.pid is not None and pid != known.pid \
-                    and when >= known.last_beat:
-                # A new process took this rank (a restart, or the next job in the same run): its
-                # steps start again, so the old process's progress says nothing about it.
-                self.reported.discard(rank)
-                known = None
+            fresh = RankProgress(rank=rank, step=step_now, last_beat=when, last_progress=when, pid=beat.get("pid"),
+                                 node_ip=beat.get("node_ip"), actor_class=beat.get("actor_class"),
+                                 job_id=beat.get("job_id"),
+                                 unit="collective" if beat.get("source") == "collectives" else "step")
+            known = self.ranks.get(fresh.key)
             if known is None:
-                self.ranks[rank] = RankProgress(rank=rank, step=step_now, last_beat=when, last_progress=when,
-                                                pid=beat.get("pid"), node_ip=beat.get("node_ip"),
-                                                actor_class=beat.get("actor_class"))
+                self._retire(fresh)
+                self.ranks[fresh.key] = fresh
                 continue
             known.last_beat = max(known.last_beat, when)
-            known.pid, known.node_ip = beat.get("pid") or known.pid, beat.get("node_ip") or known.node_ip
             if step_now is not None and (known.step is None or step_now > known.step):
                 known.step, known.last_progress = step_now, when
-                self.reported.discard(rank)  # it moved again: report it anew if it stalls later
+                self.reported.discard(known.key)  # it moved again: report it anew if it stalls later
+
+    def _retire(self, fresh: RankProgress) -> None:
+        """A new process on a rank of the same job that the old one left a while ago: a restart (or the next job
+        of a reused run); the old one's progress says nothing about it. Processes beating at the same time with
+        one rank number (two worker groups) are both kept."""
+        gap = min(self.stall, 5.0)
+        for key, old in list(self.ranks.items()):
+            if (old.job_id, old.rank) == (fresh.job_id, fresh.rank) and old.last_beat < fresh.last_beat - gap:
+                del self.ranks[key]
+                self.reported.discard(key)
 
     def check(self, now: float) -> tuple[list[RankProgress], list[RankProgress], bool]:
-        """(newly stalled ranks, the others, every rank stopped)."""
+        """(newly stalled processes, the others of their jobs, every one of those jobs stopped)."""
         if not self.ranks:
             return [], [], False
         late = [r for r in self.ranks.values() if r.stalled_for(now) >= self.stall]
-        fresh = [r for r in late if r.rank not in self.reported]
-        others = [r for r in self.ranks.values() if r not in late]
-        return sorted(fresh, key=lambda r: r.rank), sorted(others, key=lambda r: r.rank), len(late) == len(self.ranks)
+        fresh = [r for r in late if r.key not in self.reported]
+        jobs = {r.job_id for r in fresh}
+        mates = [r for r in self.ranks.values() if r.job_id in jobs]
+        others = [r for r in mates if r not in late]
+        stopped = bool(fresh) and all(r in late for r in mates)
+        order = lambda r: (r.rank, str(r.job_id), r.pid or 0)  # noqa: E731
+        return sorted(fresh, key=order), sorted(others, key=order), stopped
 
     def mark_reported(self, ranks: Iterable[RankProgress]) -> None:
-        """Do not report these ranks again until they advance."""
-        self.reported.update(r.rank for r in ranks)
+        """Do not report these processes again until they advance."""
+        self.reported.update(r.key for r in ranks)
+
+
+def _at(ranks: list[RankProgress]) -> str:
+    steps = sorted({rank.step for rank in ranks if rank.step is not None})
+    unit = "collective" if ranks and all(r.unit == "collective" for r in ranks) else "step"
+    if not steps:
+        return ""
+    if len(steps) == 1:
+        return f" at {unit} {steps[0]:g}" if isinstance(steps[0], float) else f" at {unit} {steps[0]}"
+    return f" at {unit}s {steps[0]}-{steps[-1]}" if len(steps) > 4 else f" at {unit}s {steps}"
 
 
 def describe_finish(ranks: list[RankProgress]) -> str:
-    steps = sorted({rank.step for rank in ranks if rank.step is not None})
-    at = f" at step {steps[0]}" if len(steps) == 1 else (f" at steps {steps[0]}-{steps[-1]}" if steps else "")
+    at = _at(ranks)
+    if len({r.step for r in ranks if r.step is not None}) > 1:
+        steps = sorted({r.step for r in ranks if r.step is not None})
+        at = f" at {'collective' if all(r.unit == 'collective' for r in ranks) else 'step'}s {steps[0]}-{steps[-1]}"
     return (f"finished: every rank stopped{at} and none is running a call or its own code "
             f"(the training loop returned; the actors are still alive)")
 
@@ -127,13 +159,13 @@ def describe(stalled: list[RankProgress], peers: list[RankProgress], all_stopped
     """One line: ``rank 2 stalled at step 5 for 12s while peers reached step 40``."""
     ranks = ", ".join(str(r.rank) for r in stalled)
     worst = max(r.stalled_for(now) for r in stalled)
-    steps = sorted({r.step for r in stalled if r.step is not None})
-    at = f" at step {steps[0]}" if len(steps) == 1 else (f" at steps {steps}" if steps else "")
+    at = _at(stalled)
     word = "rank" if len(stalled) == 1 else "ranks"
     if all_stopped:
         return f"every rank stopped: {word} {ranks}{at}, no progress for {worst:.0f}s"
     best = max((r.step for r in peers if r.step is not None), default=None)
-    peers_text = f" while peers reached step {best}" if best is not None else " while peers progressed"
+    unit = "collective" if peers and all(r.unit == "collective" for r in peers) else "step"
+    peers_text = f" while peers reached {unit} {best}" if best is not None else " while peers progressed"
     return f"{word} {ranks} stalled{at} for {worst:.0f}s{peers_text}"
 
 

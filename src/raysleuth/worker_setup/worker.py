@@ -11,8 +11,13 @@ at start-up, because user code may need them at once (cheap):
       the worker first looks the function up), and Ray Train training
       functions, and uncaught exceptions in the process and its threads;
     - log shipping of the root logger at the mode's level (light: WARNING+);
-    - ``raysleuth.collectives.install()`` (Flight Recorder before any
-      process group exists, collective progress);
+    - ``raysleuth.collectives.install()`` (the collective wrapper and its
+      progress; torch's Flight Recorder too in full mode, before any process
+      group exists);
+    - the coroutine tracker of async actors (``raysleuth.coroutines.install()``: what each pending
+      asyncio task awaits, read on the control thread);
+    - the weight-sync check of every verl CheckpointEngine the job creates
+      (``raysleuth.integrations.verl_weights.install()``: an import hook only);
     - the control thread (:mod:`raysleuth.control`).
 
 on the control thread, ``DEFER_S`` seconds later, off the start-up path:
@@ -89,6 +94,8 @@ def setup_worker() -> None:
             _attempt("excepthooks", _install_excepthooks)
             _attempt("log_shipping", _ship_logs)
             _attempt("collectives", _install_collectives)
+            _attempt("coroutines", _install_coroutines)
+            _attempt("weight_sync", _install_weight_sync)
             _state["started"] = time.monotonic()
             _state["setup_ms"] = round((time.perf_counter() - started) * 1000, 3)
             control.on_tick(_deferred_setup)
@@ -136,10 +143,22 @@ def _install_excepthooks() -> Any:
     install_crash_capture()
 
 
+def _install_coroutines() -> Any:
+    from raysleuth import coroutines
+
+    return coroutines.install()
+
+
 def _install_collectives() -> Any:
     from raysleuth import collectives
 
     return collectives.install()
+
+
+def _install_weight_sync() -> Any:
+    from raysleuth.integrations import verl_weights
+
+    return verl_weights.install()  # waits for the job to import verl's CheckpointEngine; imports nothing
 
 
 def _wrap_call(function: Any, label: str) -> Any:

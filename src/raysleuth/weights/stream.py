@@ -1,0 +1,163 @@
+"""Both sides of a sync, in flight: :func:`weights_sent` and :func:`weights_received`.
+
+Each wraps the iterable of ``(name, tensor)`` a sync moves (a generator, a
+list, ``model.named_parameters()``, or an async iterator) and passes every
+item through unchanged, lazily, fingerprinting it on the way. When the
+stream ends (or is closed early) one ``weight_sync`` record is written with
+the side, the version, this process's rank and one print per tensor.
+
+Cost: one fingerprint per tensor (XXH3 at memory speed on the CPU, on the
+device on CUDA); only digests leave the process. ``bench/bench_weights.py``
+measures it against the sync itself. Scale: a record holds 8 bytes (as 16
+hex digits) per 4 MiB chunk, ~0.6 MB per side for a 70B bf16 model; past
+that, store the chunk digests in a side table instead of the record's JSON.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from collections.abc import AsyncIterable, Iterable
+from typing import Any
+
+from raysleuth import runtime
+from raysleuth.errors import UsageError
+from raysleuth.weights.prints import WeightPrint, print_tensor
+
+__all__ = ["KIND", "SyncSide", "next_version", "pass_through", "weights_received", "weights_sent"]
+
+#: The evidence kind of every record this package writes.
+KIND = "weight_sync"
+
+_versions: dict[str, itertools.count] = {}
+_versions_lock = threading.Lock()
+
+
+def next_version(side: str) -> int:
+    """This process's next automatic version for ``side`` (0, 1, 2...)."""
+    with _versions_lock:
+        return next(_versions.setdefault(side, itertools.count()))
+
+
+class SyncSide:
+    """What one process saw of one sync: prints accumulated item by item, recorded once at the end."""
+
+    def __init__(self, side: str, version: int | None, *, shard: int | None = None, canonical: str | None = None,
+                 source: str = "api", strict: bool = True, algorithm: str = "auto") -> None:
+        if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+            raise UsageError(f"weights_{side}: version={version!r} is not an int", fix="pass the trainer step")
+        self.side, self.shard, self.canonical, self.source = side, shard, canonical, source
+        self.strict, self.algorithm = strict, algorithm
+        self.version = next_version(side) if version is None else version
+        self.prints: list[WeightPrint] = []
+        self.bytes = 0
+        self.seconds = 0.0
+        self.error: str | None = None
+        self.errors = 0
+        self.done = False
+        self.position = 0
+
+    def see(self, item: Any) -> None:
+        """Fingerprint one item of the stream (errors: raised when strict, else noted once)."""
+        self.position += 1
+        started = time.perf_counter()
+        try:
+            if not isinstance(item, (tuple, list)) or len(item) != 2:
+                raise UsageError(f"weights_{self.side}: item {self.position} of version {self.version} is "
+                                 f"{type(item).__name__}, not a (name, tensor) pair",
+                                 fix="pass an iterable of (name, tensor), e.g. model.named_parameters()")
+            name, tensor = item
+            self.prints.append(print_tensor(name, tensor, shard=self.shard, canonical=self.canonical,
+                                            algorithm=self.algorithm))
+            self.bytes += int(tensor.numel() * tensor.element_size()) if hasattr(tensor, "element_size") \
+                else int(getattr(tensor, "nbytes", 0))
+        except UsageError as error:
+            if self.strict:
+                self.finish(complete=False, error=str(error))
+                raise
+            self._note(str(error))
+        except Exception as error:  # a fingerprint that fails never stops the sync
+            self._note(f"{type(error).__name__}: {error}")
+        finally:
+            self.seconds += time.perf_counter() - started
+
+    def _note(self, error: str) -> None:
+        """Keep the first error (the item is left out of the record: it shows as missing on this side)."""
+        self.errors += 1
+        if self.error is None:
+            self.error = error
+
+    def to_dict(self, complete: bool) -> dict[str, Any]:
+        return {"side": self.side, "version": self.version, "shard": self.shard, "rank": runtime.get_rank(),
+                "pid": os.getpid(), "source": self.source, "count": len(self.prints), "items": self.position,
+                "bytes": self.bytes, "seconds": round(self.seconds, 6), "complete": complete,
+                "canonical": self.canonical, "error": self.error, "errors": self.errors, "tensors": [p.to_dict() for p in self.prints]}
+
+    def finish(self, *, complete: bool, error: str | None = None) -> None:
+        """Write this side's record (once)."""
+        if self.done:
+            return
+        self.done = True
+        if error is not None:
+            self.error = error
+        try:
+            from raysleuth.recorder import record
+
+            record(KIND, self.to_dict(complete), name=self.side, step=self.version,
+                   level="WARNING" if self.error else "INFO")
+        except Exception:
+            pass
+
+
+def pass_through(iterable: Any, side: SyncSide) -> Any:
+    """``iterable`` passed through unchanged, each item shown to ``side`` (async in, async out)."""
+    if isinstance(iterable, AsyncIterable) or hasattr(iterable, "__aiter__"):
+        return _async_passthrough(iterable, side)
+    if not isinstance(iterable, Iterable) or isinstance(iterable, (str, bytes)):
+        raise UsageError(f"weights_{side.side}: expected an iterable of (name, tensor), got "
+                         f"{type(iterable).__name__}", fix="pass e.g. model.named_parameters() or a generator")
+    if hasattr(iterable, "items") and callable(iterable.items):
+        iterable = iterable.items()  # a state dict
+    return _sync_passthrough(iterable, side)
+
+
+def _sync_passthrough(iterable: Iterable, side: SyncSide):
+    complete = False
+    try:
+        for item in iterable:
+            side.see(item)
+            yield item
+        complete = True
+    finally:
+        side.finish(complete=complete)
+
+
+async def _async_passthrough(iterable: Any, side: SyncSide):
+    complete = False
+    try:
+        async for item in iterable:
+            side.see(item)
+            yield item
+        complete = True
+    finally:
+        side.finish(complete=complete)
+
+
+def weights_sent(named_tensors: Any, *, version: int | None = None, shard: int | None = None,
+                 canonical: str | None = None) -> Any:
+    """The trainer's side of a sync: ``named_tensors`` passed through unchanged, each fingerprinted.
+
+    ``version``: the sync's version (the trainer step; default: this process's count of syncs).
+    ``shard``: which shard these tensors are (a tensor-parallel rank sending its own part).
+    ``canonical``: also digest wider floats at this lower precision (``"bfloat16"``), for a receiver
+    that holds them so. Sync iterables give a generator, async ones an async generator.
+    """
+    return pass_through(named_tensors, SyncSide("sent", version, shard=shard, canonical=canonical))
+
+
+def weights_received(named_tensors: Any, *, version: int | None = None, shard: int | None = None,
+                     canonical: str | None = None) -> Any:
+    """The rollout side of a sync: what arrived, passed through unchanged to the loader, each fingerprinted."""
+    return pass_through(named_tensors, SyncSide("received", version, shard=shard, canonical=canonical))
