@@ -234,7 +234,7 @@ def _summarise_series(series: _Series, policy: LeakPolicy | None) -> WorkerMemor
     worker.leak, worker.reason, worker.evidence = chosen.leak, chosen.reason, chosen.to_dict()
     worker.status = chosen.status
     worker.slope_bytes_per_s, worker.slope_bytes_per_step = chosen.slope_bytes_per_s, chosen.slope_bytes_per_step
-    worker.series = _thin([_as_int(v) for v in _present(values[chosen.metric])])
+    worker.series = [_as_int(v) for v in _thin(_present(values[chosen.metric]))]
     return worker
 
 
