@@ -176,10 +176,12 @@ def trimmed(store, ids: list[int], columns: Sequence[str], arrays: Sequence[str]
     cuts = [f"CASE WHEN {valid} AND json_type(data, '$.{path}') = 'array' THEN "
             f"json_array_length(data, '$.{path}') - {int(keep)} * ({groups}) END AS cut{n}"
             for n, path in enumerate(arrays)]
-    data = "data"
-    for n, path in enumerate(arrays):
-        newest = f"(SELECT json_group_array(json(value)) FROM json_each(data, '$.{path}') WHERE key >= cut{n})"
-        data = f"CASE WHEN cut{n} IS NOT NULL THEN json_set({data}, '$.{path}', json({newest})) ELSE {data} END"
+    # the arrays out, the cut arrays back in: json_set rewrites the small rest, not the whole dump
+    removed = f"json_remove(data, {', '.join(repr(f'$.{path}') for path in arrays)})"
+    sets = ", ".join(f"'$.{path}', CASE WHEN cut{n} IS NULL THEN json_extract(data, '$.{path}') ELSE json((SELECT "
+                     f"json_group_array(json(value)) FROM json_each(data, '$.{path}') WHERE key >= cut{n})) END"
+                     for n, path in enumerate(arrays))
+    data = f"CASE WHEN {valid} THEN json_set({removed}, {sets}) ELSE data END"
     selected = ["id"] + ["NULL" if store.schema_version < 2 and c == "job_id" else c for c in columns]
     selected[selected.index("data")] = data
     for start in range(0, len(ids), 5000):
