@@ -21,6 +21,7 @@ from raysleuth.errors import UsageError
 __all__ = [
     "MAX_RANK",
     "StepRange",
+    "format_ranks",
     "merge_ranks",
     "parse_duration",
     "parse_ranks",
@@ -82,6 +83,24 @@ def parse_ranks(text: str | None, *, option: str = "--rank") -> list[int] | None
                              fix=f"name at most {_MAX_RANGE:,} ranks in one range")
         ranks.update(range(first, last + 1))
     return sorted(ranks)
+
+
+def format_ranks(ranks: Iterable[int], *, limit: int = 12) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2,5,7-8"``, the inverse of :func:`parse_ranks`; past ``limit`` ranges,
+    the first ones and ``… (N ranks in all)``. Output stays short at any world size."""
+    ordered = sorted(set(ranks))
+    runs: list[str] = []
+    start = previous = None
+    for rank in ordered + [None]:
+        if rank is not None and previous is not None and rank == previous + 1:
+            previous = rank
+            continue
+        if start is not None:
+            runs.append(str(start) if start == previous else f"{start}-{previous}")
+        start = previous = rank
+    if len(runs) > limit:
+        return ",".join(runs[:limit]) + f",… ({len(ordered)} ranks in all)"
+    return ",".join(runs)
 
 
 def merge_ranks(lists: Iterable[Iterable[int] | None] | None) -> list[int] | None:

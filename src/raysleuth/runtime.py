@@ -58,6 +58,7 @@ ENV_ALIASES: dict[str, tuple[str, ...]] = {
     "RAYSLEUTH_DEBUGGER": (),
     "RAYSLEUTH_DEBUG_WAIT": (),
     "RAYSLEUTH_DEBUG_HOST": (),
+    "RAYSLEUTH_RETAIN": (),
 }
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -91,6 +92,8 @@ class Settings:
     """Seconds a breakpoint waits for a client before the worker runs on."""
     debug_host: str = "127.0.0.1"
     """Interface debug servers listen on. Never 0.0.0.0 unless asked."""
+    retain: str | None = None
+    """How much evidence ``raysleuth gc`` keeps: an age (``7d``), a size (``20GB``) or both (``7d,20GB``)."""
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """For each ``RAYSLEUTH_*`` name that was set: the variable that won."""
     warnings: tuple[str, ...] = ()
@@ -135,7 +138,7 @@ class Settings:
             memory_profile=_truthy(memory) or mode == "full",
             debugger=debugger,
             debug_wait=wait,
-            debug_host=values.get("RAYSLEUTH_DEBUG_HOST", "127.0.0.1"),
+            debug_host=values.get("RAYSLEUTH_DEBUG_HOST", "127.0.0.1"), retain=values.get("RAYSLEUTH_RETAIN"),
             sources=sources,
             warnings=tuple(warnings),
         )

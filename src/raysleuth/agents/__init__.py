@@ -226,35 +226,57 @@ class AgentResult:
     error: str | None = None
 
 
+_handles: dict[tuple[str, str], Any] = {}
+"""Agent handles found so far, by (Ray session, node id): a fan-out looks up only agents it has not seen."""
+
+
 def get_agents(*, timeout: float = 30.0) -> dict[str, Any]:
-    """One agent handle per alive node (created on demand, then reused)."""
+    """One agent handle per alive node (created on demand, then reused).
+
+    One listing of the named actors (one GCS call) says which agents exist;
+    handles already held are reused, the others are looked up in parallel,
+    and a node without an agent gets one. So a command that fans out several
+    times costs one listing and one node listing per fan-out, not a lookup per
+    node each time. (At 10,000+ named actors the listing itself is the next
+    cost: a name-prefix filter in the GCS would be the next step.)
+    """
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from raysleuth import cluster
 
     if not ray.is_initialized():
         raise ClusterUnreachable("not connected to Ray", fix="connect first (raysleuth.cluster.connect)")
-    handles = {}
-    actor_class = ray.remote(NodeAgent)
-    for node in cluster.nodes(alive_only=True):
-        node_id = node.node_id
-        name = AGENT_PREFIX + node_id[:16]
+    session = cluster.session_name() or "?"
+    nodes = {node.node_id: node.node_ip for node in cluster.nodes(alive_only=True)}
+    existing = set(_agent_names())
+    for key in [key for key in _handles if key[0] == session and (key[1] not in nodes
+                                                                 or AGENT_PREFIX + key[1][:16] not in existing)]:
+        del _handles[key]  # the node or its agent is gone
+    missing = [node_id for node_id in nodes if (session, node_id) not in _handles]
+    if missing:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(16, len(missing))) as pool:
+            found = pool.map(lambda node_id: _agent(node_id, AGENT_PREFIX + node_id[:16] in existing), missing)
+            _handles.update({(session, node_id): handle for node_id, handle in zip(missing, found)})
+    return {node_id: (_handles[(session, node_id)], node_ip) for node_id, node_ip in nodes.items()}
+
+
+def _agent(node_id: str, exists: bool) -> Any:
+    """The agent of ``node_id``: looked up when it exists, else created there."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    name = AGENT_PREFIX + node_id[:16]
+    if exists:
         try:
-            handle = ray.get_actor(name, namespace=NAMESPACE)
+            return ray.get_actor(name, namespace=NAMESPACE)
         except ValueError:
-            handle = actor_class.options(
-                name=name,
-                namespace=NAMESPACE,
-                lifetime="detached",
-                get_if_exists=True,
-                num_cpus=0,
-                max_concurrency=16,
-                max_restarts=3,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-            ).remote()
-        handles[node_id] = (handle, node.node_ip)
-    return handles
+            pass  # gone since the listing
+    return ray.remote(NodeAgent).options(
+        name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0, max_concurrency=16,
+        max_restarts=3, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+    ).remote()
 
 
 def call_agents(method: str, *args: Any, timeout: float = 30.0, nodes: list[str] | None = None,

@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "demo",
     "doctor",
     "explain",
+    "gc",
     "logs",
     "memory",
     "report",

@@ -13,6 +13,7 @@ from raysleuth.cli._app import (
     name_run,
 )
 from raysleuth.errors import UsageError
+from raysleuth.options import format_ranks
 
 _STATE_STYLE = {"completed": "", "pending": "yellow", "error": "red"}
 
@@ -85,23 +86,36 @@ def _stored_run_without_cluster(run: str | None, address: str | None, home) -> s
     return name_run(None, home)
 
 
+def _cell(row, rank) -> str:
+    cell = row["ranks"].get(rank) if isinstance(row["ranks"], dict) else None
+    if cell is None:
+        return "[dim]—[/dim]"
+    style = _STATE_STYLE.get(cell["state"], "")
+    text = escape(cell["call"]) + (f" [dim]{escape(cell['where'])}[/dim]" if cell.get("where") else "")
+    if cell["state"] != "completed":
+        text += f" ({escape(str(cell['state']))})"
+    return f"[{style}]{text}[/{style}]" if style else text
+
+
+def _columns(group) -> list[tuple[str, int]]:
+    """(header, a rank) per column: one per rank up to 8 ranks, else ranks whose rows read alike share one."""
+    if len(group.ranks) <= 8:
+        return [(f"rank {rank}", rank) for rank in group.ranks]
+    alike: dict[tuple, list[int]] = {}
+    for rank in group.ranks:
+        alike.setdefault(tuple(_cell(row, rank) for row in group.rows), []).append(rank)
+    columns = sorted(alike.values(), key=lambda ranks: (-len(ranks), ranks[0]))
+    return [(f"rank {ranks[0]}" if len(ranks) == 1 else f"{len(ranks)} ranks {format_ranks(ranks)}", ranks[0])
+            for ranks in columns]
+
+
 def _draw_group(group) -> None:
-    table = Table(title=escape(f"{group.label} (group {group.name}, ranks {','.join(map(str, group.ranks))})"),
+    table = Table(title=escape(f"{group.label} (group {group.name}, ranks {format_ranks(group.ranks)})"),
                   show_header=True, header_style="bold", box=None, pad_edge=False, title_justify="left")
     table.add_column("#", justify="right")
-    for rank in group.ranks:
-        table.add_column(f"rank {rank}", overflow="fold")
+    columns = _columns(group)
+    for header, _rank in columns:
+        table.add_column(header, overflow="fold")
     for row in group.rows:
-        cells = []
-        for rank in group.ranks:
-            cell = row["ranks"].get(rank) if isinstance(row["ranks"], dict) else None
-            if cell is None:
-                cells.append("[dim]—[/dim]")
-                continue
-            style = _STATE_STYLE.get(cell["state"], "")
-            text = escape(cell["call"]) + (f" [dim]{escape(cell['where'])}[/dim]" if cell.get("where") else "")
-            if cell["state"] != "completed":
-                text += f" ({escape(str(cell['state']))})"
-            cells.append(f"[{style}]{text}[/{style}]" if style else text)
-        table.add_row(str(row["seq"]), *cells)
+        table.add_row(str(row["seq"]), *(_cell(row, rank) for _header, rank in columns))
     console.print(table)

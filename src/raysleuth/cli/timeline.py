@@ -10,9 +10,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from raysleuth.cli._app import (
-    AddressOption, HomeOption, JobOption, JsonOption, RanksOption, RunOption, StepsOption, app, console, emit_json,
-    finish, home_path, name_run, non_negative,
+    AddressOption, HomeOption, JobOption, JsonOption, RanksOption, RunOption, SinceOption, StepsOption, app, console,
+    emit_json, finish, home_path, name_run, non_negative,
 )
+from raysleuth import options
 from raysleuth.errors import UsageError
 
 
@@ -22,6 +23,9 @@ def timeline(
     steps: StepsOption = None,
     ranks: RanksOption = None,
     job: JobOption = None,
+    since: SinceOption = None,
+    until: Annotated[float | None, typer.Option("--until", metavar="WHEN", parser=options.parse_since,
+                                                help="Only up to 30s / 10m / 2h ago, or an ISO time.")] = None,
     summary: Annotated[bool, typer.Option("--summary", help="Print per step and phase: duration per rank, slowest rank, lag.")] = False,
     ray_tasks: Annotated[bool, typer.Option("--ray-tasks/--no-ray-tasks", help="Merge Ray's task events (needs the cluster).")] = True,
     lag_threshold: Annotated[float, typer.Option("--lag", help="With --summary: exit 1 when a rank lags the median by this ratio.", callback=non_negative)] = 0.0,
@@ -41,16 +45,17 @@ def timeline(
     run = name_run(run, home)
     if output is not None:
         exported = export_timeline(output, address, run=run, home=home_path(home), steps=steps,
-                                   ranks=ranks, jobs=job, ray_tasks=ray_tasks)
+                                   ranks=ranks, jobs=job, ray_tasks=ray_tasks, since=since, until=until)
         result["timeline"] = exported.to_dict()
         if not json_:
             console.print(f"wrote [bold]{escape(str(exported.path))}[/bold]: {exported.spans} spans, {exported.ray_tasks} Ray tasks, "
                           f"{exported.instant_events} events, {exported.memory_samples} memory samples "
-                          f"({len(exported.events)} trace events) — open it at https://ui.perfetto.dev")
+                          f"({exported.written} trace events) — open it at https://ui.perfetto.dev")
             for warning in exported.warnings:
                 console.print(f"[yellow]⚠️  {escape(warning)}[/yellow]", soft_wrap=True)
     if summary:
-        rows = timeline_summary(run=run, home=home_path(home), steps=steps, ranks=ranks, jobs=job)
+        rows = timeline_summary(run=run, home=home_path(home), steps=steps, ranks=ranks, jobs=job, since=since,
+                                until=until)
         result["summary"] = rows
         if lag_threshold and any(row.lag_ratio >= lag_threshold for row in rows):
             code = 1
@@ -69,7 +74,7 @@ def render_summary(rows) -> None:
     for column in ("step", "phase", "per rank (s)", "median", "slowest", "lag"):
         table.add_column(column, overflow="fold")
     for row in rows:
-        per_rank = escape("  ".join(f"{who}:{value:.3f}" for who, value in row.durations.items()))
+        per_rank = escape(_per_rank(row.durations))
         style = "red" if row.lag_ratio >= 1.5 and len(row.durations) > 1 else ""
         lag = f"+{row.lag_s:.3f}s ({row.lag_ratio:.2f}×)"
         slowest = escape(str(row.slowest))
@@ -77,3 +82,12 @@ def render_summary(rows) -> None:
                       f"[{style}]{slowest}[/{style}]" if style else slowest,
                       f"[{style}]{lag}[/{style}]" if style else lag)
     console.print(table)
+
+
+def _per_rank(durations: dict[str, float]) -> str:
+    """Every rank's seconds up to 16 ranks; past that the fastest, the three slowest and how many ranks."""
+    if len(durations) <= 16:
+        return "  ".join(f"{who}:{value:.3f}" for who, value in durations.items())
+    ordered = sorted(durations.items(), key=lambda item: item[1])
+    slowest = "  ".join(f"{who}:{value:.3f}" for who, value in ordered[-3:])
+    return f"{len(ordered)} ranks; fastest {ordered[0][0]}:{ordered[0][1]:.3f}; slowest {slowest}"

@@ -31,6 +31,7 @@ from raysleuth.collectives.model import (
     RankPositions,
     positions_from_records,
 )
+from raysleuth.options import format_ranks
 
 __all__ = ["PENDING_AFTER", "collective_culprits", "match"]
 
@@ -71,8 +72,9 @@ def _group_order(name: str) -> tuple:
 
 
 def _ranks_text(ranks: Iterable[int]) -> str:
+    """``rank 3``, ``ranks 0-6,8-999``: ranges, so a reason stays one line at any world size."""
     ranks = sorted(ranks)
-    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ",".join(map(str, ranks))
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + format_ranks(ranks)
 
 
 def _align(name, info, positions, dead, now, pending_after, last) -> GroupAlignment:

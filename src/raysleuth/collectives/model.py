@@ -13,6 +13,7 @@ waiting long) gives no culprit.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import os
 from collections import defaultdict
@@ -151,12 +152,13 @@ def entries_from_dump(data: dict[str, Any]) -> dict[str, dict[int, Entry]]:
         by_group: dict[str, list[dict]] = defaultdict(list)
         for call in calls:
             by_group[str(call.get("pg"))].append(call)
+        sorted_calls = {group: _Calls(listed) for group, listed in by_group.items()}
         for raw in fr:
             if raw.get("is_p2p") or not raw.get("collective_seq_id"):
                 continue
             group = str((raw.get("process_group") or ["?"])[0])
             seq = int(raw["collective_seq_id"])
-            call = _call_at(by_group.get(group, []), raw.get("time_created_ns"))
+            call = sorted_calls[group].at(raw.get("time_created_ns")) if group in sorted_calls else None
             done = _int((status.get(group) or {}).get("last_completed_collective"), -1)
             blocking = str(raw.get("profiling_name") or "").startswith("gloo:")
             state = "completed" if seq <= done or (blocking and _returned_around(call, raw.get("time_created_ns"))) \
@@ -183,19 +185,47 @@ def _int(value: Any, default: int) -> int:
         return default
 
 
+class _Calls:
+    """One group's wrapper calls sorted by start, to find the call of each Flight Recorder entry by bisection."""
+
+    __slots__ = ("calls", "starts")
+
+    def __init__(self, calls: list[dict]) -> None:
+        order = sorted(range(len(calls)), key=lambda k: (_start(calls[k]), k))
+        self.calls = [(calls[k], k) for k in order]
+        self.starts = [_start(calls[k]) for k in order]
+
+    def at(self, created_ns: int | None) -> dict | None:
+        """The wrapper call during which torch created this entry (the last one started before it).
+
+        As a scan of every call would answer: the latest start at or before the entry (the first listed
+        among equal starts) when the entry falls within it, else the call starting nearest to it (2 ms).
+        """
+        if not created_ns:
+            return None
+        slack = 2_000_000
+        right = bisect.bisect_right(self.starts, created_ns)
+        if right:
+            first = bisect.bisect_left(self.starts, self.starts[right - 1])
+            call = self.calls[first][0]  # equal starts sort by list order: the first listed, as max() keeps
+            end = call.get("end_ns")
+            if end is None or created_ns <= end + slack:
+                return call
+        low = bisect.bisect_left(self.starts, created_ns - slack)
+        high = bisect.bisect_right(self.starts, created_ns + slack)
+        if low >= high:
+            return None
+        return min(self.calls[low:high], key=lambda item: (abs(_start(item[0]) - created_ns), item[1]))[0]
+
+
+def _start(call: dict) -> int:
+    start = call.get("start_ns") or 0
+    return start if isinstance(start, (int, float)) else 0
+
+
 def _call_at(calls: list[dict], created_ns: int | None) -> dict | None:
-    """The wrapper call during which torch created this Flight Recorder entry (the last one started before it)."""
-    if not created_ns:
-        return None
-    slack = 2_000_000
-    before = [c for c in calls if (c.get("start_ns") or 0) <= created_ns]
-    if before:
-        call = max(before, key=lambda c: c.get("start_ns") or 0)
-        end = call.get("end_ns")
-        if end is None or created_ns <= end + slack:
-            return call
-    near = [c for c in calls if abs((c.get("start_ns") or 0) - created_ns) <= slack]
-    return min(near, key=lambda c: abs((c.get("start_ns") or 0) - created_ns)) if near else None
+    """The wrapper call during which torch created this Flight Recorder entry (see :meth:`_Calls.at`)."""
+    return _Calls(calls).at(created_ns)
 
 
 def _returned_around(call: dict | None, created_ns: int | None) -> bool:

@@ -221,20 +221,62 @@ def _job_id() -> str | None:
     return None
 
 
+PERIODIC_CONTEXT = 8
+"""A periodic dump always repeats this many newest entries per group (a reader of the newest dump alone sees them)."""
+_periodic_floor: dict[tuple[str, str], int] = {}
+"""(source, group) -> the newest sequence number a periodic dump sent in its final state, with all before it."""
+
+
+def _delta(entries: list, source: str, group_of: Callable, seq_of: Callable, final: Callable) -> list:
+    """The entries a periodic dump sends: newer than the floor (new, or not final when last sent) + the newest few."""
+    by_group: dict[str, list] = collections.defaultdict(list)
+    for entry in entries:
+        by_group[group_of(entry)].append(entry)
+    kept = []
+    for group, listed in by_group.items():
+        floor = _periodic_floor.get((source, group), -1)
+        chosen = [e for k, e in enumerate(listed) if seq_of(e) > floor or k >= len(listed) - PERIODIC_CONTEXT]
+        for entry in chosen:  # the floor rises over the final entries sent, in order
+            if seq_of(entry) > floor and not final(entry):
+                break
+            floor = max(floor, seq_of(entry))
+        _periodic_floor[(source, group)] = floor
+        kept += chosen
+    return kept
+
+
+def _seq(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return -1
+
+
 def snapshot(reason: str = "request", *, limit: int = DUMP_LIMIT, request: Any = None) -> dict[str, Any]:
-    """This process's collective positions as one JSON-ready dict (the ``collectives`` record's data)."""
+    """This process's collective positions as one JSON-ready dict (the ``collectives`` record's data).
+
+    A ``periodic`` dump (full mode, every second) is a delta: only the entries new or changed since the
+    previous periodic dump, plus the newest :data:`PERIODIC_CONTEXT` per group (``delta: true``). Every
+    wrapper call's start_ns/end_ns per (pg, seq) still reaches the store once in its final state.
+    """
     rank, world_size = _rank_and_size()
-    calls = _newest_per_group(list(_ring), lambda e: e[0], limit)
+    calls = [_plain(c) for c in _newest_per_group(list(_ring), lambda e: e[0], limit)]
     fr = read_flight_recorder()
     fr_part = None
     if fr is not None:
         entries = [{k: e.get(k) for k in _FR_FIELDS} for e in fr.get("entries") or []]
         entries = _newest_per_group(entries, lambda e: str((e.get("process_group") or ["?"])[0]), limit)
+        if reason == "periodic":
+            entries = _delta(entries, "fr", lambda e: str((e.get("process_group") or ["?"])[0]),
+                             lambda e: _seq(e.get("collective_seq_id")), lambda e: e.get("state") == "completed")
         fr_part = {"version": fr.get("version"), "entries": entries, "pg_status": fr.get("pg_status") or {}}
+    if reason == "periodic":
+        calls = _delta(calls, "calls", lambda c: str(c.get("pg")), lambda c: _seq(c.get("seq")),
+                       lambda c: c.get("state") in ("completed", "error"))
     return {
         "reason": reason, "request": request, "time": time.time(), "pid": os.getpid(),
         "rank": rank, "world_size": world_size, "job_id": _job_id(), "progress": _progress[0],
-        "groups": _group_table(), "calls": [_plain(c) for c in calls], "flight_recorder": fr_part,
+        "groups": _group_table(), "calls": calls, "flight_recorder": fr_part, "delta": reason == "periodic",
     }
 
 

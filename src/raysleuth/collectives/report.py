@@ -19,6 +19,8 @@ from raysleuth.collectives.model import CollectiveVerdict, latest_job, positions
 
 CONTROL_KEY = "collectives.dump"
 RECORD_LIMIT = 20_000
+READ_PER_GROUP = 64
+"""Entries of each dump read per process group, the newest (the matcher shows 8; its pattern check needs 48)."""
 
 
 @dataclasses.dataclass
@@ -84,9 +86,18 @@ def _alive_processes() -> set | None:
         return None
 
 
-def _read(store, job: str | None) -> list[dict[str, Any]]:
-    rows = store.query("collectives", limit=RECORD_LIMIT, newest_first=True)
-    records = [row.to_dict() for row in reversed(rows)]
+def read_collectives(store, job: str | None = None) -> list[dict[str, Any]]:
+    """The newest dump of every worker, its newest :data:`READ_PER_GROUP` entries per group (cut in SQL).
+
+    Each dump holds its worker's newest entries per group, so older dumps add nothing newer; a
+    mismatch further back than that is not looked for (the newest entries already disagree then).
+    """
+    from raysleuth.recorder.reading import newest_per_worker, trimmed
+    from raysleuth.recorder.store import COLUMNS
+
+    ids = newest_per_worker(store, "collectives")[-RECORD_LIMIT:]
+    records = [store._record(row).to_dict()
+               for row in trimmed(store, ids, COLUMNS, ("calls", "flight_recorder.entries"), READ_PER_GROUP)]
     job = job if job is not None else latest_job(records)
     return [r for r in records if job is None or (r.get("data") or {}).get("job_id") in (None, job)]
 
@@ -117,7 +128,7 @@ def collect_collectives(address: str | None = None, *, run: str | None = None, h
                 notes.append("could not reach raysleuth's writer to ask for a dump; using stored dumps")
             else:
                 answered = _wait_for_answers(store, request_id, asked_at, wait, job)
-        records = _read(store, job)
+        records = read_collectives(store, job)
     finally:
         store.close()
     alive = _alive_processes() if live else None
@@ -165,7 +176,7 @@ def _wait_for_answers(store, request_id: str, asked_at: float, wait: float, job:
     alive = _alive_processes() or set()
     answered: set[int] = set()
     while True:
-        records = _read(store, job)
+        records = read_collectives(store, job)
         expected = {(r.get("node_ip"), r.get("pid")) for r in records} & alive
         got = {(r.get("node_ip"), r.get("pid")) for r in records
                if ((r.get("data") or {}).get("request") or {}).get("id") == request_id}

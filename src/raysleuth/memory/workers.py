@@ -18,15 +18,19 @@ do not register the CLI as a client of the run.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
+from collections.abc import Sequence
 from typing import Any
 
-from raysleuth.memory.trend import LeakPolicy, LeakVerdict, detect_leak
+from raysleuth.memory.trend import LeakPolicy, detect_leak, leaks
 
 __all__ = ["MemoryReport", "SampleRun", "WorkerMemory", "memory_report", "sample_workers", "sparkline"]
 
 #: Sources whose samples are periodic and feed the trend.
 TREND_SOURCES = ("watch", "agent")
+#: The sample fields a worker's summary reads.
+METRICS = ("rss_bytes", "uss_bytes", "cuda_allocated_bytes", "cuda_reserved_bytes", "cuda_peak_bytes")
 #: Actor classes that are raysleuth's own machinery, never sampled.
 OWN_ACTORS = ("NodeAgent", "EvidenceWriter")
 _BARS = "▁▂▃▄▅▆▇█"
@@ -110,58 +114,162 @@ def _thin(values: list[float], width: int = 60) -> list[float]:
     return [values[round(i * (len(values) - 1) / (width - 1))] for i in range(width)]
 
 
+#: What the reader takes from each ``memory`` row: columns, then ``data`` fields (read in SQL, see
+#: :func:`raysleuth.recorder.reading.select`).
+_COLUMNS = ("time", "id", "rank", "step", "pid", "node_ip", "node_id", "actor_class", "actor_name")
+_FIELDS = ("source", "pid", "node_ip") + METRICS
+
+
+_PLAIN = {int, float, type(None)}
+
+
+def _floats(values: Sequence[Any]):
+    """A column as float64 (None and anything not a number: NaN)."""
+    import numpy as np
+
+    if set(map(type, values)) <= _PLAIN:
+        return np.array(values, dtype=float)
+    return np.array([float(v) if _is_number(v) else _NAN for v in values], dtype=float)
+
+
+class _Series:
+    """One worker's samples of one source, as float columns in chunks (NaN where a sample has no number).
+
+    Rows may come out of time order (read rank by rank, a worker whose rank became known later has
+    rows under two ranks): :meth:`ordered` puts them in (time, id) order, as a time-ordered read.
+    """
+
+    __slots__ = ("chunks", "rank", "last", "_newest", "_rank_at", "_in_order")
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple] = []
+        self.rank: int | None = None
+        self.last: tuple = ()
+        self._newest = self._rank_at = (float("-inf"), -1)
+        self._in_order = True
+
+    def add(self, rows: Sequence[tuple]) -> None:
+        """Rows of ``_COLUMNS + _FIELDS``, in (rank, time, id) order."""
+        import numpy as np
+
+        columns = list(zip(*rows))
+        times, ids = _floats(columns[0]), np.array(columns[1], dtype=np.int64)
+        first, newest = (float(times[0]), int(ids[0])), (float(times[-1]), int(ids[-1]))
+        if first < self._newest:
+            self._in_order = False
+        if newest > self._newest:
+            self._newest, self.last = newest, rows[-1]
+        ranked = [k for k in range(len(rows)) if rows[k][2] is not None]
+        if ranked and (float(times[ranked[-1]]), int(ids[ranked[-1]])) >= self._rank_at:
+            self.rank, self._rank_at = rows[ranked[-1]][2], (float(times[ranked[-1]]), int(ids[ranked[-1]]))
+        steps = [s if isinstance(s, int) and not isinstance(s, bool) else None for s in columns[3]]
+        self.chunks.append((times, ids, _floats(steps), *(_floats(c) for c in columns[12:])))
+
+    def ordered(self) -> tuple:
+        """(times, steps, {metric: values}) in (time, id) order."""
+        import numpy as np
+
+        joined = [np.concatenate(parts) for parts in zip(*self.chunks)]
+        if not self._in_order:
+            order = np.lexsort((joined[1], joined[0]))
+            joined = [column[order] for column in joined]
+        return joined[0], joined[2], dict(zip(METRICS, joined[3:]))
+
+
+_NAN = float("nan")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def _present(values) -> list[float]:
+    return values[values == values].tolist()
+
+
+def _maybe(values) -> list[float | None]:
+    return [v if v == v else None for v in values.tolist()]
+
+
+def _as_int(value: float | None) -> int | float | None:
+    return int(value) if value is not None and value == value and float(value).is_integer() else value
+
+
 def summarise(records: list, policy: LeakPolicy | None = None) -> WorkerMemory:
     """One worker's :class:`WorkerMemory` from its ``memory`` records (one source, time order)."""
-    last = records[-1]
-    data = [r.data for r in records]
-    rank = next((r.rank for r in reversed(records) if r.rank is not None), None)
-    times = [r.time for r in records]
-    steps = [r.step for r in records]
+    series = _Series()
+    rows = []
+    for r in records:
+        data = r.data
+        rows.append((r.time, r.id, r.rank, r.step, data.get("pid", r.pid), data.get("node_ip", r.node_ip), r.node_id,
+                     r.actor_class, r.actor_name, data.get("source"), None, None,
+                     *(data.get(metric) for metric in METRICS)))
+    series.add(rows)
+    return _summarise_series(series, policy)
+
+
+def _summarise_series(series: _Series, policy: LeakPolicy | None) -> WorkerMemory:
+    times_, steps_, values = series.ordered()
+    last = series.last
+    times = times_.tolist()
+    steps = _maybe(steps_)  # as floats: the per-step slope is the same
+    latest = dict(zip(METRICS, last[12:]))
     worker = WorkerMemory(
-        rank=rank, pid=last.data.get("pid", last.pid), node_ip=last.data.get("node_ip", last.node_ip),
-        node_id=last.node_id, actor_class=last.actor_class, actor_name=last.actor_name,
-        source=last.data.get("source"), samples=len(records), first_time=times[0], last_time=times[-1],
-        rss_bytes=last.data.get("rss_bytes"), uss_bytes=last.data.get("uss_bytes"),
-        cuda_allocated_bytes=last.data.get("cuda_allocated_bytes"),
-        cuda_reserved_bytes=last.data.get("cuda_reserved_bytes"),
+        rank=series.rank, pid=last[4] if last[10] is None else last[10],
+        node_ip=last[5] if last[11] is None else last[11], node_id=last[6], actor_class=last[7],
+        actor_name=last[8], source=last[9], samples=len(times), first_time=times[0], last_time=times[-1],
+        rss_bytes=latest["rss_bytes"], uss_bytes=latest["uss_bytes"],
+        cuda_allocated_bytes=latest["cuda_allocated_bytes"], cuda_reserved_bytes=latest["cuda_reserved_bytes"],
     )
-    rss = [d.get("rss_bytes") for d in data if d.get("rss_bytes") is not None]
-    worker.peak_bytes = max(rss) if rss else None
-    cuda_peaks = [d.get("cuda_peak_bytes") for d in data if d.get("cuda_peak_bytes") is not None]
-    worker.cuda_peak_bytes = max(cuda_peaks) if cuda_peaks else None
-    uss_count = sum(1 for d in data if d.get("uss_bytes") is not None)
-    host_metric = "uss_bytes" if uss_count >= len(data) / 2 else "rss_bytes"
-    verdicts: list[LeakVerdict] = [
-        detect_leak(times, [d.get(host_metric) for d in data], steps=steps, policy=policy, metric=host_metric)
-    ]
-    if any(d.get("cuda_allocated_bytes") is not None for d in data):
-        verdicts.insert(0, detect_leak(times, [d.get("cuda_allocated_bytes") for d in data], steps=steps,
-                                       policy=policy, metric="cuda_allocated_bytes"))
-    chosen = next((v for v in verdicts if v.leak), verdicts[-1])
+    rss = _present(values["rss_bytes"])
+    worker.peak_bytes = _as_int(max(rss)) if rss else None
+    cuda_peaks = _present(values["cuda_peak_bytes"])
+    worker.cuda_peak_bytes = _as_int(max(cuda_peaks)) if cuda_peaks else None
+    host_metric = "uss_bytes" if len(_present(values["uss_bytes"])) >= len(times) / 2 else "rss_bytes"
+    # the device's verdict when it leaks, else the host's: only the chosen one's evidence lines are fitted
+    metric = host_metric
+    if _present(values["cuda_allocated_bytes"]) and leaks(times, _maybe(values["cuda_allocated_bytes"]), policy=policy):
+        metric = "cuda_allocated_bytes"
+    chosen = detect_leak(times, _maybe(values[metric]), steps=steps, policy=policy, metric=metric)
     worker.leak, worker.reason, worker.evidence = chosen.leak, chosen.reason, chosen.to_dict()
     worker.status = chosen.status
     worker.slope_bytes_per_s, worker.slope_bytes_per_step = chosen.slope_bytes_per_s, chosen.slope_bytes_per_step
-    worker.series = _thin([d.get(chosen.metric) for d in data if d.get(chosen.metric) is not None])
+    worker.series = [_as_int(v) for v in _thin(_present(values[chosen.metric]))]
     return worker
+
+
+def _worker_key(row: tuple) -> tuple:
+    """(node ip, pid, source) of a memory row: the data's own pid and ip first (agent samples)."""
+    source = row[9] or "watch"
+    return (row[11] if row[11] is not None else row[5], row[10] if row[10] is not None else row[4], source)
 
 
 def memory_report(store, *, rank: int | list[int] | None = None, since: float | None = None,
                   job: str | list[str] | None = None, policy: LeakPolicy | None = None) -> MemoryReport:
     """Per-worker memory of a run (``store``: an open :class:`EvidenceStore`), sorted by rank.
 
-    ``rank``, ``since`` (a Unix time) and ``job`` (a Ray job id) narrow the samples judged.
+    ``rank``, ``since`` (a Unix time) and ``job`` (a Ray job id) narrow the samples judged. The samples are
+    read field by field in SQL, rank by rank (one rank's rows lie together in the file), a batch at a time,
+    and kept as float columns (about 70 bytes a sample), never as records.
     """
-    groups: dict[tuple[Any, Any], dict[str, list]] = {}
-    for item in store.query("memory", rank=rank, since=since, job=job):
-        source = item.data.get("source") or "watch"
-        if source not in TREND_SOURCES:
-            continue
-        key = (item.data.get("node_ip", item.node_ip), item.data.get("pid", item.pid))
-        groups.setdefault(key, {}).setdefault(source, []).append(item)
+    groups: dict[tuple[Any, Any], dict[str, _Series]] = {}
+    batch: list[tuple] = []
+
+    def take() -> None:
+        for (node_ip, pid, source), rows in itertools.groupby(batch, key=_worker_key):
+            if source in TREND_SOURCES:
+                groups.setdefault((node_ip, pid), {}).setdefault(source, _Series()).add(list(rows))
+        batch.clear()
+
+    for row in store.select("memory", _COLUMNS, _FIELDS, order="rank", rank=rank, since=since, job=job):
+        batch.append(row)
+        if len(batch) >= 20_000:
+            take()
+    take()
     workers = []
     for by_source in groups.values():
-        records = max(by_source.values(), key=len)  # one source per worker: the denser one
-        workers.append(summarise(records, policy))
+        series = max(by_source.values(), key=lambda s: sum(len(c[0]) for c in s.chunks))  # the denser source
+        workers.append(_summarise_series(series, policy))
     workers.sort(key=lambda w: (w.rank is None, w.rank if w.rank is not None else 0, w.node_ip or "", w.pid or 0))
     return MemoryReport(store=str(store.path), workers=workers)
 

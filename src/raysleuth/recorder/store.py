@@ -18,14 +18,16 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from raysleuth.errors import StoreCorrupt, StoreNotFound, UsageError
-from raysleuth.redaction import redact_record
+from raysleuth.recorder import reading
 from raysleuth.recorder.files import private_file, write_private
+from raysleuth.recorder.reading import where_clause
+from raysleuth.redaction import redact_record
 
 __all__ = [
     "COLUMNS",
@@ -297,30 +299,11 @@ class EvidenceStore:
         levels: Iterable[str] | None = None,
         limit: int | None = None,
         newest_first: bool = False,
+        ids: Iterable[int] | None = None,
     ) -> list[Record]:
         """Records matching every given filter, in time order (``job``: Ray job ids, e.g. ``"02000000"``)."""
-        where, args = [], []
-        if kind is not None:
-            kinds = [kind] if isinstance(kind, str) else list(kind)
-            where.append(f"kind IN ({','.join('?' * len(kinds))})")
-            args += kinds
-        if rank is not None:
-            ranks = [rank] if isinstance(rank, int) else list(rank)
-            where.append(f"rank IN ({','.join('?' * len(ranks))})")
-            args += ranks
-        if job is not None:
-            jobs = [job] if isinstance(job, str) else list(job)
-            where.append(f"job_id IN ({','.join('?' * len(jobs))})")
-            args += jobs
-        for value, clause in ((name, "name = ?"), (since, "time >= ?"), (after_id, "id > ?"),
-                              (step_min, "step >= ?"), (step_max, "step <= ?")):
-            if value is not None:
-                where.append(clause)
-                args.append(value)
-        if levels is not None:
-            level_list = list(levels)
-            where.append(f"level IN ({','.join('?' * len(level_list))})")
-            args += level_list
+        where, args = where_clause(kind=kind, rank=rank, job=job, name=name, since=since, after_id=after_id,
+                                   step_min=step_min, step_max=step_max, levels=levels, ids=ids)
         if self._version < 2 and job is not None:
             return []  # a run recorded before job ids: no record names a job
         selected = COLUMNS if self._version >= 2 else COLUMNS[:-1] + ("NULL",)  # read old runs as they are
@@ -339,6 +322,11 @@ class EvidenceStore:
             raise StoreCorrupt(f"{self.path} could not be read ({error})",
                                fix="move the file aside; a new run starts a fresh one") from None
         return [self._record(row) for row in rows]
+
+    def select(self, kind: str | Iterable[str] | None, columns: Sequence[str] = ("time",), fields: Sequence[str] = (),
+               **options: Any) -> Iterator[tuple]:
+        """The fast read path: only ``columns`` and ``data`` ``fields``, streamed (see :mod:`.reading`)."""
+        return reading.select(self, kind, columns, fields, **options)
 
     @staticmethod
     def _record(row: Sequence[Any]) -> Record:

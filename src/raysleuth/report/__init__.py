@@ -13,9 +13,13 @@ logprob gap beside them (:mod:`raysleuth.report.weights`), the ranks that entere
 collectives late (:mod:`raysleuth.report.stragglers`), and a link to the
 Perfetto trace when one was exported next to the report.
 
-Scaling note: the report reads every record of the kinds it shows, capped at
-:data:`MAX_RECORDS` per kind (the newest are kept); a run with millions of
-spans needs aggregation in SQL before this point.
+Scale: the dense kinds are read as aggregates in SQL (:mod:`.overview`):
+memory curves one point per worker and time bucket, step phases one total
+per step, rank and phase, leak verdicts from the fast
+:func:`~raysleuth.memory.memory_report`; past 16 ranks the charts draw the
+ranks as one band plus the ranks that stand out. Every other section reads
+at most :data:`MAX_RECORDS` records (the newest), and the page says so
+where it cut.
 """
 
 from __future__ import annotations
@@ -24,13 +28,16 @@ import dataclasses
 import datetime as _dt
 import html
 import os
+import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 from raysleuth.errors import UsageError
+from raysleuth.collectives.report import read_collectives
+from raysleuth.options import format_ranks
 from raysleuth.recorder import open_store
-from raysleuth.report import sections
+from raysleuth.report import overview, sections
 from raysleuth.report.weights import weights_section
 from raysleuth.report.stragglers import straggler_section
 
@@ -43,12 +50,11 @@ SECTION_KINDS = {
     "doctor": ("doctor",),
     "stacks": ("stack_report", "stacks"),
     "tasks": ("tasks", "task", "pending_tasks"),
-    "collectives": ("collectives",),
+    "collectives": (),  # the newest dump of each worker (collectives.read_collectives)
     "consistency": ("consistency",),
-    "memory": ("memory", "memory_verdict", "leak"),
+    "memory": ("memory_verdict", "leak"),  # samples of kind "memory": read as aggregates (overview.memory_curves)
     "crashes": ("crash", "death"),
     "logs": ("log",),
-    "spans": ("span",),
     "weights": ("weight_sync", "logprob_gap"),
     "stragglers": ("straggler",),
 }
@@ -74,6 +80,8 @@ class ReportResult:
 
 
 def _query(store, kinds: tuple[str, ...]) -> list:
+    if not kinds:
+        return []
     records = store.query(list(kinds), limit=MAX_RECORDS, newest_first=True)
     records.reverse()
     return records
@@ -81,21 +89,27 @@ def _query(store, kinds: tuple[str, ...]) -> list:
 
 def build_report_data(store) -> dict[str, Any]:
     """Every section's data from an open :class:`~raysleuth.recorder.EvidenceStore` (no charts yet)."""
+    from types import SimpleNamespace
+
+    from raysleuth.recorder.reading import identities
+
     kinds = store.kinds()
     meta = store.meta()
     fetched = {section: _query(store, names) for section, names in SECTION_KINDS.items()}
-    sample = [record for records in fetched.values() for record in records]
+    sample = [SimpleNamespace(rank=rank, node_ip=ip, hostname=host, actor_class=actor, time=when)
+              for rank, ip, host, actor, first, last in identities(store) for when in (first, last)]
     return {
+        "capped": {section: MAX_RECORDS for section, records in fetched.items() if len(records) >= MAX_RECORDS},
         "summary": sections.summary_section(kinds, meta, sample),
         "doctor": _robust(sections.doctor_section, fetched["doctor"]),
         "stacks": _robust(sections.stack_section, fetched["stacks"]),
         "tasks": _robust(sections.task_section, fetched["tasks"]),
-        "collectives": _robust(sections.collective_section, fetched["collectives"]),
+        "collectives": _robust(sections.collective_section, read_collectives(store)),
         "consistency": _robust(sections.consistency_section, fetched["consistency"]),
         "memory": _robust(lambda records: _memory(store, records), fetched["memory"]),
         "crashes": _robust(sections.crash_section, fetched["crashes"]),
         "logs": _robust(sections.log_section, fetched["logs"]),
-        "spans": _robust(sections.span_section, fetched["spans"]),
+        "spans": overview.span_overview(store),
         "weights": _robust(weights_section, fetched["weights"]),
         "stragglers": _robust(lambda records: straggler_section(records, fetched["collectives"]),
                               fetched["stragglers"]),
@@ -119,20 +133,27 @@ def _robust(build, records: list) -> dict[str, Any]:
 
 
 def _memory(store, records: list) -> dict[str, Any]:
-    """Memory curves from the records; leak verdicts from :func:`raysleuth.memory.memory_report`."""
+    """Curves from SQL aggregates; leak verdicts from :func:`raysleuth.memory.memory_report`, leaks first."""
     from raysleuth.memory import memory_report
 
     section = sections.memory_section(records)
     try:
         report = memory_report(store)
     except Exception:
-        return section
+        report = None
+    workers = report.workers if report else []
     verdicts = [{"time": worker.last_time, "rank": worker.rank, "pid": worker.pid, "leak": worker.leak,
                  "slope": None if worker.slope_bytes_per_s is None else f"{worker.slope_bytes_per_s / 2**20:.2f} MiB/s",
                  "reason": f"pid {worker.pid}, {worker.samples} samples: {worker.reason}"}
-                for worker in report.workers]
-    section["verdicts"] = section["verdicts"] + verdicts
+                for worker in workers]
+    section["verdicts"] = sorted(section["verdicts"] + verdicts, key=lambda v: not v["leak"])
     section["leaking_ranks"] = sorted({v["rank"] for v in section["verdicts"] if v["leak"] and v["rank"] is not None})
+    drawn = overview.memory_curves(store, set(section["leaking_ranks"]))
+    section["curves"] = {**section["curves"], **drawn["curves"]}
+    section["band"], section["grouped"] = drawn["band"], drawn["grouped"]
+    quiet = [v for v in section["verdicts"] if not v["leak"]]
+    section["quiet"] = (f"{len(quiet)} workers without a leak (ranks "
+                        f"{format_ranks(v['rank'] for v in quiet if v['rank'] is not None)})") if quiet else ""
     return section
 
 
@@ -147,15 +168,28 @@ def _figure_html(figure, div_id: str) -> str:
                        config={"displaylogo": False, "responsive": True})
 
 
+def _band_traces(go, band: dict[str, Any] | None, what: str) -> list:
+    """The many ranks drawn as one group: their lowest and highest as a filled band, their median as a line."""
+    if not band:
+        return []
+    name = f"{band['count']} {what}"
+    return [go.Scatter(x=band["x"], y=band["high"], mode="lines", line={"width": 0}, showlegend=False,
+                       name=f"{name}: highest", hoverinfo="x+y+name"),
+            go.Scatter(x=band["x"], y=band["low"], mode="lines", line={"width": 0}, fill="tonexty",
+                       fillcolor="rgba(99,110,250,0.2)", name=f"{name}: lowest to highest", hoverinfo="x+y+name"),
+            go.Scatter(x=band["x"], y=band["median"], mode="lines", line={"width": 2, "color": "rgb(99,110,250)"},
+                       name=f"{name}: median")]
+
+
 def _charts(data: dict[str, Any]) -> dict[str, str]:
     import plotly.graph_objects as go
 
     charts: dict[str, str] = {}
     memory = data["memory"]
-    if memory["curves"]:
+    if memory["curves"] or memory.get("band"):
         leaking = {sections.rank_label(v["rank"]) + (f" · pid {v['pid']}" if v.get("pid") else "")
                    for v in memory["verdicts"] if v["leak"]}
-        figure = go.Figure()
+        figure = go.Figure(_band_traces(go, memory.get("band"), "workers"))
         for label, curve in memory["curves"].items():
             figure.add_trace(go.Scatter(x=curve["x"], y=curve["y"], mode="lines+markers", name=label + (" (leak)" if label in leaking else ""),
                                         line={"width": 4 if label in leaking else 2}))
@@ -164,23 +198,34 @@ def _charts(data: dict[str, Any]) -> dict[str, str]:
         charts["memory"] = _figure_html(figure, "chart-memory")
     spans = data["spans"]
     if spans["steps"]:
-        figure = go.Figure()
-        for rank in spans["ranks"]:
+        figure = go.Figure(_band_traces(go, spans.get("band"), "ranks"))
+        for rank in spans.get("alone", spans["ranks"]):
             figure.add_trace(go.Scatter(x=spans["steps"], y=spans["totals"][rank], mode="lines+markers",
                                         name=sections.rank_label(rank)))
-        for straggler in spans["stragglers"]:
+        for straggler in spans["stragglers"][:500]:
             figure.add_trace(go.Scatter(x=[straggler["step"]], y=[straggler["seconds"]], mode="markers",
                                         marker={"size": 14, "symbol": "x", "color": "red"}, showlegend=False,
                                         name=f"straggler rank {straggler['rank']}"))
         figure.update_layout(title="Step time per rank (top-level spans)", xaxis_title="step", yaxis_title="seconds")
         charts["steps"] = _figure_html(figure, "chart-steps")
-        figure = go.Figure()
-        labels = [sections.rank_label(rank) for rank in spans["ranks"]]
-        for phase in spans["phases"]:
-            figure.add_trace(go.Bar(x=labels, y=[spans["mean_phase"][rank][phase] for rank in spans["ranks"]], name=phase))
-        figure.update_layout(barmode="stack", title="Mean seconds per step, by phase and rank", yaxis_title="seconds")
-        charts["phases"] = _figure_html(figure, "chart-phases")
+        charts["phases"] = _phase_chart(go, spans)
     return charts
+
+
+def _phase_chart(go, spans: dict[str, Any]) -> str:
+    """Mean seconds per step by phase: every rank, or past 16 ranks the median rank and the stragglers."""
+    ranks = spans["ranks"]
+    columns = {sections.rank_label(rank): spans["mean_phase"][rank] for rank in ranks}
+    if spans.get("band"):
+        others = [rank for rank in ranks if rank not in spans["alone"]]
+        columns = {f"median of {len(others)} ranks": {
+            phase: statistics.median(spans["mean_phase"][rank][phase] for rank in others) for phase in spans["phases"]}}
+        columns.update({sections.rank_label(rank): spans["mean_phase"][rank] for rank in spans["alone"]})
+    figure = go.Figure()
+    for phase in spans["phases"]:
+        figure.add_trace(go.Bar(x=list(columns), y=[means[phase] for means in columns.values()], name=phase))
+    figure.update_layout(barmode="stack", title="Mean seconds per step, by phase and rank", yaxis_title="seconds")
+    return _figure_html(figure, "chart-phases")
 
 
 # ------------------------------------------------------------------ render
@@ -202,6 +247,7 @@ def render_report(data: dict[str, Any], *, title: str, trace_href: str | None = 
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["when"] = _format_time
     env.filters["rank"] = sections.rank_label
+    env.filters["ranges"] = format_ranks
     plotly_js = ""
     if inline_js:
         from plotly.offline import get_plotlyjs

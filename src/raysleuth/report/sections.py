@@ -177,7 +177,7 @@ def collective_section(records: Sequence[Record]) -> dict[str, Any] | None:
     from raysleuth.collectives import match
     from raysleuth.collectives.model import positions_from_records
 
-    verdict = match(positions_from_records([record.to_dict() for record in records]))
+    verdict = match(positions_from_records([r if isinstance(r, dict) else r.to_dict() for r in records]))
     return {"summary": verdict.summary, "culprits": [c.to_dict() for c in verdict.culprits],
             "groups": [{"label": g.label, "name": g.name, "ranks": g.ranks, "rows": g.rows} for g in verdict.groups]}
 

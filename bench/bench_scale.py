@@ -1,0 +1,113 @@
+"""Every reading command on a 1,000-rank hour: seconds and peak memory, as users call them.
+
+Builds a synthetic run (``bench/_synthetic.py``: 1,000 ranks on 125 nodes
+for 60 minutes, light mode by default, ``--mode full`` for the dense one)
+through the real store API, then runs each command the way a user does
+(``python -m raysleuth ...`` in a fresh process, against that run) and
+measures its wall time and its peak resident memory (``wait4``).
+
+Targets: each command < 2 s and < 1 GB peak memory; the store's size per
+1,000-rank hour <= 0.3 GB (light) / 1.5 GB (full). A command's seconds are
+its CPU seconds (user + system, from ``wait4``): every reader is one thread,
+so on an idle machine they are its wall time, and they stay honest on a
+loaded one (wall time is printed beside them). The baseline printed beside
+each figure is the same run's bare CLI start-up (``raysleuth --help``),
+which every command pays.
+
+Usage: python bench/bench_scale.py [--ranks 1000] [--minutes 60] [--mode light|full]
+                                   [--store PATH] [--keep] [--repeat 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _synthetic import build_store  # noqa: E402  (bench/ is on sys.path when run as a script)
+from _targets import exit_code, target  # noqa: E402
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+COMMANDS = (
+    "logs --rank 7", "logs --level ERROR", "timeline --summary", "timeline -o {out}/trace.json", "memory",
+    "memory --rank 7", "collectives --run {run}", "consistency", "crashes", "report -o {out}/report.html",
+)
+SECONDS, MEMORY_GB = 2.0, 1.0
+SIZE_GB = {"light": 0.3, "full": 1.5}
+
+
+def run_command(args: list[str], env: dict[str, str]) -> tuple[float, float, int, str, float]:
+    """(seconds, peak GB, exit code, last output line, CPU seconds) of one CLI call in its own process."""
+    started = time.perf_counter()
+    process = subprocess.Popen([sys.executable, "-m", "raysleuth", *args], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT)
+    output = process.stdout.read()
+    _, status, usage = os.wait4(process.pid, 0)
+    seconds = time.perf_counter() - started
+    process.returncode = os.waitstatus_to_exitcode(status)
+    lines = [line for line in output.decode(errors="replace").splitlines() if line.strip()]
+    return (seconds, usage.ru_maxrss / 2**20, process.returncode, (lines[-1][:110] if lines else ""),
+            usage.ru_utime + usage.ru_stime)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=1000)
+    parser.add_argument("--minutes", type=float, default=60.0)
+    parser.add_argument("--mode", choices=("light", "full"), default="light")
+    parser.add_argument("--store", help="reuse (or build once into) this folder")
+    parser.add_argument("--keep", action="store_true", help="keep the built store")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per command (the median is shown)")
+    options = parser.parse_args()
+    home = Path(options.store or tempfile.mkdtemp(prefix="raysleuth-scale-"))
+    run_id = f"synthetic-{options.mode}-{options.ranks}x{options.minutes:g}"
+    db = home / "runs" / run_id / "evidence.sqlite"
+    if not db.exists():
+        db.parent.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        counts = build_store(db, ranks=options.ranks, minutes=options.minutes, mode=options.mode)
+        built = time.perf_counter() - started
+        rows = sum(counts.values())
+        print(f"built {rows:,} rows ({', '.join(f'{k} {v:,}' for k, v in sorted(counts.items()))}) in {built:.1f}s "
+              f"({rows / built:,.0f} rows/s)", flush=True)
+    (home / "runs" / "latest").write_text(run_id)
+    out = Path(tempfile.mkdtemp(prefix="raysleuth-scale-out-"))
+    env = {**os.environ, "RAYSLEUTH_HOME": str(home), "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+           "RAY_ADDRESS": "127.0.0.1:1", "COLUMNS": "200"}  # a stored run: no cluster answers (nothing listens)
+    base = run_command(["--help"], env)[4]
+    size_gb = sum(f.stat().st_size for f in db.parent.iterdir()) / 1e9
+    hour = 60.0 / options.minutes * 1000.0 / options.ranks
+    print(f"store {db}: {size_gb:.3f} GB; CLI start-up (raysleuth --help) {base:.2f} CPU s; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores\n", flush=True)
+    print("| command | CPU s | wall s | peak GB | exit | last line |\n|---|---|---|---|---|---|")
+    figures = []
+    for command in COMMANDS:
+        args = command.format(out=out, run=run_id).split()
+        runs = [run_command(args, env) for _ in range(max(1, options.repeat))]
+        seconds = statistics.median(r[4] for r in runs)
+        wall = statistics.median(r[0] for r in runs)
+        peak = max(r[1] for r in runs)
+        figures.append((command.split(" {")[0].replace("{run}", "RUN"), seconds, peak, runs[-1][2]))
+        print(f"| `{command.format(out='OUT', run='RUN')}` | {seconds:.2f} | {wall:.2f} | {peak:.2f} | {runs[-1][2]} | "
+              f"{runs[-1][3].replace('|', '/')} |", flush=True)
+    print()
+    for name, seconds, peak, code in figures:
+        target(f"{name} < {SECONDS:g} s", seconds < SECONDS, f"{seconds:.2f}s ({seconds / base:.1f}x start-up)")
+        target(f"{name} < {MEMORY_GB:g} GB", peak < MEMORY_GB, f"{peak:.2f} GB peak")
+        target(f"{name} answers", code in (0, 1), f"exit {code}")
+    target(f"{options.mode} store <= {SIZE_GB[options.mode]} GB per 1,000-rank hour",
+           size_gb * hour <= SIZE_GB[options.mode], f"{size_gb * hour:.2f} GB")
+    if not options.keep and not options.store:
+        shutil.rmtree(home, ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)
+    return exit_code()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,192 @@
+"""The fast read path: only the columns and data fields a reader needs, read in SQL, streamed.
+
+:meth:`EvidenceStore.query` builds a :class:`~raysleuth.recorder.store.Record`
+and parses the whole JSON ``data`` of every row (about 15 µs a row); a
+reader that needs four numbers of each of a million memory samples pays
+that a million times. :func:`select` asks SQLite for the named columns and
+``data`` fields instead (``json_extract``, in C) and yields plain tuples
+from a cursor, a batch at a time, so memory stays bounded whatever the run's
+size.
+
+What a field reads back as: a JSON number, string or null as the same
+Python value :func:`json.loads` gives; ``true``/``false`` as ``1``/``0``;
+an object or a list as its JSON text. A field named ``"name:json"`` reads
+as JSON text whatever it holds (:func:`loads` gives the exact value back);
+``"name:number"`` reads a JSON number as itself and anything else as None. A row
+whose ``data`` is not valid JSON (another writer's) reads as missing
+fields, as :meth:`~EvidenceStore.query` reads it as ``{"raw": text}``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from raysleuth.errors import StoreCorrupt, UsageError
+
+__all__ = ["buckets", "identities", "loads", "newest_per_worker", "select", "span_totals", "trimmed", "where_clause"]
+
+#: Columns a reader may name (the records table's own).
+READABLE = ("id", "kind", "time", "rank", "step", "phase", "name", "level", "data", "seq", "world_size", "node_id",
+            "node_ip", "hostname", "pid", "actor_id", "actor_name", "actor_class", "client_id", "job_id")
+ORDERS = {"time": "time, id", "rank": "rank, time, id", "id": "id", None: ""}
+_FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def _listed(value: Any) -> list:
+    return [value] if isinstance(value, (str, int)) else list(value)
+
+
+def where_clause(*, kind=None, rank=None, job=None, name=None, since=None, until=None, after_id=None, step_min=None,
+                 step_max=None, levels: Iterable[str] | None = None,
+                 ids: Iterable[int] | None = None) -> tuple[list[str], list[Any]]:
+    """SQL conditions and their arguments for the store's filters (shared by ``query`` and :func:`select`)."""
+    where: list[str] = []
+    args: list[Any] = []
+    for values, column in ((kind, "kind"), (rank, "rank"), (job, "job_id"), (levels, "level"), (ids, "id")):
+        if values is not None:
+            listed = _listed(values)
+            where.append(f"{column} IN ({','.join('?' * len(listed))})")
+            args += listed
+    for value, clause in ((name, "name = ?"), (since, "time >= ?"), (until, "time <= ?"), (after_id, "id > ?"),
+                          (step_min, "step >= ?"), (step_max, "step <= ?")):
+        if value is not None:
+            where.append(clause)
+            args.append(value)
+    return where, args
+
+
+def _field_sql(field: str) -> str:
+    path, _, form = field.partition(":")
+    if not _FIELD.match(path) or form not in ("", "json", "number"):
+        raise UsageError(f"data field {field!r} cannot be read in SQL", fix="name fields as word.word[:json|:number]")
+    value = f"json_extract(data, '$.{path}')"
+    if form == "json":
+        value = f"json_quote({value})"
+    elif form == "number":
+        value = f"CASE WHEN json_type(data, '$.{path}') IN ('integer', 'real') THEN {value} END"
+    return f"CASE WHEN json_valid(data) THEN {value} END"
+
+
+def select(store, kind: str | Iterable[str] | None, columns: Sequence[str] = ("time",), fields: Sequence[str] = (), *,
+           order: str | None = "time", newest_first: bool = False, limit: int | None = None, batch: int = 20_000,
+           **filters: Any) -> Iterator[tuple]:
+    """Yield ``columns + fields`` of each matching record of ``store`` (an open ``EvidenceStore``).
+
+    ``fields`` are paths into ``data`` (``"rss_bytes"``, ``"request.id"``).
+    ``order``: ``"time"`` (time, id), ``"rank"`` (rank, time, id: one
+    rank's records together), ``"id"`` or ``None``. ``filters``: those of
+    :func:`where_clause`. A run recorded before job ids reads ``job_id`` as
+    None and matches no ``job`` filter.
+    """
+    unknown = [column for column in columns if column not in READABLE]
+    if unknown:
+        raise UsageError(f"no column {unknown[0]!r} in the records table", fix=f"use one of {', '.join(READABLE)}")
+    old = store.schema_version < 2
+    if old and filters.get("job") is not None:
+        return
+    parts = ["NULL" if old and column == "job_id" else column for column in columns] + [_field_sql(f) for f in fields]
+    where, args = where_clause(kind=kind, **filters)
+    sql = f"SELECT {', '.join(parts) or '1'} FROM records"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    if ORDERS[order]:
+        sql += " ORDER BY " + ", ".join(f"{term} DESC" for term in ORDERS[order].split(", ")) if newest_first \
+            else " ORDER BY " + ORDERS[order]
+    if limit is not None:
+        sql += f" LIMIT {int(limit)}"
+    try:
+        yield from _rows(store, sql, args, batch)
+    except OverflowError:
+        raise UsageError("a number in the query is too large for the evidence store",
+                         fix="pass ranks, steps and ids as they appear in the records") from None
+
+
+def loads(value: str | None, default: Any = None) -> Any:
+    """A ``"name:json"`` field as Python again (``default`` when the row had no such field)."""
+    if value is None:
+        return default
+    try:
+        return json.loads(value)
+    except ValueError:
+        return default
+
+
+# ------------------------------------------------------------ aggregates in SQL
+
+
+def span_totals(store, *, job: Iterable[str] | None = None) -> Iterator[tuple]:
+    """(step, rank, phase, seconds) per step, rank and phase: top-level spans (no parent) with a numeric duration."""
+    if store.schema_version < 2 and job is not None:
+        return
+    where, args = where_clause(kind="span", job=job)
+    sql = ("SELECT step, rank, COALESCE(name, phase, '?'), SUM(json_extract(data, '$.duration_s')) FROM records"
+           f" WHERE {' AND '.join(where)} AND step IS NOT NULL AND rank IS NOT NULL AND json_valid(data)"
+           " AND json_type(data, '$.duration_s') IN ('integer', 'real')"
+           " AND IFNULL(json_extract(data, '$.parent_id'), 0) IN (0, '')"
+           " GROUP BY step, rank, COALESCE(name, phase, '?') ORDER BY step, rank")
+    yield from _rows(store, sql, args)
+
+
+def buckets(store, kind: str, field: str, width: float, *, start: float) -> Iterator[tuple]:
+    """(rank, pid, bucket, first time, highest value) of a numeric ``data`` field per worker and ``width`` seconds."""
+    if not _FIELD.match(field):
+        raise UsageError(f"data field {field!r} cannot be read in SQL", fix="name fields as word.word")
+    sql = (f"SELECT rank, pid, CAST((time - ?) / ? AS INTEGER) AS bucket, MIN(time), MAX(json_extract(data, '$.{field}'))"
+           f" FROM records WHERE kind = ? AND json_valid(data) AND json_type(data, '$.{field}') IN ('integer', 'real')"
+           " GROUP BY rank, pid, bucket ORDER BY rank, pid, bucket")
+    yield from _rows(store, sql, [start, width, kind])
+
+
+def _rows(store, sql: str, args: list, batch: int = 20_000) -> Iterator[tuple]:
+    try:
+        cursor = store._db.execute(sql, args)
+        while rows := cursor.fetchmany(batch):
+            yield from rows
+    except sqlite3.DatabaseError as error:
+        raise StoreCorrupt(f"{store.path} could not be read ({error})",
+                           fix="move the file aside; a new run starts a fresh one") from None
+
+
+def newest_per_worker(store, kind: str) -> list[int]:
+    """The id of the newest record of ``kind`` per writer (rank, pid and job columns): a worker's latest dump."""
+    job = "job_id" if store.schema_version >= 2 else "NULL"
+    sql = ("SELECT id FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY rank, pid, "
+           f"{job} ORDER BY time DESC, id DESC) AS n FROM records WHERE kind = ?) WHERE n = 1 ORDER BY id")
+    return [row[0] for row in _rows(store, sql, [kind])]
+
+
+def identities(store) -> Iterator[tuple]:
+    """(rank, node_ip, hostname, actor_class, first time, last time) for each writer identity in the run."""
+    yield from _rows(store, "SELECT rank, node_ip, hostname, actor_class, MIN(time), MAX(time) FROM records"
+                            " GROUP BY rank, node_ip, hostname, actor_class", [])
+
+
+def trimmed(store, ids: list[int], columns: Sequence[str], arrays: Sequence[str], keep: int) -> Iterator[tuple]:
+    """Rows ``(id,) + columns`` of the records ``ids``, each JSON array at ``arrays`` cut to its last ``keep`` items
+    per entry of ``$.groups`` (in SQL: a reader that needs the newest positions never parses a whole dump)."""
+    for path in arrays:
+        if not _FIELD.match(path):
+            raise UsageError(f"data field {path!r} cannot be read in SQL", fix="name fields as word.word")
+    valid = "json_valid(data) AND json_type(data) = 'object'"
+    groups = f"CASE WHEN {valid} THEN MAX(1, (SELECT COUNT(*) FROM json_each(data, '$.groups'))) ELSE 1 END"
+    cuts = [f"CASE WHEN {valid} AND json_type(data, '$.{path}') = 'array' THEN "
+            f"json_array_length(data, '$.{path}') - {int(keep)} * ({groups}) END AS cut{n}"
+            for n, path in enumerate(arrays)]
+    # the arrays out, the cut arrays back in: json_set rewrites the small rest, not the whole dump
+    removed = f"json_remove(data, {', '.join(repr(f'$.{path}') for path in arrays)})"
+    sets = ", ".join(f"'$.{path}', CASE WHEN cut{n} IS NULL THEN json_extract(data, '$.{path}') ELSE json((SELECT "
+                     f"json_group_array(json(value)) FROM json_each(data, '$.{path}') WHERE key >= cut{n})) END"
+                     for n, path in enumerate(arrays))
+    data = f"CASE WHEN {valid} THEN json_set({removed}, {sets}) ELSE data END"
+    selected = ["id"] + ["NULL" if store.schema_version < 2 and c == "job_id" else c for c in columns]
+    selected[selected.index("data")] = data
+    for start in range(0, len(ids), 5000):
+        chunk = ids[start:start + 5000]
+        inner = f"SELECT *, {', '.join(cuts)} FROM records WHERE id IN ({','.join('?' * len(chunk))})"
+        # MATERIALIZED: each cut computed once a row, not again for every array element it is compared with
+        yield from _rows(store, f"WITH cut AS MATERIALIZED ({inner}) SELECT {', '.join(selected)} FROM cut "
+                                "ORDER BY time, id", list(chunk))

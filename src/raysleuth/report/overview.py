@@ -1,0 +1,87 @@
+"""The report's dense sections read as aggregates in SQL, and summarised when there are many ranks.
+
+Memory curves are one point per worker and time bucket (the highest RSS in
+it, ``MAX`` in SQL); step phases are one total per step, rank and phase
+(``SUM`` in SQL). Up to :data:`ALONE` workers each gets its own curve. Past
+that the charts show the ranks as one group (lowest, median and highest per
+bucket or step) plus the ranks that stand out alone (leaks, the highest
+peaks, stragglers); every rank's numbers stay in the section's data and
+tables. So a 1,000-rank run makes a page of the same size as a 16-rank one.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from types import SimpleNamespace
+from typing import Any
+
+from raysleuth.options import format_ranks
+from raysleuth.recorder.reading import buckets, span_totals
+from raysleuth.report import sections
+
+__all__ = ["ALONE", "memory_curves", "span_overview"]
+
+ALONE = 16
+"""Up to this many workers (ranks) every one is drawn alone."""
+BUCKETS = 120
+"""Time buckets of a memory curve."""
+
+
+def _band(series: dict[Any, dict[Any, float]]) -> dict[str, list]:
+    """Lowest, median and highest across series, per shared x."""
+    by_x: dict[Any, list[float]] = defaultdict(list)
+    for points in series.values():
+        for x, y in points.items():
+            by_x[x].append(y)
+    xs = sorted(by_x)
+    return {"x": xs, "low": [min(by_x[x]) for x in xs], "median": [round(statistics.median(by_x[x]), 4) for x in xs],
+            "high": [max(by_x[x]) for x in xs], "count": len(series)}
+
+
+def memory_curves(store, leaking: set) -> dict[str, Any]:
+    """``curves`` (label -> x, y) drawn alone, and ``band`` for the rest when there are many workers."""
+    first = next(store.select("memory", ("time",), limit=1), None)
+    last = next(store.select("memory", ("time",), limit=1, newest_first=True), None)
+    if first is None:
+        return {"curves": {}, "band": None, "grouped": ""}
+    start, width = first[0], max(1.0, (last[0] - first[0]) / BUCKETS)
+    curves: dict[str, dict[str, list]] = {}
+    peaks: dict[str, float] = {}
+    ranks: dict[str, Any] = {}
+    for rank, pid, _bucket, when, value in buckets(store, "memory", "rss_bytes", width, start=start):
+        label = sections.rank_label(rank) + (f" · pid {pid}" if pid else "")
+        curve = curves.setdefault(label, {"x": [], "y": []})
+        curve["x"].append(round(when - start, 3))
+        curve["y"].append(round(value / 2**20, 2))
+        peaks[label] = max(peaks.get(label, 0.0), curve["y"][-1])
+        ranks[label] = rank
+    if len(curves) <= ALONE:
+        return {"curves": dict(sorted(curves.items())), "band": None, "grouped": ""}
+    alone = {label for label in curves if ranks[label] in leaking}
+    alone |= set(sorted(peaks, key=lambda label: -peaks[label])[:3])
+    rest = {label: dict(zip([round(x / width) for x in curve["x"]], curve["y"]))
+            for label, curve in curves.items() if label not in alone}
+    band = _band(rest)
+    band["x"] = [round(x * width, 3) for x in band["x"]]
+    grouped = (f"{len(rest)} workers (ranks {format_ranks(r for l, r in ranks.items() if l in rest and r is not None)})"
+               f" drawn as one band: lowest, median and highest RSS per {width:.0f} s; drawn alone: leaks and the "
+               "three highest peaks")
+    return {"curves": {label: curves[label] for label in sorted(alone)}, "band": band, "grouped": grouped}
+
+
+def span_overview(store) -> dict[str, Any]:
+    """:func:`sections.span_section` from per-step totals summed in SQL, with a band when there are many ranks."""
+    totals = [SimpleNamespace(step=step, rank=rank, name=phase, phase=None, data={"duration_s": seconds})
+              for step, rank, phase, seconds in span_totals(store)]
+    section = sections.span_section(totals)
+    section["band"], section["alone"], section["grouped"] = None, section["ranks"], ""
+    if len(section["ranks"]) <= ALONE:
+        return section
+    alone = sorted({straggler["rank"] for straggler in section["stragglers"]})[:ALONE]
+    rest = {rank: {step: value for step, value in zip(section["steps"], section["totals"][rank]) if value is not None}
+            for rank in section["ranks"] if rank not in alone}
+    section["band"], section["alone"] = _band(rest), alone
+    section["grouped"] = (f"{len(rest)} ranks ({format_ranks(rest)}) drawn as one band: the fastest, median and "
+                          "slowest step per step; drawn alone: the stragglers")
+    return section

@@ -1,0 +1,71 @@
+"""The straggler view: per step and phase, each rank's time, the slowest rank and its lag behind the median."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from raysleuth.timeline.model import StepPhase, _number
+
+
+def summarize_steps(spans: list[dict[str, Any]]) -> list[StepPhase]:
+    """Straggler view from plain spans ``{"step", "name", "rank", "pid", "duration_s"}`` (pure).
+
+    Durations of a phase are summed per rank within a step; a step's phase
+    seen on one rank only still gets a row (lag 0).
+    """
+    return _summarize_rows((span.get("step"), span.get("name"), span.get("rank"), span.get("pid"),
+                            span.get("duration_s")) for span in spans)
+
+
+def _summarize_rows(rows: Iterable[tuple]) -> list[StepPhase]:
+    """:func:`summarize_steps` over (step, name, rank, pid, duration_s) tuples."""
+    grouped: dict[tuple[int, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    names: dict[Any, str | None] = {}  # name -> its phase (None: a Ray call, left out)
+    ranks: dict[Any, str] = {}
+    for step, name, rank, pid, duration in rows:
+        if step is None:
+            continue
+        phase = names.get(name, "")
+        if phase == "":
+            phase = names[name] = None if str(name if name is not None else "").startswith("ray.call:") else str(name)
+        if phase is None:
+            continue
+        who = ranks.get(rank) if rank is not None else f"pid {pid}"
+        if who is None:
+            who = ranks[rank] = str(rank)
+        grouped[(int(step), phase)][who] += duration if type(duration) is float and duration - duration == 0 \
+            else _number(duration, 0.0)
+    result = []
+    for (step, phase), durations in sorted(grouped.items()):
+        median = statistics.median(durations.values())
+        slowest = max(durations, key=lambda who: durations[who])
+        lag = durations[slowest] - median
+        result.append(StepPhase(step=step, phase=phase, durations=dict(sorted(durations.items())), median_s=median,
+                                slowest=slowest, slowest_s=durations[slowest], lag_s=lag,
+                                lag_ratio=(durations[slowest] / median) if median > 0 else 1.0))
+    return result
+
+
+def timeline_summary(*, run: str | None = None, home: Path | str | None = None,
+                     steps: tuple[int | None, int | None] | None = None, ranks: list[int] | None = None,
+                     jobs: list[str] | None = None, since: float | None = None,
+                     until: float | None = None) -> list[StepPhase]:
+    """Per step and phase: each rank's duration, the slowest rank and its lag behind the median.
+
+    Reads five fields a span in SQL, streamed (no record is built), rank by rank: a rank's rows lie
+    together in the file, and each rank's durations are still summed in time order.
+    """
+    from raysleuth.recorder import open_store
+
+    store = open_store(run, home=home)
+    step_min, step_max = steps if steps else (None, None)
+    try:
+        return _summarize_rows(store.select("span", ("step", "name", "rank", "pid"), ("duration_s",), order="rank", rank=ranks,
+                                            job=jobs, step_min=step_min, step_max=step_max, since=since,
+                                            until=until))
+    finally:
+        store.close()

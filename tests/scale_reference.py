@@ -1,0 +1,174 @@
+"""The readers as they were before the fast read path (issue 27), kept as oracles for tests/test_scale.py.
+
+Each reads through ``EvidenceStore.query`` (a record per row, all its JSON
+parsed), exactly as the code did; the tests check that the fast path answers
+the same on the same store.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from raysleuth.memory.trend import LeakPolicy, LeakVerdict, detect_leak
+from raysleuth.memory.workers import TREND_SOURCES, MemoryReport, WorkerMemory, _thin
+from raysleuth.recorder import open_store
+from raysleuth.timeline.model import Timeline, _label, _number, _Tracks, _us
+
+
+def old_mann_kendall_s(values) -> int:
+    """Every pair, as kendall_tau counted it."""
+    ys = np.asarray(values, dtype=float)
+    i, j = np.triu_indices(len(ys), k=1)
+    return int(np.sign(ys[j] - ys[i]).sum())
+
+
+def old_summarise(records: list, policy: LeakPolicy | None = None) -> WorkerMemory:
+    """One worker's :class:`WorkerMemory` from its ``memory`` records (one source, time order)."""
+    last = records[-1]
+    data = [r.data for r in records]
+    rank = next((r.rank for r in reversed(records) if r.rank is not None), None)
+    times = [r.time for r in records]
+    steps = [r.step for r in records]
+    worker = WorkerMemory(
+        rank=rank, pid=last.data.get("pid", last.pid), node_ip=last.data.get("node_ip", last.node_ip),
+        node_id=last.node_id, actor_class=last.actor_class, actor_name=last.actor_name,
+        source=last.data.get("source"), samples=len(records), first_time=times[0], last_time=times[-1],
+        rss_bytes=last.data.get("rss_bytes"), uss_bytes=last.data.get("uss_bytes"),
+        cuda_allocated_bytes=last.data.get("cuda_allocated_bytes"),
+        cuda_reserved_bytes=last.data.get("cuda_reserved_bytes"),
+    )
+    rss = [d.get("rss_bytes") for d in data if d.get("rss_bytes") is not None]
+    worker.peak_bytes = max(rss) if rss else None
+    cuda_peaks = [d.get("cuda_peak_bytes") for d in data if d.get("cuda_peak_bytes") is not None]
+    worker.cuda_peak_bytes = max(cuda_peaks) if cuda_peaks else None
+    uss_count = sum(1 for d in data if d.get("uss_bytes") is not None)
+    host_metric = "uss_bytes" if uss_count >= len(data) / 2 else "rss_bytes"
+    verdicts: list[LeakVerdict] = [
+        detect_leak(times, [d.get(host_metric) for d in data], steps=steps, policy=policy, metric=host_metric)
+    ]
+    if any(d.get("cuda_allocated_bytes") is not None for d in data):
+        verdicts.insert(0, detect_leak(times, [d.get("cuda_allocated_bytes") for d in data], steps=steps,
+                                       policy=policy, metric="cuda_allocated_bytes"))
+    chosen = next((v for v in verdicts if v.leak), verdicts[-1])
+    worker.leak, worker.reason, worker.evidence = chosen.leak, chosen.reason, chosen.to_dict()
+    worker.status = chosen.status
+    worker.slope_bytes_per_s, worker.slope_bytes_per_step = chosen.slope_bytes_per_s, chosen.slope_bytes_per_step
+    worker.series = _thin([d.get(chosen.metric) for d in data if d.get(chosen.metric) is not None])
+    return worker
+
+
+def old_memory_report(store, *, rank: int | list[int] | None = None, since: float | None = None,
+                  job: str | list[str] | None = None, policy: LeakPolicy | None = None) -> MemoryReport:
+    """Per-worker memory of a run (``store``: an open :class:`EvidenceStore`), sorted by rank.
+
+    ``rank``, ``since`` (a Unix time) and ``job`` (a Ray job id) narrow the samples judged.
+    """
+    groups: dict[tuple[Any, Any], dict[str, list]] = {}
+    for item in store.query("memory", rank=rank, since=since, job=job):
+        source = item.data.get("source") or "watch"
+        if source not in TREND_SOURCES:
+            continue
+        key = (item.data.get("node_ip", item.node_ip), item.data.get("pid", item.pid))
+        groups.setdefault(key, {}).setdefault(source, []).append(item)
+    workers = []
+    for by_source in groups.values():
+        records = max(by_source.values(), key=len)  # one source per worker: the denser one
+        workers.append(old_summarise(records, policy))
+    workers.sort(key=lambda w: (w.rank is None, w.rank if w.rank is not None else 0, w.node_ip or "", w.pid or 0))
+    return MemoryReport(store=str(store.path), workers=workers)
+
+
+def old_build_timeline(
+    address: str | None = None,
+    *,
+    run: str | None = None,
+    home: Path | str | None = None,
+    steps: tuple[int | None, int | None] | None = None,
+    ranks: list[int] | None = None,
+    jobs: list[str] | None = None,
+    ray_tasks: bool = True,
+) -> Timeline:
+    """Merge the run's spans, events and memory with Ray's task events into trace events.
+
+    ``run``/``home`` pick the evidence store (default: the latest run).
+    ``ray_tasks``: also read the State API (skipped, with a warning, when no
+    cluster answers). ``steps`` (inclusive range), ``ranks`` and ``jobs`` (Ray
+    job ids: a cluster shared by several jobs) bound it.
+    """
+    store = open_store(run, home=home)
+    timeline = Timeline(events=[], run=store.path.parent.name)
+    tracks = _Tracks()
+    step_min, step_max = steps if steps else (None, None)
+    records = store.query(["span", "event", "heartbeat"], rank=ranks, job=jobs, step_min=step_min, step_max=step_max)
+    worker_ranks: dict[tuple[str | None, int | None], int] = {}
+    window = [float("inf"), float("-inf")]
+    for record in records:
+        pid = tracks.pid(record.node_id, record.node_ip)
+        tid = tracks.tid(pid, record.pid, _label(record.rank, record.actor_class, record.pid))
+        if record.rank is not None:
+            worker_ranks[(record.node_id, record.pid)] = record.rank
+        data = record.data or {}
+        if record.kind == "span":
+            start = _number(data.get("start"), record.time)
+            end = max(start, _number(data.get("end"), start))
+            if not isinstance(data.get("attrs") or {}, dict):
+                data = {**data, "attrs": {"attrs": data.get("attrs")}}
+            window[0], window[1] = min(window[0], start), max(window[1], end)
+            args = {"step": record.step, "rank": record.rank, "span_id": data.get("span_id"),
+                    "parent_id": data.get("parent_id"), **(data.get("attrs") or {})}
+            if data.get("error"):
+                args["error"] = data["error"]
+            name = record.name or "span"
+            if name.startswith("ray.call:"):
+                ident = f"{record.pid}-{data.get('span_id')}"
+                base = {"name": name, "cat": "ray_call", "pid": pid, "tid": tid, "id": ident}
+                timeline.events.append({**base, "ph": "b", "ts": _us(start), "args": args})
+                timeline.events.append({**base, "ph": "e", "ts": _us(end), "args": {}})
+            else:
+                timeline.events.append({"name": name, "cat": "span", "ph": "X", "ts": _us(start),
+                                        "dur": _us(max(0.0, end - start)), "pid": pid, "tid": tid, "args": args})
+            timeline.spans += 1
+        else:
+            name = f"step {record.step}" if record.kind == "heartbeat" else (record.name or "event")
+            timeline.events.append({"name": name, "cat": record.kind, "ph": "i", "s": "t", "ts": _us(record.time),
+                                    "pid": pid, "tid": tid, "args": {"step": record.step, "rank": record.rank, **data}})
+            timeline.instant_events += 1
+    bounded = steps is not None and window[0] <= window[1]
+    for sample in store.query("memory", rank=ranks, job=jobs):
+        if bounded and not (window[0] <= sample.time <= window[1]):
+            continue
+        pid = tracks.pid(sample.node_id, sample.node_ip)
+        data = sample.data or {}
+        values = {key.removesuffix("_bytes") + "_mb": round(float(value) / 2**20, 2) for key, value in data.items()
+                  if key.endswith("_bytes") and isinstance(value, (int, float))}
+        if not values:
+            continue
+        who = f"rank {sample.rank}" if sample.rank is not None else f"pid {sample.pid}"
+        timeline.events.append({"name": f"memory {who}", "cat": "memory", "ph": "C", "ts": _us(sample.time),
+                                "pid": pid, "tid": 0, "args": values})
+        timeline.memory_samples += 1
+    timeline.events = tracks.metadata() + sorted(timeline.events, key=lambda event: event["ts"])
+    return timeline
+
+
+def old_timeline_summary_rows(store) -> list[dict[str, Any]]:
+    """The spans timeline_summary read, as it read them."""
+    return [{"step": record.step, "name": record.name, "rank": record.rank, "pid": record.pid,
+             "duration_s": (record.data or {}).get("duration_s")} for record in store.query("span")]
+def old_call_at(calls: list[dict], created_ns: int | None) -> dict | None:
+    """The wrapper call during which torch created this Flight Recorder entry (the last one started before it)."""
+    if not created_ns:
+        return None
+    slack = 2_000_000
+    before = [c for c in calls if (c.get("start_ns") or 0) <= created_ns]
+    if before:
+        call = max(before, key=lambda c: c.get("start_ns") or 0)
+        end = call.get("end_ns")
+        if end is None or created_ns <= end + slack:
+            return call
+    near = [c for c in calls if abs((c.get("start_ns") or 0) - created_ns) <= slack]
+    return min(near, key=lambda c: abs((c.get("start_ns") or 0) - created_ns)) if near else None
+

@@ -1,0 +1,205 @@
+"""The fast read paths answer exactly what the record-by-record readers answered, on the same store.
+
+A synthetic run (``bench/_synthetic.py``, the one ``bench/bench_scale.py``
+times at 1,000 ranks x 60 minutes) of 100 ranks x 5 minutes, light and full,
+plus the awkward rows a real run has: a worker whose rank became known late,
+samples taken from outside by the agents, a row that is not JSON. The old
+readers live on in ``tests/scale_reference.py``. Pure store: no Ray.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scale_reference import (
+    old_build_timeline,
+    old_call_at,
+    old_mann_kendall_s,
+    old_memory_report,
+    old_timeline_summary_rows,
+)
+
+from raysleuth.cli import main
+from raysleuth.collectives import match
+from raysleuth.collectives.model import _call_at, positions_from_records
+from raysleuth.collectives.report import read_collectives
+
+from raysleuth.memory import memory_report
+from raysleuth.memory.trend import _mann_kendall_s, kendall_tau
+from raysleuth.options import format_ranks, parse_ranks
+from raysleuth.recorder.store import EvidenceStore
+from raysleuth.timeline import export_timeline, summarize_steps, timeline_summary
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+from _synthetic import START, build_store, identity  # noqa: E402
+
+
+def _awkward_rows(store: EvidenceStore) -> None:
+    """A late rank, agent samples of another worker, a broken row."""
+    header = identity(150, 100) | {"pid": 31_000, "client_id": "late-rank"}
+    rows = []
+    for n in range(40):
+        data = {"rss_bytes": 2**30 + n * 2**24, "uss_bytes": 2**30 + n * 2**24, "source": "watch"}
+        rows.append(("memory", START + 5 + n * 5, None if n < 15 else 150, n, None, None, None, data, n))
+    store.write_batch(header, rows)
+    agent = {"node_id": identity(3, 100)["node_id"], "node_ip": "10.0.0.9", "pid": 31_500, "client_id": None}
+    store.write_batch(agent, [("memory", START + 7 + n * 5, 151, None, None, None, None,
+                               {"rss_bytes": 5 * 2**30, "uss_bytes": 4 * 2**30, "vms_bytes": 9 * 2**30,
+                                "source": "agent", "pid": 31_500, "node_ip": "10.0.0.9"}, None)
+                              for n in range(30)])
+    store._db.execute("INSERT INTO records (kind, time, rank, data) VALUES ('memory', ?, 3, '{bad json')", (START + 9,))
+    store._db.execute("INSERT INTO records (kind, time, rank, data) VALUES ('span', ?, 3, '[1, 2]')", (START + 9,))
+    store._db.commit()
+
+
+def _build(home: Path, mode: str, ranks: int) -> Path:
+    path = home / "runs" / "synthetic" / "evidence.sqlite"
+    path.parent.mkdir(parents=True)
+    build_store(path, ranks=ranks, minutes=5, mode=mode)
+    store = EvidenceStore(path)
+    _awkward_rows(store)
+    store.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    """100 ranks x 5 minutes, light."""
+    return _build(tmp_path_factory.mktemp("scale-light"), "light", 100)
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory) -> Path:
+    """20 ranks x 5 minutes, full: a memory sample a second (300 a worker)."""
+    return _build(tmp_path_factory.mktemp("scale-full"), "full", 20)
+
+
+def _open(path: Path) -> EvidenceStore:
+    return EvidenceStore(path, readonly=True)
+
+
+@pytest.mark.parametrize(("which", "ranks"), [("light", None), ("light", [7, 13]), ("light", [150, 151]),
+                                             ("full", None)])
+def test_memory_report_answers_as_before(request, which, ranks):
+    store = _open(request.getfixturevalue("run" if which == "light" else "full_run"))
+    new, old = memory_report(store, rank=ranks), old_memory_report(store, rank=ranks)
+    assert new.to_dict() == old.to_dict()
+    assert new.workers and (ranks is not None or any(worker.leak for worker in new.workers))
+    late = [worker for worker in new.workers if worker.pid == 31_000]
+    if ranks is None:  # its first 15 samples had no rank yet: one worker all the same
+        assert late and late[0].rank == 150 and late[0].samples == 40
+
+
+def test_the_leak_test_counts_every_pair_in_n_log_n():
+    rng = np.random.default_rng(27)
+    for n in (3, 65, 600, 601, 1024, 1025, 3001):
+        for values in (rng.integers(0, 5, n), rng.normal(size=n), np.arange(n)[::-1]):
+            assert _mann_kendall_s(np.asarray(values, dtype=float)) == old_mann_kendall_s(values), n
+    tau, z = kendall_tau(np.arange(5000.0))
+    assert tau == 1.0 and z > 50
+
+
+def test_timeline_summary_answers_as_before(run):
+    store = _open(run)
+    old = summarize_steps(old_timeline_summary_rows(store))
+    new = timeline_summary(run=str(run))
+    assert [vars(row) for row in new] == [vars(row) for row in old]
+    assert any(row.slowest == "5" for row in new)  # the synthetic straggler
+
+
+def _events(events) -> list[str]:
+    """The events with each node's process number replaced by the node's name (numbered in reading order)."""
+    names = {event["pid"]: event["args"]["name"] for event in events if event.get("name") == "process_name"}
+    return sorted(json.dumps({**event, "pid": names.get(event["pid"])} | (
+        {"args": {"sort_index": None}} if event.get("name") == "process_sort_index" else {}), sort_keys=True)
+        for event in events)
+
+
+def test_timeline_export_streams_the_same_events(run, tmp_path):
+    exported = export_timeline(tmp_path / "trace.json", run=str(run), ray_tasks=False)
+    written = json.loads((tmp_path / "trace.json").read_text())
+    old = old_build_timeline(run=str(run), ray_tasks=False)
+    assert _events(written["traceEvents"]) == _events(old.events)
+    assert exported.written == len(old.events) and exported.spans == old.spans
+    assert exported.memory_samples == old.memory_samples and exported.instant_events == old.instant_events
+    bounded = export_timeline(tmp_path / "steps.json", run=str(run), ray_tasks=False, steps=(3, 5), ranks=[1, 2])
+    old = old_build_timeline(run=str(run), ray_tasks=False, steps=(3, 5), ranks=[1, 2])
+    assert _events(json.loads((tmp_path / "steps.json").read_text())["traceEvents"]) == _events(old.events)
+    assert bounded.written == len(old.events)
+
+
+def test_timeline_cut_to_a_time_range(run, tmp_path):
+    since, until = START + 60, START + 120
+    export_timeline(tmp_path / "cut.json", run=str(run), ray_tasks=False, since=since, until=until, ranks=[0])
+    events = json.loads((tmp_path / "cut.json").read_text())["traceEvents"]
+    timed = [event for event in events if event["ph"] != "M"]
+    assert timed and all(since * 1e6 - 1 <= event["ts"] <= until * 1e6 + 1 for event in timed if event["ph"] != "X")
+    assert {event["args"].get("rank") for event in timed if event["ph"] in "Xi"} == {0}
+
+
+def test_a_flight_recorder_entry_finds_its_call_as_before():
+    rng = np.random.default_rng(15)
+    for _ in range(200):
+        starts = sorted(rng.integers(0, 40, 30) * 1_000_000)
+        calls = [{"start_ns": int(start), "end_ns": None if rng.random() < 0.1 else int(start + rng.integers(0, 5) * 1e6),
+                  "n": n} for n, start in enumerate(starts)]
+        rng.shuffle(calls)
+        for created in list(rng.integers(-5, 50, 20) * 1_000_000) + [0, None]:
+            created = None if created is None else int(created)
+            assert _call_at(calls, created) is old_call_at(calls, created), created
+
+
+def test_collectives_read_the_newest_dump_of_each_rank(run):
+    store = _open(run)
+    old = match(positions_from_records([row.to_dict() for row in store.query("collectives")]))
+    new = match(positions_from_records(read_collectives(store)))
+    assert new.to_dict() == old.to_dict()
+    assert [culprit.rank for culprit in new.culprits] == [7]
+    assert "ranks 0-6,8-" in new.culprits[0].reason  # the waiting ranks as ranges, not 99 numbers
+
+
+def test_rank_ranges_read_back_as_the_ranks():
+    assert format_ranks([5, 0, 1, 2, 7, 8, 8]) == "0-2,5,7-8"
+    assert parse_ranks(format_ranks(range(999))) == list(range(999))
+    assert format_ranks(range(0, 100, 2), limit=3).endswith("… (50 ranks in all)")
+
+
+def _cli(*argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        code = main(list(argv))
+    return code, out.getvalue()
+
+
+def test_outputs_stay_short_at_a_hundred_ranks(run):
+    code, text = _cli("collectives", "--run", str(run))
+    assert code == 1 and re.search(r"\d+ ranks 0-6,8-\d+ ", text) and "rank 7" in text and len(text) < 6000, text[-3000:]
+    code, text = _cli("timeline", "--summary", "--run", str(run))
+    first = text.splitlines()[1]
+    assert code == 0 and "ranks; fastest" in first and len(first) < 200, first
+
+
+def test_periodic_dumps_send_what_changed():
+    from raysleuth.collectives import record
+
+    record._periodic_floor.clear()
+
+    def calls(upto: int, running: int | None) -> list[dict]:
+        return [{"pg": "0", "seq": seq, "state": "started" if seq == running else "completed", "start_ns": seq,
+                 "end_ns": None if seq == running else seq + 1} for seq in range(1, upto + 1)]
+
+    def sent(upto, running):
+        return [c["seq"] for c in record._delta(calls(upto, running), "calls", lambda c: c["pg"], lambda c: c["seq"],
+                                                 lambda c: c["state"] == "completed")]
+
+    assert sent(200, 200) == list(range(1, 201))  # the first: everything
+    assert sent(230, None) == list(range(200, 231))  # #200 again (it completed since), then what is new
+    assert sent(230, None) == list(range(223, 231))  # nothing changed: only the newest 8 (readers of one dump)
+    record._periodic_floor.clear()
