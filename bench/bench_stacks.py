@@ -130,17 +130,18 @@ RANK_TARGET_MS = 50.0
 def measure_clues(address: str, repeats: int = 5) -> dict[str, float]:
     """Single-sample latency with and without this round's clues, and the per-node rank resolution cost."""
     from raysleuth.labels.live import collect_hints
-    from raysleuth.stacks import capture, dump_stacks
+    from raysleuth.stacks import capture, dump_stacks, sampling
 
-    originals = (capture.collect_hints, capture.dead_actors, capture.recorded_calls)
+    originals = (capture.collect_hints, sampling.dead_actors, sampling.recorded_calls, sampling.failed_calls)
 
     def without() -> None:
         capture.collect_hints = lambda timeout: ({}, {}, {})
-        capture.dead_actors = lambda: []
-        capture.recorded_calls = lambda: []
+        sampling.dead_actors = lambda: []
+        sampling.recorded_calls = lambda: []
+        sampling.failed_calls = lambda jobs: {}
 
     def restore() -> None:
-        capture.collect_hints, capture.dead_actors, capture.recorded_calls = originals
+        capture.collect_hints, sampling.dead_actors, sampling.recorded_calls, sampling.failed_calls = originals
 
     runs: dict[str, list[float]] = {"with": [], "without": []}
     try:

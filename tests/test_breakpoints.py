@@ -382,6 +382,11 @@ def test_arm_and_disarm_at_runtime_from_the_cli(ray_cluster, capsys):
         assert ray.get(actor.step_named.remote("probe"), timeout=60)["after"] == 4243  # disarmed: runs through
         assert time.monotonic() - started < 5
         _cli_json(capsys, "debug", "arm", "probe", "--rank", "0", "--json", "--address", ray_cluster.address)
+        from raysleuth.cli import main
+
+        assert main(["debug", "arm", "probe", "--rank", "99", "--address", ray_cluster.address]) == 2
+        refused = capsys.readouterr().err
+        assert "no live worker has rank 99" in refused and "0" in refused.split("ranks alive:")[1]
         deadline = time.monotonic() + 30
         while not ray.get(actor.arm_state.remote(), timeout=30)["armed"]:
             assert time.monotonic() < deadline, "the worker never picked up `debug arm`"

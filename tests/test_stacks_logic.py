@@ -489,3 +489,14 @@ def test_exit_codes_follow_the_state():
 
     assert [Verdict(state=state).exit_code for state in ("ok", "busy", "hung", "unsure", "unread")] == [0, 0, 1, 2, 2]
     assert build_verdict([]).state == "unread" and build_verdict([]).exit_code == 2
+
+
+def test_a_thousand_ranks_give_one_root_cause_and_a_short_reason():
+    import time
+
+    ranks = [ddp_rank(10000 + r, r, STUCK_LOADER if r == 7 else ALL_REDUCE, moved=False) for r in range(1000)]
+    started = time.perf_counter()
+    verdict = build_verdict(ranks, context=VerdictContext(samples=2))
+    assert time.perf_counter() - started < 5.0  # 0.05 s on a quiet 2-core machine: each sink is judged once
+    assert [c.rank for c in verdict.culprits] == [7] and len(verdict.consequences) == 999
+    assert "ranks 0-6,8-999" in verdict.culprits[0].reason and len(verdict.culprits[0].reason) < 300

@@ -16,7 +16,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from raysleuth.cli._app import (
-    AddressOption, HomeOption, JsonOption, RanksOption, RunOption, app, console, emit_json, finish, home_path,
+    AddressOption, HomeOption, JsonOption, RanksOption, RunOption, app, console, emit_json, err_console, finish,
+    home_path,
 )
 from raysleuth.cli._app import writer_timeout  # the writer wait, bounded
 from raysleuth.errors import ClusterUnreachable, UsageError
@@ -231,6 +232,7 @@ def arm(
     from raysleuth import breakpoints, cluster
 
     cluster.connect(address)
+    _check_live_ranks(rank)
     value = breakpoints.arm_cluster(name, rank, timeout=writer_timeout())
     if json_:
         emit_json(value)
@@ -239,6 +241,26 @@ def arm(
         where = f"on rank(s) {', '.join(map(str, sorted(rank)))}" if rank else "on every rank"
         console.print(f"armed {what} {where}; workers pick it up within {breakpoints.POLL_INTERVAL:g}s")
     finish(0)
+
+
+def _check_live_ranks(ranks: list[int] | None) -> None:
+    """``--rank 99`` where no live worker has rank 99: one line naming the ranks that exist (exit 2). With no
+    ranked worker alive yet (arming before the job starts), the arming stands and stderr says so."""
+    if not ranks:
+        return
+    from raysleuth.labels.live import registered_labels
+
+    try:
+        known = sorted({label["rank"] for label in registered_labels().values() if label.get("rank") is not None})
+    except Exception:  # no State API: arm as asked
+        return
+    unknown = [r for r in ranks if r not in known]
+    if unknown and known:
+        raise UsageError(f"no live worker has rank {', '.join(map(str, unknown))}; ranks alive: "
+                         f"{', '.join(map(str, known))}", fix="pick one of those ranks, or leave --rank out")
+    if unknown:
+        err_console.print(f"[yellow]no live worker has a rank yet: rank(s) {', '.join(map(str, unknown))} "
+                          "will stop once a worker with that rank starts[/yellow]")
 
 
 @debug_app.command("disarm")

@@ -65,19 +65,26 @@ class Node:
 class WaitGraph:
     nodes: dict[str, Node] = dataclasses.field(default_factory=dict)
     edges: list[WaitEdge] = dataclasses.field(default_factory=list)
+    _out: dict[str, list[WaitEdge]] = dataclasses.field(default_factory=lambda: defaultdict(list))
+    _in: dict[str, list[WaitEdge]] = dataclasses.field(default_factory=lambda: defaultdict(list))
+    _sinks: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
     def add(self, node: Node) -> Node:
         return self.nodes.setdefault(node.key, node)
 
     def link(self, source: str, target: str, kind: str, evidence: str) -> None:
-        if source != target and not any(e.source == source and e.target == target for e in self.edges):
-            self.edges.append(WaitEdge(source=source, target=target, kind=kind, evidence=evidence))
+        if source != target and not any(e.target == target for e in self._out[source]):
+            edge = WaitEdge(source=source, target=target, kind=kind, evidence=evidence)
+            self.edges.append(edge)
+            self._out[source].append(edge)
+            self._in[target].append(edge)
+            self._sinks.clear()
 
     def out(self, key: str) -> list[WaitEdge]:
-        return [edge for edge in self.edges if edge.source == key]
+        return list(self._out.get(key, ()))
 
     def into(self, key: str) -> list[WaitEdge]:
-        return [edge for edge in self.edges if edge.target == key]
+        return list(self._in.get(key, ()))
 
     def cycles(self) -> list[list[str]]:
         """Strongly connected groups of two or more nodes (Tarjan), each sorted."""
@@ -85,14 +92,12 @@ class WaitGraph:
         low: dict[str, int] = {}
         stack: list[str] = []
         found: list[list[str]] = []
-        successors = defaultdict(list)
-        for edge in self.edges:
-            successors[edge.source].append(edge.target)
+        successors = {source: [edge.target for edge in edges] for source, edges in self._out.items()}
 
         def visit(key: str) -> None:
             index[key] = low[key] = len(index)
             stack.append(key)
-            for target in successors[key]:
+            for target in successors.get(key, ()):
                 if target not in index:
                     visit(target)
                     low[key] = min(low[key], low[target])
@@ -112,7 +117,12 @@ class WaitGraph:
         return found
 
     def sinks_from(self, key: str) -> list[str]:
-        """Nodes reachable from ``key`` that wait for nobody (``key`` itself when it has no edge out)."""
+        """Nodes reachable from ``key`` that wait for nobody (``key`` itself when it has no edge out); cached."""
+        if key not in self._sinks:
+            self._sinks[key] = self._walk_to_sinks(key)
+        return self._sinks[key]
+
+    def _walk_to_sinks(self, key: str) -> list[str]:
         seen, todo, sinks = {key}, [key], []
         while todo:
             current = todo.pop()
@@ -245,18 +255,16 @@ def _collective_edges(graph: WaitGraph, processes: list[ProcessStack], dead: lis
         counts = Counter(p.wait for p in waiters)
         ranked = counts.most_common()
         majority = ranked[0][0] if len(ranked) == 1 or ranked[0][1] > ranked[1][1] else None
+        # Ranks in different ops: the majority waits for the few in another op; an even split has no
+        # majority and no edge (the verdict cannot tell which side is wrong).
+        minority = [p for p in waiters if majority is not None and p.wait != majority]
+        elsewhere = [p for p in peers if not _group_wait(p, moving_calls)]
         for waiter in waiters:
             kind = "collective" if in_collective(waiter) else "peers"
-            for peer in peers:
-                if peer is waiter:
-                    continue
-                if _group_wait(peer, moving_calls):
-                    # Ranks in different ops: the majority waits for the few in another op; an even split
-                    # has no majority and no edge (the verdict cannot tell which side is wrong).
-                    if peer.wait != waiter.wait and waiter.wait == majority:
-                        graph.link(node_key(waiter), node_key(peer), kind,
-                                   f"in {_op(waiter)} while {_who(peer)} is in {_op(peer)}: the ops differ")
-                    continue
+            for peer in minority if waiter.wait == majority else ():
+                graph.link(node_key(waiter), node_key(peer), kind,
+                           f"in {_op(waiter)} while {_who(peer)} is in {_op(peer)}: the ops differ")
+            for peer in elsewhere:
                 graph.link(node_key(waiter), node_key(peer), kind,
                            f"waits in {_op(waiter)} for {_who(peer)}, which is not in it ({peer.activity})")
         live_ranks = {p.rank for p in peers if p.rank is not None}

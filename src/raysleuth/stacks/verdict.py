@@ -47,6 +47,7 @@ from collections.abc import Callable
 from typing import Any
 
 from raysleuth.cluster.records import RayTask
+from raysleuth.options import format_ranks
 from raysleuth.stacks.analysis import headline, signature, wait_chains
 from raysleuth.stacks.causes import Candidate, collective_candidates, extra_candidates, make_culprit, sink_candidate
 from raysleuth.stacks.graph import WAITING, WaitGraph, build_graph, node_key
@@ -90,10 +91,14 @@ EXTRA_RULES: list[Rule] = []
 
 
 def _who(processes: list[ProcessStack]) -> str:
+    """``rank 3``, ``ranks [0, 2]``, ``ranks 0-6,8-999`` past 8 ranks (a reason stays short at 1,000 ranks)."""
     ranks = sorted(p.rank for p in processes if p.rank is not None)
     if len(ranks) == len(processes):
+        if len(ranks) > 8:
+            return f"ranks {format_ranks(ranks)}"
         return f"rank{'s' if len(ranks) != 1 else ''} {ranks if len(ranks) != 1 else ranks[0]}"
-    return f"pid{'s' if len(processes) != 1 else ''} {[p.pid for p in processes]}"
+    pids = [p.pid for p in processes]
+    return f"pid{'s' if len(pids) != 1 else ''} {pids if len(pids) <= 8 else f'{pids[:8]} and {len(pids) - 8} more'}"
 
 
 # ------------------------------------------------------------------- verdict
@@ -116,12 +121,11 @@ def build_verdict(processes: list[ProcessStack], tasks: list[RayTask] | None = N
     cycles = [cycle for cycle in graph.cycles() if all(graph.nodes[key].state in WAITING for key in cycle)]
     candidates = collective_candidates(processes, context) + extra_candidates(
         processes, context, EXTRA_RULES + list(extra_rules or []))
-    stuck = [p for p in processes if p.activity in WAITING]
-    for process in stuck:
-        for sink in graph.sinks_from(node_key(process)):
-            found = sink_candidate(graph, sink, context)
-            if found is not None:
-                candidates.append(found)
+    sinks = {sink for p in processes if p.activity in WAITING for sink in graph.sinks_from(node_key(p))}
+    for sink in sorted(sinks):  # each sink judged once, however many wait for it
+        found = sink_candidate(graph, sink, context)
+        if found is not None:
+            candidates.append(found)
     if cycles:
         _deadlock(verdict, graph, cycles)
     elif candidates:
