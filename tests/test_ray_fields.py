@@ -31,7 +31,7 @@ ALLOWED = {
     ("cluster/state.py", "is_alive"): "a State API filter names the field it filters on",
     ("integrations/verl.py", "worker_pid"): "raysleuth's own verl_call record data, not a State API row",
     ("stacks/clues.py", "worker_pid"): "reads raysleuth's verl_call records (integrations.verl writes them)",
-    ("stacks/verdict.py", "worker_pid"): "the recorded calls from stacks.clues (raysleuth's own data)",
+    ("stacks/graph.py", "worker_pid"): "the recorded calls from stacks.clues (raysleuth's own data)",
     ("report/sections.py", "func_or_class_name"): "reads stored `tasks` evidence (older rows), not the State API",
     ("report/sections.py", "required_resources"): "PendingTask's own field in stored `tasks` evidence",
 }

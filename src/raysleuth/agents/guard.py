@@ -4,7 +4,7 @@ An agent is a long-lived actor that anyone who can call Ray actors can
 reach, so its two general-purpose doors are narrowed:
 
 - ``run_tool(argv)`` runs only :data:`TOOLS`: ``ps`` (the process listing of
-  ``raysleuth stacks``) and ``py-spy dump`` (stacks), each found by the
+  ``raysleuth stacks``), ``py-spy dump`` (stacks) and ``py-spy record`` (stragglers' sampling), each found by the
   agent itself (a program of the same name elsewhere is refused);
 - ``read_files(paths)`` reads only under Ray's session folder of this node
   (logs, raysleuth's fatal-signal files), ``$RAYSLEUTH_HOME``, and
@@ -25,7 +25,7 @@ from raysleuth.errors import PermissionDenied
 __all__ = ["TOOLS", "check_paths", "check_tool"]
 
 #: Program name -> the first arguments it may be given (None: any arguments).
-TOOLS: dict[str, frozenset[str] | None] = {"ps": None, "py-spy": frozenset({"dump"})}
+TOOLS: dict[str, frozenset[str] | None] = {"ps": None, "py-spy": frozenset({"dump", "record"})}
 
 
 def check_tool(argv: list[str]) -> None:

@@ -113,8 +113,11 @@ def sink_candidate(graph: WaitGraph, key: str, context: Any) -> Candidate | None
         evidence = node.detail["not returned"]
         return Candidate(2, key, make_culprit(process, f"{evidence}: {headline(process)}", "call not returned",
                                                evidence=evidence))
-    if process.activity == "blocked" and _in_user_code(process):
-        rule = "peers" if kinds & {"collective", "peers"} else "wait-for chain"
+    waited_by_peers = bool(kinds & {"collective", "peers"})
+    if process.activity == "blocked" and (waited_by_peers or _in_user_code(process)):
+        # Peers that wait for it are evidence enough; a caller's ray.get alone is not when it is blocked in a
+        # library (it may wait on something unseen), only when it is blocked in the user's code.
+        rule = "peers" if waited_by_peers else "wait-for chain"
         left = [n.process for n in graph.nodes.values() if n.process is not None and n.process is not process
                 and n.process.group is not None and n.process.group == process.group]
         if rule == "wait-for chain" and left and all(p.activity == "returned" for p in left):

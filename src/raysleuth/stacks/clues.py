@@ -48,7 +48,8 @@ def recorded_calls() -> list[dict[str, Any]]:
         key = ("verl", row.data.get("task_id") or (row.rank, row.name, row.time))
         if row.data.get("state") == "submitted":
             calls[key] = {"kind": "verl_call", "method": row.data.get("method") or row.name, "rank": row.rank,
-                          "returned": False, "submitted": row.time, "worker_pid": row.data.get("worker_pid")}
+                          "returned": False, "submitted": row.time, "worker_pid": row.data.get("worker_pid"),
+                          "job_id": row.job_id}
         elif row.data.get("state") == "returned" and key in calls:
             calls[key]["returned"] = True
     for row in pool_rows:
@@ -57,7 +58,7 @@ def recorded_calls() -> list[dict[str, Any]]:
             continue
         entry = calls.setdefault(("pool", call_id), {"kind": "pool_call", "method": row.data.get("function") or row.name,
                                                      "rank": None, "returned": False, "submitted": row.time,
-                                                     "worker_pid": None})
+                                                     "worker_pid": None, "job_id": row.job_id})
         state = row.data.get("state")
         if state == "submitted":
             entry["submitted"] = row.time

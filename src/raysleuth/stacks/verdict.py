@@ -272,8 +272,7 @@ def _invisible_coroutines(processes: list[ProcessStack], graph: WaitGraph) -> li
     notes = []
     for process in processes:
         waited_on = bool(graph.into(node_key(process)))
-        if process.event_loop and process.coroutines is None and (
-                process.activity in WAITING or (waited_on and process.activity == "returned")):
+        if process.event_loop and process.coroutines is None and (process.activity in WAITING or waited_on):
             notes.append(f"{process.label} is an async actor whose coroutines are invisible from outside: run the "
                          "job under `raysleuth run` (or give Ray the setup hook raysleuth.setup_worker) to list what "
                          "each request awaits; on Python >= 3.14, `python -m asyncio pstree PID` reads them")

@@ -140,7 +140,9 @@ class Watchdog:
             pids = {worker.pid for worker in cluster.workers(alive_only=True)}
         except Exception:  # no State API: keep them all rather than hide a hang
             return ranks
-        return [rank for rank in ranks if rank.pid is None or rank.pid in pids]
+        gone = [rank for rank in ranks if rank.pid is not None and rank.pid not in pids]
+        self.tracker.forget(gone)  # an earlier job's ranks: they never finish or stall again
+        return [rank for rank in ranks if rank not in gone]
 
     def _unreturned_calls(self, now: float) -> StallEvent | None:
         """Calls of an instrumented verl worker group that have not returned for the stall time."""

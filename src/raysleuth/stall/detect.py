@@ -131,6 +131,12 @@ class StallTracker:
         order = lambda r: (r.rank, str(r.job_id), r.pid or 0)  # noqa: E731
         return sorted(fresh, key=order), sorted(others, key=order), stopped
 
+    def forget(self, ranks: Iterable[RankProgress]) -> None:
+        """Stop following these processes (they are gone)."""
+        for rank in ranks:
+            self.ranks.pop(rank.key, None)
+            self.reported.discard(rank.key)
+
     def mark_reported(self, ranks: Iterable[RankProgress]) -> None:
         """Do not report these processes again until they advance."""
         self.reported.update(r.key for r in ranks)
