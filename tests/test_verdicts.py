@@ -77,7 +77,7 @@ def test_stuck_async_engine_without_raysleuth_is_hung_and_says_the_coroutines_ar
 
 def test_healthy_async_engine_is_busy(ray_cluster, shape, capsys):
     victim = shape("async_healthy")
-    for _ in range(2):
+    for _ in range(1):  # (bench/bench_verdicts.py repeats it)
         code, data = stacks(ray_cluster.address, victim, capsys)
         assert (code, _verdict(data)["state"]) == (0, "busy"), _verdict(data)
 
@@ -95,7 +95,7 @@ def test_two_actors_waiting_on_each_other_are_a_deadlock(ray_cluster, shape, cap
 @pytest.mark.parametrize("hook", [False, True], ids=["outside", "setup-hook"])
 def test_healthy_ddp_loop_that_sleeps_between_steps_is_busy(ray_cluster, shape, capsys, hook):
     victim = shape("ddp_sleep", *(["--hook"] if hook else []))
-    for _ in range(2):
+    for _ in range(1):  # (bench/bench_verdicts.py repeats it)
         code, data = stacks(ray_cluster.address, victim, capsys)
         assert (code, _verdict(data)["state"], _verdict(data)["culprits"]) == (0, "busy", []), _verdict(data)
 
@@ -119,6 +119,6 @@ def test_ranks_in_different_collectives_name_the_odd_one(ray_cluster, shape, cap
 
 def test_checkpoint_barrier_longer_than_the_window_is_busy(ray_cluster, shape, capsys):
     victim = shape("checkpoint")
-    for _ in range(3):
+    for _ in range(2):  # rank 0 spends all but milliseconds of every few steps writing: both calls see the barrier
         code, data = stacks(ray_cluster.address, victim, capsys)
         assert (code, _verdict(data)["state"], _verdict(data)["culprits"]) == (0, "busy", []), _verdict(data)

@@ -132,7 +132,7 @@ def build_verdict(processes: list[ProcessStack], tasks: list[RayTask] | None = N
         _root_causes(verdict, graph, candidates, processes)
     else:
         _without_root_cause(verdict, graph, processes, context)
-    verdict.notes = list(context.errors) + verdict.notes + _invisible_coroutines(processes, graph)
+    verdict.notes = list(context.errors) + verdict.notes + _invisible_coroutines(processes, graph, verdict.state)
     verdict.signals = _signals(processes)
     _consequences(verdict, graph, processes)
     return verdict
@@ -268,11 +268,15 @@ def _hung_summary(unexplained: list[ProcessStack]) -> str:
     return f"hung: {len(unexplained)} process(es) make no progress and no root cause was found — {where}{more}"
 
 
-def _invisible_coroutines(processes: list[ProcessStack], graph: WaitGraph) -> list[str]:
+def _invisible_coroutines(processes: list[ProcessStack], graph: WaitGraph, state: str) -> list[str]:
+    """Async actors whose coroutines we could not see, where they may be what is stuck: every one when the
+    verdict cannot tell (hung, unsure), else those waited on or waiting."""
     notes = []
+    unknown = state in ("hung", "unsure")
     for process in processes:
         waited_on = bool(graph.into(node_key(process)))
-        if process.event_loop and process.coroutines is None and (process.activity in WAITING or waited_on):
+        if process.event_loop and process.coroutines is None and process.role != "driver" and (
+                unknown or process.activity in WAITING or waited_on):
             notes.append(f"{process.label} is an async actor whose coroutines are invisible from outside: run the "
                          "job under `raysleuth run` (or give Ray the setup hook raysleuth.setup_worker) to list what "
                          "each request awaits; on Python >= 3.14, `python -m asyncio pstree PID` reads them")
