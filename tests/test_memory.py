@@ -77,6 +77,9 @@ def test_threshold_trigger_fires_once_and_leaves_a_capsule(ray_cluster):
     from raysleuth.memory import read_sample
     from raysleuth.recorder import get_client
 
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").malloc_trim(0)  # earlier modules' freed heap would take the new bytes without RSS growing
     base = read_sample()["rss_bytes"]
     trigger = rs.memory.on_threshold(base + 40 * MiB, "capture", interval=0.05, name="test-threshold")
     try:

@@ -4,7 +4,7 @@ An agent is a long-lived actor that anyone who can call Ray actors can
 reach, so its two general-purpose doors are narrowed:
 
 - ``run_tool(argv)`` runs only :data:`TOOLS`: ``ps`` (the process listing of
-  ``raysleuth stacks``), ``py-spy dump`` (stacks) and ``py-spy record`` (stragglers' sampling), each found by the
+  ``raysleuth stacks``), ``py-spy dump`` (stacks) and ``py-spy record -o /dev/stdout`` (stragglers' sampling: never a file), each found by the
   agent itself (a program of the same name elsewhere is refused);
 - ``read_files(paths)`` reads only under Ray's session folder of this node
   (logs, raysleuth's fatal-signal files), ``$RAYSLEUTH_HOME``, and
@@ -44,6 +44,19 @@ def check_tool(argv: list[str]) -> None:
     if allowed is not None and (len(argv) < 2 or argv[1] not in allowed):
         raise PermissionDenied(f"raysleuth agent: run_tool refuses {name} {' '.join(argv[1:2])!r}",
                                fix=f"{name} runs only as: {', '.join(f'{name} {verb}' for verb in sorted(allowed))}")
+    if name == "py-spy" and argv[1] == "record" and _output_of(argv) != "/dev/stdout":
+        raise PermissionDenied(f"raysleuth agent: run_tool refuses py-spy record writing to {_output_of(argv)!r}",
+                               fix="py-spy record runs only with -o /dev/stdout (its samples come back, no file)")
+
+
+def _output_of(argv: list[str]) -> str | None:
+    """The file ``py-spy record`` would write (``-o``/``--output``), or None."""
+    for index, part in enumerate(argv):
+        if part in ("-o", "--output") and index + 1 < len(argv):
+            return argv[index + 1]
+        if part.startswith("--output="):
+            return part.split("=", 1)[1]
+    return None
 
 
 def _roots() -> list[Path]:

@@ -30,6 +30,17 @@ def _read_hwm() -> int | None:
     return None
 
 
+def _trim_heap() -> None:
+    """Hand the allocator's free heap back to the system (glibc ``malloc_trim``): without it, a block that
+    allocates what earlier code freed reuses resident pages and its peak does not show in RSS."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc
+
+
 def _reset_hwm() -> bool:
     """Reset the kernel's peak-RSS mark (Linux ``clear_refs`` 5); False where not allowed."""
     try:
@@ -86,6 +97,7 @@ class MemoryBufferManager:
         try:
             if self.free_cache:
                 gc.collect()
+                _trim_heap()
             cuda = _torch_cuda()
             if cuda is not None:
                 self.metric = "cuda_allocated_bytes"
