@@ -65,8 +65,9 @@ def sample(report: StackReport, targets: dict[str, list[ProcessStack]], found: d
                     deadline=deadline, per_process_timeout=per_process_timeout, parallel=parallel, interval=interval)
             clues["records"] = pool.submit(_safe, progress_records, started_wall)
             clues["coroutines"] = pool.submit(_safe, read_coroutines, _result(coroutines, deadline, report, "") or None)
-        jobs = {p.job_id for procs in targets.values() for p in procs if p.job_id and p.role != "driver"}
-        clues["failed"] = pool.submit(_safe, failed_calls, jobs)
+        if two:  # (one sample is the quick look: it stays as fast as before, without the failed calls' listing)
+            jobs = {p.job_id for procs in targets.values() for p in procs if p.job_id and p.role != "driver"}
+            clues["failed"] = pool.submit(_safe, failed_calls, jobs)
         for name, future in clues.items():
             found[name] = _result(future, deadline, report, name)
     finally:
