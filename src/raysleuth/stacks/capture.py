@@ -30,7 +30,7 @@ from raysleuth.errors import UsageError, WorkerNotFound
 from raysleuth.labels.live import apply_notes, collect_hints, merge_hints, registered_labels
 from raysleuth.stacks.analysis import group_processes
 from raysleuth.stacks.model import Missing, ProcessStack, StackReport
-from raysleuth.stacks.sampling import sample
+from raysleuth.stacks.sampling import safely as _safe, sample
 from raysleuth.stacks.spy import NOT_PYTHON
 from raysleuth.stacks.verdict import VerdictContext, build_verdict
 
@@ -60,13 +60,6 @@ def is_own_actor(label: dict[str, Any]) -> bool:
     name = label.get("actor_name") or ""
     return (name in OWN_NAMES or name.startswith(OWN_PREFIXES) or label.get("actor_class") in OWN_CLASSES
             or label.get("namespace") == agents.NAMESPACE)
-
-
-def _safe(function, *args, **kwargs) -> tuple[Any, str | None]:
-    try:
-        return function(*args, **kwargs), None
-    except Exception as error:  # partial results: the reason goes into the report
-        return None, f"{type(error).__name__}: {str(error)[:200]}"
 
 
 def dump_stacks(

@@ -26,12 +26,13 @@ from raysleuth.stacks.model import Missing, ProcessStack, StackReport
 from raysleuth.stacks.progress import classify, thread_deltas
 from raysleuth.stacks.spy import spy_round
 
-__all__ = ["sample"]
+__all__ = ["safely", "sample"]
 
 _TERMINAL = ("FINISHED", "FAILED")
 
 
-def _safe(function, *args, **kwargs) -> tuple[Any, str | None]:
+def safely(function, *args, **kwargs) -> tuple[Any, str | None]:
+    """``(function(...), None)``, or ``(None, "Error: why")``: a clue that fails is a reason, never a crash."""
     try:
         return function(*args, **kwargs), None
     except Exception as error:  # partial results: the reason goes into the report
@@ -54,20 +55,20 @@ def sample(report: StackReport, targets: dict[str, list[ProcessStack]], found: d
     pool = ThreadPoolExecutor(max_workers=5)
     try:
         two = samples > 1
-        clues = {"dead": pool.submit(_safe, dead_actors), "calls": pool.submit(_safe, recorded_calls),
-                 "collectives": pool.submit(_safe, functools.partial(collective_positions, request=two))}
-        coroutines = pool.submit(_safe, request_coroutines) if two else None
+        clues = {"dead": pool.submit(safely, dead_actors), "calls": pool.submit(safely, recorded_calls),
+                 "collectives": pool.submit(safely, functools.partial(collective_positions, request=two))}
+        coroutines = pool.submit(safely, request_coroutines) if two else None
         first = time.monotonic()
         tools = spy_round(report, targets, found, native, include_idle, deadline, per_process_timeout, parallel)
         report.timings["py_spy"] = time.monotonic() - first
         if two and any(proc.threads for procs in targets.values() for proc in procs):
             _second(report, targets, found, pool, tools, first, native=native, include_idle=include_idle,
                     deadline=deadline, per_process_timeout=per_process_timeout, parallel=parallel, interval=interval)
-            clues["records"] = pool.submit(_safe, progress_records, started_wall)
-            clues["coroutines"] = pool.submit(_safe, read_coroutines, _result(coroutines, deadline, report, "") or None)
+            clues["records"] = pool.submit(safely, progress_records, started_wall)
+            clues["coroutines"] = pool.submit(safely, read_coroutines, _result(coroutines, deadline, report, "") or None)
         if two:  # (one sample is the quick look: it stays as fast as before, without the failed calls' listing)
             jobs = {p.job_id for procs in targets.values() for p in procs if p.job_id and p.role != "driver"}
-            clues["failed"] = pool.submit(_safe, failed_calls, jobs)
+            clues["failed"] = pool.submit(safely, failed_calls, jobs)
         for name, future in clues.items():
             found[name] = _result(future, deadline, report, name)
     finally:
@@ -106,7 +107,7 @@ def _second(report: StackReport, targets: dict[str, list[ProcessStack]], found: 
               tools=tools, second=True)
     after, window = thread_times(again, max(0.5, min(5.0, deadline - time.monotonic()))), \
         time.monotonic() - window_start
-    tasks_now = pool.submit(_safe, cluster.tasks, not_states=_TERMINAL, detail=True)
+    tasks_now = pool.submit(safely, cluster.tasks, not_states=_TERMINAL, detail=True)
     report.timings["py_spy_2"] = time.monotonic() - second
     listed = _result(tasks_now, deadline, report, "running tasks (second listing)")
     was, now = _running(found["tasks"]), _running(listed.items if listed is not None else None)
