@@ -4,7 +4,7 @@ Six jobs run at once on the session cluster, each a real driver
 (victims/collective_faults.py, no raysleuth inside) given raysleuth only as
 Ray's worker setup hook, the way ``ray job submit --runtime-env-json`` hands
 it over. Rank 1 breaks the sequence at step 4; the healthy job keeps
-training while it is examined.
+training while it is examined (until the module ends: it never finishes).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ JOBS = {
 def jobs(ray_cluster):
     drivers = {}
     for fault, (mode, _) in JOBS.items():
-        steps, pause = {"healthy": (400, 0.1), "die": (8, 1.0)}.get(fault, (8, 0.3))
+        steps, pause = {"healthy": (100_000, 0.1), "die": (8, 1.0)}.get(fault, (8, 0.3))
         # A mismatch needs a third rank to outvote the one gloo may abort; the rest run 2 ranks (a smaller load).
         world_size = 3 if fault in ("skip", "shape", "op") else 2
         drivers[fault] = start_job(fault, ray_cluster.address, mode=mode, steps=steps, pause=pause, linger=300,

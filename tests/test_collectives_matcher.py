@@ -26,7 +26,7 @@ def load(fault: str) -> dict:
 def verdict(fault: str, **options):
     saved = load(fault)
     positions = positions_from_records(saved["records"], alive={tuple(a) for a in saved["alive"]})
-    return match(positions, now=saved["time"], **options)
+    return match(positions, **options)
 
 
 @pytest.mark.parametrize("fault, kind", [("skip", "skipped"), ("shape", "shape"), ("op", "op"),
@@ -69,7 +69,7 @@ def test_healthy_job_has_no_culprit_and_all_ranks_aligned():
 
 def test_without_liveness_a_dead_rank_reads_as_stuck_not_as_healthy():
     saved = load("die")
-    result = match(positions_from_records(saved["records"]), now=saved["time"])
+    result = match(positions_from_records(saved["records"]))
     assert [(c.rank, c.kind) for c in result.culprits] == [(1, "stuck")]
 
 
@@ -81,7 +81,7 @@ def test_flight_recorder_lagging_behind_a_returned_call_still_reads_stuck():
     for record in records:
         if record["data"]["rank"] == 1:
             record["data"]["flight_recorder"]["pg_status"]["0"]["last_completed_collective"] = "7"
-    result = match(positions_from_records(records, alive={tuple(a) for a in saved["alive"]}), now=saved["time"])
+    result = match(positions_from_records(records, alive={tuple(a) for a in saved["alive"]}))
     assert [(c.rank, c.kind) for c in result.culprits] == [(1, "stuck")]
     assert "never entered #9" in result.culprits[0].reason
 
@@ -101,7 +101,7 @@ def test_wrapper_only_records_give_the_same_culprit(fault):
     for record in records:
         record["data"]["flight_recorder"] = None
     positions = positions_from_records(records, alive={tuple(a) for a in saved["alive"]})
-    result = match(positions, now=saved["time"])
+    result = match(positions)
     assert [c.rank for c in result.culprits] == [1]
 
 
@@ -114,7 +114,7 @@ def test_flight_recorder_entries_carry_the_wrapper_frame():
 
 def test_collective_culprits_is_the_stacks_rule():
     saved = load("skip")
-    culprits = collective_culprits(saved["records"], alive={tuple(a) for a in saved["alive"]}, now=saved["time"])
+    culprits = collective_culprits(saved["records"], alive={tuple(a) for a in saved["alive"]})
     assert len(culprits) == 1
     culprit = culprits[0]
     assert culprit["rank"] == 1 and culprit["rule"] == "collective positions" and culprit["kind"] == "skipped"

@@ -235,3 +235,23 @@ def test_the_hook_raysleuth_run_ships_tolerates_a_node_without_raysleuth(tmp_pat
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "worker runs on"
     assert tolerant_setup_hook().__module__ == "__main__"  # pickled by value, never by reference
+
+
+def test_the_last_look_at_deaths_runs_at_exit_while_thread_pools_still_take_work():
+    """The driver's last look reads logs and asks node agents through thread pools; run from plain ``atexit``
+    every pool refused it ("cannot schedule new futures after interpreter shutdown") and a rank killed just
+    before the job ended was never stored. The real last look is swapped for one that uses a pool the same way."""
+    script = (
+        "import concurrent.futures, raysleuth.deaths.watch as watch, raysleuth.worker_setup.hook as hook\n"
+        "def look():\n"
+        "    with concurrent.futures.ThreadPoolExecutor(2) as pool:\n"
+        "        print('looked', sum(pool.map(abs, [-1, -2])), flush=True)\n"
+        "watch.last_look = look\n"
+        "hook._look_at_deaths_on_exit()\n"
+        "print('job done', flush=True)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parent.parent / "src"),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    env.pop("RAYSLEUTH_MODE", None)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["job done", "looked 3"], (done.stdout, done.stderr)

@@ -39,7 +39,7 @@ PENDING_AFTER = 5.0
 """A collective that has not completed this many seconds after it was issued is a wait."""
 
 
-def match(positions: list[RankPositions], *, dead_ranks: Iterable[int] = (), now: float | None = None,
+def match(positions: list[RankPositions], *, dead_ranks: Iterable[int] = (),
           pending_after: float = PENDING_AFTER, last: int = 8, group: str | None = None) -> CollectiveVerdict:
     """Align every process group and name the ranks that broke its sequence."""
     dead = set(dead_ranks) | {p.rank for p in positions if p.alive is False}
@@ -49,7 +49,7 @@ def match(positions: list[RankPositions], *, dead_ranks: Iterable[int] = (), now
         info = next((p.group_info[name] for p in positions if name in p.group_info), {})
         if group is not None and group not in (name, info.get("desc")):
             continue
-        groups.append(_align(name, info, positions, dead, now, pending_after, last))
+        groups.append(_align(name, info, positions, dead, pending_after, last))
     culprits = [f for g in groups for f in g.findings]
     culprits.sort(key=lambda f: _KIND_ORDER.get(f.kind, 9))
     seen: set[int] = set()
@@ -77,7 +77,7 @@ def _ranks_text(ranks: Iterable[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + format_ranks(ranks)
 
 
-def _align(name, info, positions, dead, now, pending_after, last) -> GroupAlignment:
+def _align(name, info, positions, dead, pending_after, last) -> GroupAlignment:
     members = {p.rank: p for p in positions if name in p.groups}
     declared = [r for r in info.get("ranks") or [] if isinstance(r, int)]
     ranks = sorted(set(members) | set(declared))
@@ -95,7 +95,7 @@ def _align(name, info, positions, dead, now, pending_after, last) -> GroupAlignm
     label = info.get("desc") if info.get("desc") not in (None, "", "undefined") else f"group {name}"
     findings = _mismatch(name, label, members, dead)
     if not findings:
-        findings = _positions(name, label, ranks, members, lasts, dead, now, pending_after)
+        findings = _positions(name, label, ranks, members, lasts, dead, pending_after)
     return GroupAlignment(name=name, desc=str(info.get("desc") or ""), ranks=ranks, rows=rows, findings=findings,
                           last=lasts)
 
@@ -188,19 +188,20 @@ def _mismatch_finding(name, label, rank, entry, reference, majority, upcoming, i
                    step=entry.step, pid=item.pid, node_ip=item.node_ip)
 
 
-def _stopped(item: RankPositions, name: str, now: float | None, pending_after: float) -> bool:
+def _stopped(item: RankPositions, name: str, pending_after: float) -> bool:
     entry = item.last(name)
     if entry is None:
         return False
     if entry.state == "error":
         return True
-    at = item.dumped_at if now is None or item.alive is False else max(item.dumped_at, now if item.alive else 0)
-    return entry.state == "pending" and entry.created is not None and at - entry.created >= pending_after
+    # Pending for as long as its own dump saw it, never until "now": a rank that did not answer this request
+    # may have finished that collective long ago (an old dump of a live, healthy rank is not a stuck rank).
+    return entry.state == "pending" and entry.created is not None and item.dumped_at - entry.created >= pending_after
 
 
-def _positions(name, label, ranks, members, lasts, dead, now, pending_after) -> list[Finding]:
+def _positions(name, label, ranks, members, lasts, dead, pending_after) -> list[Finding]:
     """Without a mismatch: who keeps the others waiting (dead, stuck before, behind, or alone ahead)."""
-    stopped = [r for r in ranks if r in members and r not in dead and _stopped(members[r], name, now, pending_after)]
+    stopped = [r for r in ranks if r in members and r not in dead and _stopped(members[r], name, pending_after)]
     if not stopped:
         return []
     top = max(lasts.values())
@@ -214,7 +215,7 @@ def _positions(name, label, ranks, members, lasts, dead, now, pending_after) -> 
         waiting += f" ({head.where()}"
         waiting += f", step {head.step})" if head.step is not None else f", call {head.call})" if head.call else ")"
     if len(leaders) < len(laggards) and not any(r in dead for r in laggards) \
-            and not any(_stopped(members[r], name, now, pending_after) for r in laggards if r in members):
+            and not any(_stopped(members[r], name, pending_after) for r in laggards if r in members):
         return [Finding(rank=r, kind="ahead", group=name, seq=top, file=head.file, line=head.line, step=head.step,
                         pid=members[r].pid, node_ip=members[r].node_ip,
                         reason=f"rank {r} is ahead: it waits alone in #{top} {head.describe()} in {label}, "
@@ -263,7 +264,7 @@ def _dead_finding(name, label, rank, members, leaders, top, waiting: str | None 
 
 
 def collective_culprits(records: Iterable[dict[str, Any]], *, alive: set | None = None,
-                        dead_ranks: Iterable[int] = (), now: float | None = None,
+                        dead_ranks: Iterable[int] = (),
                         pending_after: float = PENDING_AFTER, job: str | None = None) -> list[dict[str, Any]]:
     """The stacks verdict's "collective positions" rule: culprit dicts from ``collectives`` records.
 
@@ -273,5 +274,5 @@ def collective_culprits(records: Iterable[dict[str, Any]], *, alive: set | None 
     pid, node_ip.
     """
     positions = positions_from_records(records, alive=alive, job=job)
-    verdict = match(positions, dead_ranks=dead_ranks, now=now, pending_after=pending_after)
+    verdict = match(positions, dead_ranks=dead_ranks, pending_after=pending_after)
     return [c.to_dict() for c in verdict.culprits]

@@ -133,7 +133,7 @@ def collect_collectives(address: str | None = None, *, run: str | None = None, h
         store.close()
     alive = _alive_processes() if live else None
     positions = positions_from_records(records, alive=alive, job=job)
-    verdict = match(positions, now=time.time() if live else None, pending_after=pending_after, last=last, group=group)
+    verdict = match(positions, pending_after=pending_after, last=last, group=group)
     if records and live and request_id and positions and not answered:
         notes.append(f"no worker answered the dump request within {wait:.0f}s; positions are from earlier dumps")
     job_id = job or latest_job(records)

@@ -146,14 +146,28 @@ _looking = False
 
 
 def _look_at_deaths_on_exit() -> None:
-    """At the driver's exit, before Ray's shutdown (atexit runs last-registered first): store the deaths the
-    writer's watch has not stored yet, so a rank killed just before the job ended is not forgotten."""
+    """At the driver's exit, before Ray's shutdown: store the deaths the writer's watch has not stored yet,
+    so a rank killed just before the job ended is not forgotten.
+
+    Registered with the interpreter's *thread* exit hooks, not ``atexit``: those run first, while
+    ``concurrent.futures`` still takes work (it refuses new futures once its own thread exit hook ran, and
+    the look reads logs and asks node agents through thread pools). They run last-registered first, so
+    ``concurrent.futures.thread`` is imported (its hook registered) before ours. ``atexit`` is the fallback
+    where the interpreter has no such hooks."""
     global _looking
     if _looking or os.environ.get("RAYSLEUTH_MODE", "light") == "off":
         return
     _looking = True
     import atexit
+    import concurrent.futures.thread  # noqa: F401 (registers its exit hook before ours)
+    import threading
 
     from raysleuth.deaths.watch import last_look
 
-    atexit.register(last_look)
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is None:
+            raise AttributeError("no thread exit hooks")
+        register(last_look)
+    except Exception:
+        atexit.register(last_look)
