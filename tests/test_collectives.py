@@ -103,7 +103,7 @@ def test_cli_names_the_culprit_and_exits_1(ray_cluster, jobs, reports, capsys):
     assert code == 1
     assert [(c["rank"], c["kind"]) for c in data["culprits"]] == [(1, "op")]
     assert data["groups"][0]["label"] == "default_pg"
-    code = main(["collectives", "--address", ray_cluster.address, "--job", jobs["healthy"]["job"], "--wait", "2"])
+    code = main(["collectives", "--address", ray_cluster.address, "--job", jobs["healthy"]["job"], "--wait", "8"])
     out = capsys.readouterr().out
     assert code == 0 and "rank 1" in out and "all_reduce(float32[64,64])" in out
 

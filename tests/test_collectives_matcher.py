@@ -226,3 +226,34 @@ def test_gloo_and_nccl_flight_recorders_are_read_together():
     assert merged["pg_status"]["0"]["last_enqueued_collective"] == "3"  # the recorder that group really used
     assert merged["pg_status"]["1"]["last_enqueued_collective"] == "1"
     assert _read_fr(SimpleNamespace(_dump_fr_trace_json=lambda includeCollectives: b"not json"), True) is None
+
+
+def test_an_old_dump_of_a_pending_rank_is_not_stuck_now():
+    """Rank 1 was dumped mid-collective (pending 0.2 s) and has not dumped since: it was busy, not stuck, even
+    if that dump is old. Only a dump that itself saw the wait past pending_after says it stopped."""
+    ranks = [_rank(0, [_ar(s) for s in range(1, 40)], dumped_at=200.0),
+             _rank(1, [_ar(1), _ar(2, state="pending", created=99.8)], dumped_at=100.0)]
+    assert match(ranks).culprits == []
+    ranks[1] = _rank(1, [_ar(1), _ar(2, state="pending", created=90.0)], dumped_at=100.0)  # it saw 10 s
+    assert [c.rank for c in match(ranks).culprits] == [1]
+
+
+def _report(ranks, *, answered, alive=(0, 1)):
+    from raysleuth.collectives.report import CollectivesReport, missing_data
+
+    report = CollectivesReport(run="r", job_id="j", live=True, requested=True, answered=answered,
+                               ranks=[{"rank": p.rank, "alive": p.rank in alive, "dumped_at": p.dumped_at}
+                                      for p in ranks], verdict=match(ranks, last=4))
+    report.missing, report.unanswered = missing_data(report, True, None)
+    return report
+
+
+def test_a_live_rank_that_did_not_answer_is_cannot_tell_not_a_problem():
+    ranks = [_rank(0, [_ar(s) for s in range(1, 40)], dumped_at=200.0), _rank(1, [_ar(s) for s in range(1, 9)])]
+    late = _report(ranks, answered=[0])
+    assert late.unanswered == [1] and late.missing == [] and late.exit_code == 2
+    assert "did not answer" in late.to_dict()["summary"]
+    gone = _report(ranks, answered=[0], alive=(0,))  # the same positions, but the process is dead
+    assert gone.unanswered == [] and "left no positions" in gone.missing[0] and gone.exit_code == 1
+    ranks[1] = _rank(1, [_ar(s) for s in range(1, 39)], dumped_at=200.0)
+    assert _report(ranks, answered=[0, 1]).exit_code == 0

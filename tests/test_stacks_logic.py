@@ -447,6 +447,40 @@ def test_a_stuck_coroutine_is_the_root_cause_and_its_caller_a_consequence():
     assert verdict.state == "hung" and any("coroutines are invisible" in note for note in verdict.notes)
 
 
+def test_an_async_controller_awaiting_unseen_work_is_explained_by_its_jobs_progress():
+    """Ray Train's controller awaits a 2 s timer between polls of its workers: in a window between polls no
+    call of it is listed and its loop may wake once. With its job's workers making progress the job is busy;
+    with nothing of its job moving (a hung async engine) it stays hung."""
+    job = "06000000"
+    loop = thread(600, [frame("BaseEventLoop.run_forever", "/usr/lib/python3.11/asyncio/base_events.py", 608,
+                              "asyncio/base_events.py")], name="AsyncIO Thread: default", os_thread_id=601)
+
+    def shapes(workers_move):
+        controller = ProcessStack(pid=600, node_id="n1", node_ip="10.0.0.1", role="actor",
+                                  actor_class="TrainController", job_id=job, task_name="TrainController.run",
+                                  event_loop=True, threads=parse_py_spy([thread(600, RAY_BOTTOM[1:]), loop], pid=600),
+                                  **sampled(False))
+        driver = ProcessStack(pid=1, node_id="n1", node_ip="10.0.0.1", role="driver", job_id=job,
+                              threads=parse_py_spy([thread(1, RAY_GET + [frame("<module>", "/job/d.py", 9)])], pid=1))
+        workers = [ddp_rank(610 + r, r, [frame("train_func", "/job/train.py", 30)], moved=workers_move)
+                   for r in range(2)]
+        for worker in workers:
+            worker.job_id = job
+        return [driver, controller, *workers]
+
+    tasks = [RayTask.from_state({"task_id": "t1", "parent_task_id": "f" * 40 + job, "name": "TrainController.run",
+                                 "worker_pid": 600, "node_id": "n1", "state": "RUNNING"})]
+    verdict = build_verdict(shapes(True), tasks, context=VerdictContext(samples=2))
+    assert verdict.state == "busy" and verdict.exit_code == 0, verdict.summary
+    alone = [p for p in shapes(True) if p.actor_class != "DDPRank"]  # an engine whose job has nothing else moving
+    verdict = build_verdict(alone, tasks, context=VerdictContext(samples=2))
+    assert verdict.state == "hung" and verdict.exit_code == 1, verdict.summary
+    seen = shapes(True)
+    seen[1].coroutines = []  # its coroutines are listed (the setup hook) and none awaits: nothing unseen to excuse it
+    verdict = build_verdict(seen, tasks, context=VerdictContext(samples=2))
+    assert verdict.state == "hung", verdict.summary
+
+
 def test_a_skipped_collective_has_one_root_cause_and_its_victims_are_consequences():
     """rank 1 skipped all_reduce; gloo aborted rank 0; rank 3's call errored; ranks 1 and 2 wait."""
     ranks = [ddp_rank(600 + r, r, ALL_REDUCE, moved=False) for r in (1, 2)]

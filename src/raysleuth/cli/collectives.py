@@ -45,7 +45,7 @@ def collectives(
     run = _stored_run_without_cluster(run, address, home)
     report = collect_collectives(address, run=run, home=home_path(home) if (home or run) else None, wait=wait,
                                  job=job, group=pg, last=last, pending_after=pending_after)
-    code = 1 if report.culprits else (2 if not report.compared else 1) if report.missing else 0
+    code = report.exit_code
     if pg is not None and not report.verdict.groups and report.groups_seen:
         raise UsageError(f"no process group {pg!r} in this run's collectives",
                          fix=f"pick one of: {', '.join(report.groups_seen)}")
@@ -71,6 +71,10 @@ def render_collectives(report) -> None:
         console.print("[yellow]not enough data to compare the collective sequences:[/yellow]")
         for line in report.missing:
             console.print(f"  [yellow]{escape(line)}[/yellow]", soft_wrap=True)
+    elif report.unanswered:
+        from raysleuth.collectives.report import unanswered_text
+
+        console.print(f"[yellow]{escape(unanswered_text(report.unanswered))}[/yellow]", soft_wrap=True)
     else:
         console.print(f"[green]{escape(report.verdict.summary)}[/green]")
 

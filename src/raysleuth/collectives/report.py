@@ -41,6 +41,19 @@ class CollectivesReport:
     """What was not there to compare, and how to get it (never an all-clear when not empty)."""
     groups_seen: list[str] = dataclasses.field(default_factory=list)
     """Every process group the records name (``--pg`` picks among them)."""
+    unanswered: list[int] = dataclasses.field(default_factory=list)
+    """Live ranks whose newest positions fall outside the rows shown because they did not answer this dump
+    request in time: nothing is known of where they are now (the verdict cannot tell, never "agree")."""
+
+    @property
+    def exit_code(self) -> int:
+        """1: a culprit, or ranks left no positions (aborted, never dumped); 2: nothing, or not all of the live
+        ranks, could be compared; 0: every rank's sequence was seen and they agree."""
+        if self.culprits:
+            return 1
+        if self.missing:
+            return 1 if self.compared else 2
+        return 2 if self.unanswered else 0
 
     @property
     def culprits(self):
@@ -53,12 +66,20 @@ class CollectivesReport:
 
     def to_dict(self) -> dict[str, Any]:
         data = {k: getattr(self, k) for k in ("run", "job_id", "live", "requested", "answered", "ranks", "notes",
-                                               "missing", "groups_seen")}
+                                               "missing", "groups_seen", "unanswered")}
         data.update(self.verdict.to_dict())
         data["compared"] = self.compared
         if not self.culprits and self.missing:
             data["summary"] = "not enough data: " + "; ".join(self.missing)
+        elif not self.culprits and self.unanswered:
+            data["summary"] = unanswered_text(self.unanswered)
+        data["exit_code"] = self.exit_code
         return data
+
+
+def unanswered_text(ranks: list[int]) -> str:
+    return (f"cannot tell: rank(s) {', '.join(map(str, ranks))} did not answer the dump request in time and their "
+            f"newest positions are older than the rows shown; run again with a longer --wait")
 
 
 def request_dump(wait: float = 4.0, *, home: Path | str | None = None) -> tuple[str | None, float]:
@@ -143,7 +164,7 @@ def collect_collectives(address: str | None = None, *, run: str | None = None, h
                    for p in positions for name, info in p.group_info.items()} | {g for p in positions for g in p.groups})
     report = CollectivesReport(run=run, job_id=job_id, live=live, requested=request_id is not None,
                                answered=sorted(answered), ranks=ranks, verdict=verdict, notes=notes, groups_seen=seen)
-    report.missing = missing_data(report, bool(records), group)
+    report.missing, report.unanswered = missing_data(report, bool(records), group)
     return report
 
 
@@ -152,22 +173,28 @@ _HOW = ("run the job under `raysleuth run --mode full` (every rank dumps its col
         "gloo aborts leaves its last positions), or ask the live cluster: `raysleuth collectives` while it hangs")
 
 
-def missing_data(report: CollectivesReport, had_records: bool, group: str | None) -> list[str]:
-    """What was not there to compare (pure): no records, no entries, an unknown --pg, ranks that never dumped."""
+def missing_data(report: CollectivesReport, had_records: bool, group: str | None) -> tuple[list[str], list[int]]:
+    """What was not there to compare (pure): no records, no entries, an unknown --pg, ranks that never dumped;
+    and the live ranks absent from the rows shown only because they did not answer this request in time."""
     if not had_records:
-        return [f"no collectives records in this run: {_HOW}"]
+        return [f"no collectives records in this run: {_HOW}"], []
     if group is not None and not report.verdict.groups:
-        return [f"no process group {group!r} in the records (groups seen: {', '.join(report.groups_seen) or 'none'})"]
+        return [f"no process group {group!r} in the records (groups seen: "
+                f"{', '.join(report.groups_seen) or 'none'})"], []
     if not report.compared:
         return [f"the records hold no collective entries to compare (light mode dumps only on request and at exit): "
-                f"{_HOW}"]
-    missing = []
+                f"{_HOW}"], []
+    missing, unanswered = [], set()
+    alive = {item["rank"] for item in report.ranks if item.get("alive")}
+    late = alive - set(report.answered) if report.live and report.requested else set()
     for item in report.verdict.groups:
         silent = [rank for rank in item.ranks if not any(rank in row["ranks"] for row in item.rows)]
-        if silent:
-            missing.append(f"{item.label}: rank(s) {', '.join(map(str, silent))} left no positions (a process gloo "
+        unanswered.update(rank for rank in silent if rank in late)
+        gone = [rank for rank in silent if rank not in late]
+        if gone:
+            missing.append(f"{item.label}: rank(s) {', '.join(map(str, gone))} left no positions (a process gloo "
                            f"aborted, or one that never dumped): {_HOW}")
-    return missing
+    return missing, sorted(unanswered)
 
 
 def _wait_for_answers(store, request_id: str, asked_at: float, wait: float, job: str | None) -> set[int]:

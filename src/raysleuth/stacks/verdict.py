@@ -48,7 +48,7 @@ from typing import Any
 
 from raysleuth.cluster.records import RayTask
 from raysleuth.options import format_ranks
-from raysleuth.stacks.analysis import headline, signature, wait_chains
+from raysleuth.stacks.analysis import headline, is_ray_idle, key_thread, signature, wait_chains
 from raysleuth.stacks.causes import Candidate, collective_candidates, extra_candidates, make_culprit, sink_candidate
 from raysleuth.stacks.graph import WAITING, WaitGraph, build_graph, node_key
 from raysleuth.stacks.model import Consequence, Culprit, ProcessStack, Verdict, WaitLink
@@ -210,8 +210,8 @@ def _without_root_cause(verdict: Verdict, graph: WaitGraph, processes: list[Proc
     """No root cause: busy (progress seen), ok (an idle job), hung (no progress) or unsure (not measured)."""
     moving = [p for p in processes if p.activity in ("working", "active")]
     stuck = [p for p in processes if p.activity in WAITING and _relevant(graph, p, processes)]
-    unexplained = [p for p in stuck if not any(
-        graph.nodes[sink].state in ("working", "active") for sink in graph.sinks_from(node_key(p)))]
+    moving_jobs = {p.job_id for p in moving if p.job_id}
+    unexplained = [p for p in stuck if not _explained(graph, p, moving_jobs)]
     if unexplained and context.samples < 2:
         verdict.state = "unsure"
         verdict.summary = (f"unsure: {len(unexplained)} process(es) look blocked in this one sample and no root "
@@ -234,6 +234,25 @@ def _without_root_cause(verdict: Verdict, graph: WaitGraph, processes: list[Proc
     else:
         verdict.state = "ok"
         verdict.summary = "ok: an idle job — every process is idle in Ray's task loop and nothing waits"
+
+
+def _explained(graph: WaitGraph, process: ProcessStack, moving_jobs: set[str]) -> bool:
+    """A stuck process is explained when what it waits for makes progress: a sink that works, or only sinks
+    that are async actors awaiting something unseen (coroutines invisible, idle loop) in a job where other
+    processes make progress. Those may await exactly that progress (Ray Train's controller polls its workers
+    every 2 s: between polls no call of it is listed); with nothing of its job moving, it stays unexplained."""
+    sinks = graph.sinks_from(node_key(process))
+    if any(graph.nodes[sink].state in ("working", "active") for sink in sinks):
+        return True
+    return bool(sinks) and all(_awaits_unseen(graph.nodes[sink].process, moving_jobs) for sink in sinks)
+
+
+def _awaits_unseen(process: ProcessStack | None, moving_jobs: set[str]) -> bool:
+    if process is None or process.role == "driver" or not process.event_loop or process.coroutines is not None:
+        return False
+    thread = key_thread(process)
+    return (process.activity in WAITING and thread is not None and is_ray_idle(thread)
+            and process.job_id in moving_jobs)
 
 
 def _relevant(graph: WaitGraph, process: ProcessStack, processes: list[ProcessStack]) -> bool:
