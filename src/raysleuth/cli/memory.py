@@ -93,7 +93,7 @@ def memory(
         connect(address)
         since = _time.time()
         with _progress(duration, show=console.is_terminal and not json_):
-            done = sample_workers(duration, step)
+            done = sample_workers(duration, step, writer_timeout=writer_timeout())
         problems = done.problems
         if run is None:
             import ray

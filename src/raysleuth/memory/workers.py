@@ -316,8 +316,12 @@ def _targets(labels: dict) -> tuple[dict[str, list[int]], dict[tuple, dict], lis
     return per_node, headers, problems
 
 
-def sample_workers(duration: float = 30.0, interval: float = 1.0, *, timeout: float = 15.0) -> SampleRun:
+def sample_workers(duration: float = 30.0, interval: float = 1.0, *, timeout: float = 15.0,
+                   writer_timeout: float | None = None) -> SampleRun:
     """Sample every Ray worker process's RSS/USS through the node agents for ``duration`` seconds.
+
+    ``timeout``: for the node agents; ``writer_timeout`` (default: ``timeout``): for the writer to confirm
+    the samples at the end.
 
     Needs a connected Ray. Each sample is written to the run's evidence as
     kind ``memory`` with ``source: "agent"`` and the worker's identity.
@@ -380,7 +384,7 @@ def sample_workers(duration: float = 30.0, interval: float = 1.0, *, timeout: fl
         time.sleep(max(0.0, next_round - time.monotonic()))
     send()
     try:
-        ray.get(pending, timeout=timeout)
+        ray.get(pending, timeout=timeout if writer_timeout is None else writer_timeout)
     except Exception as error:
         problems.append(f"the writer did not confirm every sample: {error}")
     return SampleRun(workers=len(headers), rounds=rounds, samples=samples,
