@@ -35,16 +35,15 @@ from raysleuth.agents.host import (
 from raysleuth.agents.guard import check_paths, check_tool
 from raysleuth.agents.ranks import is_ray_worker, rank_hints, read_train_logs, thread_times
 from raysleuth.agents.spools import SpoolForwarder
+from raysleuth.cluster.own import AGENT_PREFIX, NAMESPACE, WRITER_NAME
 from raysleuth.errors import ClusterUnreachable
 
 __all__ = ["AgentResult", "NodeAgent", "call_agents", "find_tool", "get_agents", "rank_hints", "read_train_logs",
            "existing_agents", "remove_agents", "thread_times", "versions"]
 
-AGENT_PREFIX = "raysleuth-agent-"
-NAMESPACE = "raysleuth"
-# recorder.writer's WRITER_NAME and AGENTS_CONTROL, by value: the writer makes agents, so importing it here
-# would close an import loop.
-_WRITER_NAME = "raysleuth-writer"
+# recorder.writer's AGENTS_CONTROL, by value: the writer makes agents, so importing it here would close an
+# import loop. The names of raysleuth's own actors come from their one list, cluster.own.
+_WRITER_NAME = WRITER_NAME
 _AGENTS_CONTROL = "agents"
 
 

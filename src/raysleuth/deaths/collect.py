@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from raysleuth import cluster
+from raysleuth.cluster import own
 from raysleuth.cluster.records import RayTask
 from raysleuth.deaths.classify import DeathEvidence
 
@@ -37,7 +38,6 @@ __all__ = ["fetch_logs", "gather"]
 
 #: Worker exit types that mean "died", not "an idle worker Ray retired".
 DIED_EXIT_TYPES = frozenset({"SYSTEM_ERROR", "USER_ERROR", "NODE_OUT_OF_MEMORY"})
-_OWN_ACTORS = ("raysleuth-agent-", "raysleuth-writer")
 
 
 def _log(key: tuple, tail: int) -> tuple[tuple, list[str] | None, str | None]:
@@ -130,7 +130,7 @@ def _subjects(actors, workers, tasks, node_ips, job_id) -> list[dict[str, Any]]:
     for actor in actors:
         if job_id and actor.job_id != job_id:
             continue
-        if (actor.name or "").startswith(_OWN_ACTORS):
+        if own.is_own(name=actor.name, class_name=actor.class_name):
             continue
         key = (actor.node_id, actor.pid)
         subjects.append({"actor": actor, "worker": workers_by_pid.get(key), "task": last_call.get(actor.actor_id),

@@ -27,14 +27,14 @@ from __future__ import annotations
 import threading
 import time
 
+from raysleuth.cluster import own
+
 __all__ = ["LAST_LOOK_S", "WATCH_S", "last_look", "record_new_deaths", "start_death_watch"]
 
 #: Seconds between two polls of Ray's dead actors in the writer.
 WATCH_S = 1.0
 #: At most this long at the driver's exit for the last look.
 LAST_LOOK_S = 30.0
-_OWN = ("raysleuth-agent-", "raysleuth-writer")
-_OWN_CLASSES = ("NodeAgent", "EvidenceWriter")
 
 
 #: Dead actors classified this many times without a stored death are left alone (no endless re-reading).
@@ -49,8 +49,8 @@ def _unrecorded_dead(job_id: str | None = None) -> set[str]:
 
     cluster.pin_address()  # a job started with RAY_ADDRESS=local: the State API would look for "local" anew
     dead = {actor.actor_id for actor in cluster.actors(state="DEAD")
-            if (job_id is None or actor.job_id == job_id) and not (actor.name or "").startswith(_OWN)
-            and (actor.class_name or "").rsplit(".", 1)[-1] not in _OWN_CLASSES}
+            if (job_id is None or actor.job_id == job_id) and not own.is_own(name=actor.name,
+                                                                             class_name=actor.class_name)}
     return {actor_id for actor_id in (dead - _recorded_keys() if dead else set())
             if _tries.get(actor_id, 0) < _MAX_TRIES}
 

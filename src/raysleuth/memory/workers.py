@@ -23,6 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from raysleuth.cluster import own
 from raysleuth.memory.trend import LeakPolicy, detect_leak, leaks
 
 __all__ = ["MemoryReport", "SampleRun", "WorkerMemory", "memory_report", "sample_workers", "sparkline"]
@@ -31,8 +32,6 @@ __all__ = ["MemoryReport", "SampleRun", "WorkerMemory", "memory_report", "sample
 TREND_SOURCES = ("watch", "agent")
 #: The sample fields a worker's summary reads.
 METRICS = ("rss_bytes", "uss_bytes", "cuda_allocated_bytes", "cuda_reserved_bytes", "cuda_peak_bytes")
-#: Actor classes that are raysleuth's own machinery, never sampled.
-OWN_ACTORS = ("NodeAgent", "EvidenceWriter")
 _BARS = "▁▂▃▄▅▆▇█"
 
 
@@ -303,8 +302,7 @@ def _targets(labels: dict) -> tuple[dict[str, list[int]], dict[tuple, dict], lis
             title = proc.get("title") or ""
             label = labels.get((result.node_ip, proc["pid"]), {})
             actor_class = label.get("actor_class")
-            if title.startswith("ray::IDLE") or actor_class in OWN_ACTORS or any(
-                    title.startswith(f"ray::{own}") for own in OWN_ACTORS):
+            if title.startswith("ray::IDLE") or own.is_own(class_name=actor_class) or own.is_own_title(title):
                 continue
             per_node.setdefault(result.node_id, []).append(proc["pid"])
             headers[(result.node_id, proc["pid"])] = {

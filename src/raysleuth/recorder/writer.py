@@ -35,12 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from raysleuth import ray_private, runtime
+from raysleuth.cluster import own
 from raysleuth.errors import ClusterUnreachable
 from raysleuth.recorder import spool
 from raysleuth.recorder.store import EvidenceStore, open_run
 
-WRITER_NAME = "raysleuth-writer"
-NAMESPACE = "raysleuth"
+WRITER_NAME = own.WRITER_NAME
+NAMESPACE = own.NAMESPACE
 #: How often the writer looks for abandoned spool files of its run (seconds).
 SPOOL_SCAN_S = 1.0
 #: How often the writer asks every node's agent to forward its node's spool (seconds).

@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from raysleuth import agents, cluster
+from raysleuth.cluster import own
 from raysleuth.cluster.records import RayTask, RayWorker
 from raysleuth.errors import UsageError, WorkerNotFound
 from raysleuth.labels.live import apply_notes, collect_hints, merge_hints, registered_labels
@@ -36,9 +37,6 @@ from raysleuth.stacks.verdict import VerdictContext, build_verdict
 
 __all__ = ["dump_stacks", "is_own_actor"]
 
-OWN_PREFIXES = ("raysleuth-agent-",)
-OWN_NAMES = ("raysleuth-writer",)
-OWN_CLASSES = ("NodeAgent", "EvidenceWriter")
 _TERMINAL = ("FINISHED", "FAILED")
 
 
@@ -57,9 +55,8 @@ def _parse_ps(result: dict[str, Any] | None) -> dict[int, tuple[int, str]]:
 
 def is_own_actor(label: dict[str, Any]) -> bool:
     """raysleuth's own actors (writer, agents): never shown."""
-    name = label.get("actor_name") or ""
-    return (name in OWN_NAMES or name.startswith(OWN_PREFIXES) or label.get("actor_class") in OWN_CLASSES
-            or label.get("namespace") == agents.NAMESPACE)
+    return own.is_own(name=label.get("actor_name"), class_name=label.get("actor_class"),
+                      namespace=label.get("namespace"))
 
 
 def dump_stacks(

@@ -8,6 +8,7 @@ from collections import defaultdict
 from typing import Any
 
 from raysleuth import cluster
+from raysleuth.cluster import own
 from raysleuth.cluster.records import RayActor, RayTask
 from raysleuth.redaction import redact_text
 from raysleuth.tasks.classify import RUNNING_STATES, TERMINAL_STATES, death_cause, is_stuck, seconds, short_name, started_at
@@ -216,15 +217,9 @@ def _explain(text: str) -> tuple[str | None, str | None]:
     return getattr(first, "cause", None), getattr(first, "fix", None)
 
 
-_OWN_CLASSES = ("EvidenceWriter", "NodeAgent")
-
-
 def _is_raysleuth(namespace: str | None, class_or_function: str | None, name: str | None) -> bool:
     """An actor (or a task of one) that raysleuth itself runs."""
-    if namespace == "raysleuth":
-        return True
-    name = str(class_or_function or name or "")
-    return name.split(".")[0] in _OWN_CLASSES or name.rsplit(".", 1)[-1] in _OWN_CLASSES
+    return own.is_own(class_name=str(class_or_function or name or ""), namespace=namespace)
 
 
 def _failed(tasks, actors_by_id, rank_of, explain: bool) -> list[FailedTask]:
