@@ -278,3 +278,11 @@ def test_dmesg_lines_are_read_with_their_time_and_old_ones_left_out():
     here = oom_evidence(since=0.0)["kernel_log"]  # this machine's real kernel log and pid namespace
     assert here["pid_namespace"]["same_as_kernel_log"] in (True, False, None)
     assert here["permitted"] or here["reason"]
+
+
+def test_every_documented_cause_is_a_typed_cause_and_back():
+    import typing
+
+    from raysleuth.deaths.causes import CAUSES, Cause
+
+    assert set(typing.get_args(Cause)) == set(CAUSES)

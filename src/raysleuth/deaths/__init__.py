@@ -16,7 +16,7 @@ import dataclasses
 import time
 from typing import Any
 
-from raysleuth.deaths.classify import CAUSES, DeathEvidence, Verdict, classify
+from raysleuth.deaths.classify import CAUSES, DeathCause, DeathEvidence, classify
 from raysleuth.deaths.parse import fatal_file_rank
 
 __all__ = ["CAUSES", "Death", "DeathReport", "FIXES", "consequences", "deaths_named_in", "find_deaths",
@@ -45,8 +45,8 @@ FIXES = {
 
 
 @dataclasses.dataclass(kw_only=True)
-class Death(Verdict):
-    """One dead worker: who (rank), why (the classified :class:`Verdict`: cause + evidence), and its last moments."""
+class Death(DeathCause):
+    """One dead worker: who (rank), why (the classified :class:`DeathCause`: cause + evidence), and its last moments."""
 
     rank: int | None = None
     rank_source: str | None = None
@@ -120,14 +120,14 @@ def _peers(rank: int | None, died_at: float | None, beats: dict[int, dict[str, A
     return result
 
 
-def build_death(subject: dict[str, Any], evidence: DeathEvidence, verdict: Verdict, label: dict[str, Any],
+def build_death(subject: dict[str, Any], evidence: DeathEvidence, verdict: DeathCause, label: dict[str, Any],
                 beats: dict[int, dict[str, Any]], *, lines: int = 10) -> Death:
     """Join identity, verdict and context into one :class:`Death`."""
     actor, task = subject.get("actor"), subject.get("task")
     died_at = _died_at(subject)
     if label.get("rank") is None and fatal_file_rank(evidence.fatal_file) is not None:
         label = {**label, "rank": fatal_file_rank(evidence.fatal_file), "rank_source": "fatal-signal file"}
-    classified = {field.name: getattr(verdict, field.name) for field in dataclasses.fields(Verdict)}
+    classified = {field.name: getattr(verdict, field.name) for field in dataclasses.fields(DeathCause)}
     classified.update(stack=verdict.stack[:30], top_memory_users=verdict.top_memory_users[:10])
     return Death(
         **classified, rank=label.get("rank"),

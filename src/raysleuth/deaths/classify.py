@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from raysleuth.cluster.records import RayActor, RayDeathCause, RayTask, RayWorker
+from raysleuth.deaths.causes import CAUSES, Cause
 from raysleuth.deaths.parse import (
     LIBRARY_PATHS,
     FatalSignal,
@@ -28,9 +29,10 @@ from raysleuth.deaths.parse import (
 
 __all__ = [
     "CAUSES",
+    "Cause",
+    "DeathCause",
     "DeathEvidence",
     "FatalSignal",
-    "Verdict",
     "classify",
     "exit_code",
     "init_exception",
@@ -39,20 +41,6 @@ __all__ = [
 ]
 
 #: Every cause :func:`classify` can name, and what it means.
-CAUSES = {
-    "python_exception": "a Python exception (a crash capsule recorded it)",
-    "fatal_signal": "a fatal signal (segfault, abort...) with the Python stack it hit",
-    "oom_killer": "SIGKILL from the kernel OOM killer",
-    "sigkill": "SIGKILL from something else (kill -9, ray stop --force, a supervisor)",
-    "memory_monitor": "killed by Ray's memory monitor (node running low on memory)",
-    "ray_kill": "ray.kill on the actor",
-    "exit": "the process exited on its own (sys.exit(n), os._exit(n), exit_actor)",
-    "node_died": "its node died",
-    "init_failed": "its __init__ raised",
-    "owner_died": "the process that created it died",
-    "out_of_scope": "every handle to it went out of scope",
-    "unknown": "the evidence read does not decide it",
-}
 
 _VANISHED = re.compile(r"connection error code 2|End of file|unexpectedly exits with a connection error")
 
@@ -90,10 +78,10 @@ class DeathEvidence:
 
 
 @dataclasses.dataclass(kw_only=True)
-class Verdict:
+class DeathCause:
     """The classified cause and the evidence that decided it."""
 
-    cause: str
+    cause: Cause
     summary: str
     evidence: list[str]
     signal: str | None = None
@@ -183,7 +171,7 @@ def _gb(value: float | None) -> str:
 # ------------------------------------------------------------------ verdict
 
 
-def classify(evidence: DeathEvidence) -> Verdict:
+def classify(evidence: DeathEvidence) -> DeathCause:
     """The cause of one death, decided by the first rule whose evidence is present."""
     cause = evidence.actor.death if evidence.actor else RayDeathCause()
     reason = "OUT_OF_MEMORY" if cause.kind == "oom" else (cause.reason or None)
@@ -203,17 +191,17 @@ def classify(evidence: DeathEvidence) -> Verdict:
             verdict.ray_reason = reason or (worker.exit_type if worker else None)
             return verdict
     if reason == "OWNER_DIED":
-        return Verdict(cause="owner_died", summary=CAUSES["owner_died"], evidence=[f"Ray: {message[:300]}"],
+        return DeathCause(cause="owner_died", summary=CAUSES["owner_died"], evidence=[f"Ray: {message[:300]}"],
                        ray_reason=reason)
     if reason == "REF_DELETED":
-        return Verdict(cause="out_of_scope", summary=CAUSES["out_of_scope"], evidence=[f"Ray: {message[:300]}"],
+        return DeathCause(cause="out_of_scope", summary=CAUSES["out_of_scope"], evidence=[f"Ray: {message[:300]}"],
                        ray_reason=reason)
     said = f"Ray: {message.splitlines()[0][:300]}" if message else "Ray recorded no death cause"
-    return Verdict(cause="unknown", summary="no evidence decides the cause", evidence=[said] + evidence.log_problems,
+    return DeathCause(cause="unknown", summary="no evidence decides the cause", evidence=[said] + evidence.log_problems,
                    ray_reason=reason)
 
 
-def _init_failed(evidence, cause, reason, message, pid) -> Verdict | None:
+def _init_failed(evidence, cause, reason, message, pid) -> DeathCause | None:
     task = evidence.task
     creation_failed = task is not None and (task.type == "ACTOR_CREATION_TASK" or str(task.name or "").endswith(
         ".__init__")) and task.error_type == "TASK_EXECUTION_EXCEPTION"
@@ -227,7 +215,7 @@ def _init_failed(evidence, cause, reason, message, pid) -> Verdict | None:
               for m in re.finditer(r'File "([^"]+)", line (\d+), in (\S+)', formatted)
               if not any(part in m.group(1) for part in LIBRARY_PATHS)]
     where = frames[-1] if frames else {}
-    return Verdict(cause="init_failed",
+    return DeathCause(cause="init_failed",
                    summary=f"its __init__ raised {kind or 'an exception'}" + (f": {text}" if text else ""),
                    evidence=["Ray recorded a creation task failure" + (" (creation_task_failure_context)" if recorded
                                                                          else f" (task {task.name} FAILED)")]
@@ -236,17 +224,17 @@ def _init_failed(evidence, cause, reason, message, pid) -> Verdict | None:
                    file=where.get("file"), line=where.get("line"), stack=frames, ray_reason="CREATION_TASK_ERROR")
 
 
-def _node_died(evidence, cause, reason, message, pid) -> Verdict | None:
+def _node_died(evidence, cause, reason, message, pid) -> DeathCause | None:
     if reason == "NODE_DIED" or reason == "NODE_PREEMPTION":
-        return Verdict(cause="node_died", summary="its node died" + (" (preempted)" if reason == "NODE_PREEMPTION" else ""),
+        return DeathCause(cause="node_died", summary="its node died" + (" (preempted)" if reason == "NODE_PREEMPTION" else ""),
                        evidence=[f"Ray: {reason}: {message.splitlines()[0][:300] if message else ''}"])
     if evidence.node_alive is False and (reason in (None, "WORKER_DIED") or not cause.recorded):
-        return Verdict(cause="node_died", summary="its node died",
+        return DeathCause(cause="node_died", summary="its node died",
                        evidence=["the State API lists its node as DEAD"] + ([f"Ray: {message[:200]}"] if message else []))
     return None
 
 
-def _memory_monitor(evidence, cause, reason, message, pid) -> Verdict | None:
+def _memory_monitor(evidence, cause, reason, message, pid) -> DeathCause | None:
     if reason != "OUT_OF_MEMORY" and "running low on memory" not in message and "NODE_OUT_OF_MEMORY" not in message:
         return None
     report = memory_monitor_report(message)
@@ -261,11 +249,11 @@ def _memory_monitor(evidence, cause, reason, message, pid) -> Verdict | None:
     if users:
         found.append("top memory users: " + ", ".join(f"pid {u['pid']} {u['memory_gb']}GB ({u['command'][:40]})"
                                                       for u in users[:3]))
-    return Verdict(cause="memory_monitor", summary="killed by Ray's memory monitor: the node ran low on memory",
+    return DeathCause(cause="memory_monitor", summary="killed by Ray's memory monitor: the node ran low on memory",
                    evidence=found, signal="SIGKILL", top_memory_users=users)
 
 
-def _fatal_signal(evidence, cause, reason, message, pid) -> Verdict | None:
+def _fatal_signal(evidence, cause, reason, message, pid) -> DeathCause | None:
     fatal = parse_fatal("\n".join(evidence.err_lines))
     if fatal is None and evidence.fatal_file:
         fatal = parse_fatal(evidence.fatal_file, source="raysleuth fatal-signal file")
@@ -279,7 +267,7 @@ def _fatal_signal(evidence, cause, reason, message, pid) -> Verdict | None:
     if fatal.frames:
         top = fatal.frames[0]
         found.append(f"innermost frame {top['file']}:{top['line']} in {top['function']}")
-    return Verdict(cause="fatal_signal", summary=summary, evidence=found, signal=fatal.signal,
+    return DeathCause(cause="fatal_signal", summary=summary, evidence=found, signal=fatal.signal,
                    function=where, file=fatal.user_file or fatal.file, line=fatal.user_line or fatal.line,
                    stack=fatal.frames)
 
@@ -302,7 +290,7 @@ def _recent_capsules(evidence: DeathEvidence) -> list[dict[str, Any]]:
             if died is None or capsule.get("time") is None or died - CAPSULE_WINDOW_S <= capsule["time"] <= died + 5]
 
 
-def _kernel_oom(evidence, cause, reason, message, pid) -> Verdict | None:
+def _kernel_oom(evidence, cause, reason, message, pid) -> DeathCause | None:
     line, _ = _kernel_kill(evidence, pid)
     if line is None:
         return None
@@ -312,11 +300,11 @@ def _kernel_oom(evidence, cause, reason, message, pid) -> Verdict | None:
     for capsule in _recent_capsules(evidence)[-1:]:
         found.append(f"before it, crash capsule {capsule.get('id', '')} recorded {capsule.get('exception_type')} "
                      "(an exception the worker outlived, not the cause)")
-    return Verdict(cause="oom_killer", summary="killed by the kernel OOM killer (SIGKILL)", signal="SIGKILL",
+    return DeathCause(cause="oom_killer", summary="killed by the kernel OOM killer (SIGKILL)", signal="SIGKILL",
                    evidence=found)
 
 
-def _python_exception(evidence, cause, reason, message, pid) -> Verdict | None:
+def _python_exception(evidence, cause, reason, message, pid) -> DeathCause | None:
     capsules = _recent_capsules(evidence)
     if not capsules:
         return None
@@ -325,23 +313,23 @@ def _python_exception(evidence, cause, reason, message, pid) -> Verdict | None:
     found = [f"crash capsule {capsule.get('id', '')} ({capsule.get('method') or 'worker'})".replace("  ", " ")]
     if message:
         found.append(f"then Ray: {message.splitlines()[0][:200]}")
-    return Verdict(cause="python_exception", summary=f"a Python exception: {kind}: {str(capsule.get('message', ''))[:200]}",
+    return DeathCause(cause="python_exception", summary=f"a Python exception: {kind}: {str(capsule.get('message', ''))[:200]}",
                    evidence=found,
                    exception_type=capsule.get("exception_type"), exception_message=capsule.get("message"),
                    function=capsule.get("method"))
 
 
-def _ray_kill(evidence, cause, reason, message, pid) -> Verdict | None:
+def _ray_kill(evidence, cause, reason, message, pid) -> DeathCause | None:
     if reason != "RAY_KILL" and "killed by `ray.kill`" not in message:
         return None
     owner = cause.owner_ip
     caller = (f"owner {(cause.owner_id or '')[:16]} on {owner}" if owner else None)
     found = ["Ray: " + (message.splitlines()[0] if message else "RAY_KILL")[:300]]
     found.append("Ray does not record which process called ray.kill" + (f"; the actor's {caller}" if caller else ""))
-    return Verdict(cause="ray_kill", summary="killed with ray.kill", evidence=found, caller=caller)
+    return DeathCause(cause="ray_kill", summary="killed with ray.kill", evidence=found, caller=caller)
 
 
-def _exited(evidence, cause, reason, message, pid) -> Verdict | None:
+def _exited(evidence, cause, reason, message, pid) -> DeathCause | None:
     if reason == "OWNER_DIED" or "because its owner has died" in message:
         return None  # the owner's exit type (INTENDED_USER_EXIT...) is not this worker's: owner_died decides
     code = exit_code(message)
@@ -354,13 +342,13 @@ def _exited(evidence, cause, reason, message, pid) -> Verdict | None:
     if last:
         found.append(f"last log line: {last.strip()[:200]}")
     if intended and code in (None, 0):
-        return Verdict(cause="exit", summary="it exited on purpose (exit_actor / an intended exit)", evidence=found,
+        return DeathCause(cause="exit", summary="it exited on purpose (exit_actor / an intended exit)", evidence=found,
                        exit_code=code)
-    return Verdict(cause="exit", summary=f"the process exited with code {code} (sys.exit({code}) or os._exit({code}))",
+    return DeathCause(cause="exit", summary=f"the process exited with code {code} (sys.exit({code}) or os._exit({code}))",
                    evidence=found, exit_code=code)
 
 
-def _vanished(evidence, cause, reason, message, pid) -> Verdict | None:
+def _vanished(evidence, cause, reason, message, pid) -> DeathCause | None:
     if not _VANISHED.search(message) and reason != "WORKER_DIED":
         return None
     found = ["Ray: the worker's connection closed with no exit code (connection error code 2, End of file)",
@@ -377,7 +365,7 @@ def _vanished(evidence, cause, reason, message, pid) -> Verdict | None:
     ruled_out = bool(kernel.get("permitted")) and (kernel.get("pid_namespace") or {}).get("same_as_kernel_log") \
         is not False
     if oom_kills and near and not ruled_out:
-        return Verdict(cause="oom_killer", summary="killed by the kernel OOM killer (SIGKILL)", signal="SIGKILL",
+        return DeathCause(cause="oom_killer", summary="killed by the kernel OOM killer (SIGKILL)", signal="SIGKILL",
                        evidence=found + [f"cgroup {cgroup.get('path') or ''} counted {oom_kills} OOM kill(s)",
                                          f"its last memory sample {_gb(rss)} was ≥90% of the {_gb(limit)} limit"])
     found.extend(kill_notes)
@@ -394,6 +382,6 @@ def _vanished(evidence, cause, reason, message, pid) -> Verdict | None:
         found.append(f"cgroup {cgroup.get('path') or ''}: oom_kill 0")
     if last:
         found.append(f"its last memory sample: rss {_gb(rss)}")
-    return Verdict(cause="sigkill", summary="killed by SIGKILL (not the kernel OOM killer as far as the node shows)"
+    return DeathCause(cause="sigkill", summary="killed by SIGKILL (not the kernel OOM killer as far as the node shows)"
                    if ruled_out else "killed by SIGKILL; the kernel OOM killer could not be ruled out",
                    evidence=found, signal="SIGKILL")
