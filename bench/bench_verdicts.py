@@ -76,6 +76,10 @@ SHAPES = {
     "gloo ranks in swapped collectives": ("victims.real_jobs", ["gloo", "--workers", "3", "--swap-rank", "2"], False,
                                           _fault("hung", ranks=[])),
     "gloo healthy": ("victims.real_jobs", ["gloo", "--workers", "3", "--seconds", "900"], True, None),
+    "Ray Train rank stuck": ("victims.real_jobs", ["train", "--workers", "2", "--stuck-rank", "1"], False,
+                             _fault("culprit", ranks=[1], rule="peers")),
+    "Ray Train healthy (controller polls every 2 s)": ("victims.real_jobs", ["train", "--workers", "2", "--seconds",
+                                                                             "900"], True, None),
 }
 
 

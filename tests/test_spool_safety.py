@@ -152,3 +152,25 @@ def test_run_folders_and_files_are_private_whatever_the_umask(tmp_path):
         store.close()
     finally:
         os.umask(old)
+
+
+def test_a_spool_whose_pid_now_names_a_younger_process_is_abandoned(tmp_path):
+    """pids wrap within minutes on a busy node: a dead writer's pid given to a new process must not keep its
+    spool "alive" (its records were never delivered). The writer itself, alive and older, keeps its file."""
+    import socket
+
+    folder = spool.node_spool_dir(tmp_path, "run-p", None)
+    folder.mkdir(parents=True)
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        reused = folder / f"{socket.gethostname()}-{stranger.pid}-c1.jsonl"
+        reused.write_text("")
+        old = time.time() - 10  # last written 10 s before the stranger started
+        os.utime(reused, (old, old))
+        owner = folder / f"{socket.gethostname()}-{os.getppid()}-c2.jsonl"  # alive since before the file
+        owner.write_text("")
+        found = spool.abandoned(tmp_path, "run-p", [None])
+        assert reused in found and owner not in found
+    finally:
+        stranger.kill()
+        stranger.wait()

@@ -236,7 +236,27 @@ def _owner_gone(path: Path) -> bool:
         return True
     except PermissionError:
         return False
-    return False
+    return _younger_than(pid, path)
+
+
+#: A live process whose start is this much later than the spool file's last write is not its writer (process
+#: start times are read to a tick, against a boot time kept to the second).
+PID_REUSE_SLACK_S = 1.0
+
+
+def _younger_than(pid: int, path: Path) -> bool:
+    """The pid is live but was given to a process started after the file's last write: the writer is gone.
+
+    A busy node wraps its pids within minutes (Ray starts workers all the time; ``pid_max`` is often 32768),
+    and a file whose pid now names a stranger was never ingested."""
+    try:
+        import psutil
+
+        return psutil.Process(pid).create_time() > path.stat().st_mtime + PID_REUSE_SLACK_S
+    except ImportError:
+        return False
+    except Exception as error:  # gone between the two looks, or no /proc entry: gone; unreadable: keep it
+        return type(error).__name__ == "NoSuchProcess"
 
 
 def _files(home: Path, run_id: str, nodes: list[str | None] | None) -> list[Path]:
