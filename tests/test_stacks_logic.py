@@ -481,6 +481,24 @@ def test_an_async_controller_awaiting_unseen_work_is_explained_by_its_jobs_progr
     assert verdict.state == "hung", verdict.summary
 
 
+def test_the_watchdogs_stall_is_a_rule_of_the_verdict_not_a_rewrite():
+    """Ranks the stall watchdog saw make no step progress are named by the verdict itself (rule
+    ``heartbeat stall``), even where the stacks alone read a busy job; an unread rank is still named."""
+    from raysleuth.stacks import stalled_ranks_rule
+
+    ranks = [ddp_rank(700 + r, r, [frame("train_func", "/job/train.py", 30)], moved=True) for r in range(3)]
+    assert build_verdict(ranks, context=VerdictContext(samples=2)).state == "busy"
+    rule = stalled_ranks_rule([{"rank": 1, "pid": 701, "node_ip": "10.0.0.1", "reason": "no heartbeat progress for 9s"},
+                               {"rank": 5, "pid": 999, "node_ip": "10.0.0.9", "reason": "no heartbeat progress for 9s"}])
+    verdict = build_verdict(ranks, context=VerdictContext(samples=2), extra_rules=[rule])
+    assert verdict.state == "culprit" and verdict.exit_code == 1
+    named = {(c.rank, c.rule) for c in verdict.culprits}
+    assert named == {(1, "heartbeat stall"), (5, "heartbeat stall")}, verdict.summary
+    by_rank = {c.rank: c for c in verdict.culprits}
+    assert by_rank[1].function == "train_func" and "no heartbeat progress for 9s" in by_rank[1].reason
+    assert "not found" in by_rank[5].reason
+
+
 def test_a_skipped_collective_has_one_root_cause_and_its_victims_are_consequences():
     """rank 1 skipped all_reduce; gloo aborted rank 0; rank 3's call errored; ranks 1 and 2 wait."""
     ranks = [ddp_rank(600 + r, r, ALL_REDUCE, moved=False) for r in (1, 2)]

@@ -199,22 +199,9 @@ def unreturned_calls(run: str | None = None, *, home: Any = None, older_than: fl
     watchdog calls it on each poll; fine for thousands of calls, but a long
     run should follow new rows by id (as the heartbeat reader does).
     """
-    from raysleuth.recorder import open_store
+    from raysleuth.stacks.clues import recorded_calls, unreturned  # lazy: stacks reads the store and Ray
 
-    store = open_store(run, home=home)
-    try:
-        rows = store.query("verl_call")
-    finally:
-        store.close()
-    pending: dict[Any, VerlCall] = {}
-    for row in rows:
-        key = row.data.get("task_id") or (row.rank, row.name, row.pid)
-        if row.data.get("state") == "submitted":
-            pending[key] = VerlCall(method=row.data.get("method") or row.name or "?", rank=row.rank if row.rank is not None else -1,
-                                    worker_name=row.data.get("worker_name"), task_id=row.data.get("task_id"),
-                                    submitted=row.time, worker_pid=row.data.get("worker_pid"))
-        elif row.data.get("state") == "returned":
-            pending.pop(key, None)
-    moment = time.time() if now is None else now
-    return sorted((call for call in pending.values() if moment - call.submitted >= older_than),
-                  key=lambda call: call.submitted)
+    return [VerlCall(method=call["method"] or "?", rank=call["rank"] if call["rank"] is not None else -1,
+                     worker_name=call["worker_name"], task_id=call["task_id"], submitted=call["submitted"],
+                     worker_pid=call["worker_pid"])
+            for call in unreturned(recorded_calls(run, home=home), older_than=older_than, now=now)]

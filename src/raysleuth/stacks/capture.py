@@ -35,7 +35,7 @@ from raysleuth.stacks.sampling import safely as _safe, sample
 from raysleuth.stacks.spy import NOT_PYTHON
 from raysleuth.stacks.verdict import VerdictContext, build_verdict
 
-__all__ = ["dump_stacks", "is_own_actor"]
+__all__ = ["dump_stacks", "is_own_actor", "rejudge"]
 
 _TERMINAL = ("FINISHED", "FAILED")
 
@@ -73,6 +73,7 @@ def dump_stacks(
     samples: int = 2,
     interval: float = 2.0,
     job: str | None = None,
+    extra_rules: list | None = None,
 ) -> StackReport:
     """Dump, label, group and judge the stacks of every Ray worker and driver.
 
@@ -83,6 +84,8 @@ def dump_stacks(
     processes at once per node (default: twice the node's cores, at most 32).
     ``samples``: 2 (default) reads every process twice, ``interval`` seconds
     apart, to tell a hung job (nothing moves) from a busy one; 1 reads once.
+    ``extra_rules``: more verdict rules (``rule(processes, context) -> [Culprit]``, as strong as collective
+    positions), e.g. :func:`raysleuth.stacks.stalled_ranks_rule`.
     ``job`` keeps one Ray job's processes (its id as ``ray job list`` or
     ``raysleuth tasks`` show it, e.g. ``02000000``).
     Returns within ``timeout`` seconds, the interval and every clue included: nodes,
@@ -122,7 +125,8 @@ def dump_stacks(
                              dead=_of_jobs(found.get("dead") or [], job), calls=found.get("calls") or [],
                              samples=samples, window=interval if samples > 1 else 0.0,
                              collective_positions=found.get("collectives") or [], failed=found.get("failed") or {})
-    report.verdict = build_verdict(readable, context=context)
+    report.verdict = build_verdict(readable, context=context, extra_rules=extra_rules)
+    report._judged = (readable, context)  # noqa: SLF001 (for rejudge; not part of the report's data)
     report.groups = group_processes(readable)
     report.seconds = time.monotonic() - started
     report.timings["analyse"] = time.monotonic() - analyse
@@ -290,3 +294,13 @@ def _my_node_id() -> str | None:
 def _unfinished_tasks() -> list[RayTask]:
     """Tasks not finished or failed (running, or waiting to run): the wait-for edges."""
     return cluster.tasks(not_states=_TERMINAL, detail=True).items
+
+
+def rejudge(report: StackReport, extra_rules: list) -> StackReport:
+    """The verdict of a report taken a moment ago, judged again with more rules (the stall watchdog's
+    evidence); a report without its judging context is judged from its processes alone."""
+    readable, context = getattr(report, "_judged", None) or (
+        [proc for proc in report.processes if proc.threads], VerdictContext(samples=report.samples))
+    report.verdict = build_verdict(readable, context=context, extra_rules=extra_rules)
+    return report
+

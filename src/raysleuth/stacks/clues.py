@@ -14,7 +14,7 @@ from raysleuth.labels.dead import dead_worker_labels
 from raysleuth.stacks.model import ProcessStack
 
 __all__ = ["collective_positions", "dead_actors", "failed_calls", "progress_records", "read_coroutines", "recorded_calls",
-           "request_coroutines", "thread_times"]
+           "request_coroutines", "thread_times", "unreturned"]
 
 
 def dead_actors() -> list[dict[str, Any]]:
@@ -34,22 +34,25 @@ def dead_actors() -> list[dict[str, Any]]:
     return found
 
 
-def recorded_calls() -> list[dict[str, Any]]:
-    """verl and pool calls per rank from the evidence store: submitted, and whether they returned."""
+def recorded_calls(run: str | None = None, *, home: Any = None) -> list[dict[str, Any]]:
+    """verl and pool calls per rank from the evidence store (``run``: default the connected or newest one):
+    submitted, and whether they returned. The one pairing of submitted and returned rows: the verdict, the
+    stall watchdog and ``integrations.verl.unreturned_calls`` all read it here."""
     from raysleuth.recorder import open_store
 
-    store = open_store()
+    store = open_store(run, home=home)
     try:
         verl_rows, pool_rows = store.query("verl_call"), store.query("pool_call")
     finally:
         store.close()
     calls: dict[Any, dict[str, Any]] = {}
     for row in verl_rows:
-        key = ("verl", row.data.get("task_id") or (row.rank, row.name, row.time))
+        task_id = row.data.get("task_id")
+        key = ("verl", task_id or (row.rank, row.name, row.pid))  # both rows come from the same driver
         if row.data.get("state") == "submitted":
             calls[key] = {"kind": "verl_call", "method": row.data.get("method") or row.name, "rank": row.rank,
                           "returned": False, "submitted": row.time, "worker_pid": row.data.get("worker_pid"),
-                          "job_id": row.job_id}
+                          "job_id": row.job_id, "task_id": task_id, "worker_name": row.data.get("worker_name")}
         elif row.data.get("state") == "returned" and key in calls:
             calls[key]["returned"] = True
     for row in pool_rows:
@@ -58,7 +61,8 @@ def recorded_calls() -> list[dict[str, Any]]:
             continue
         entry = calls.setdefault(("pool", call_id), {"kind": "pool_call", "method": row.data.get("function") or row.name,
                                                      "rank": None, "returned": False, "submitted": row.time,
-                                                     "worker_pid": None, "job_id": row.job_id})
+                                                     "worker_pid": None, "job_id": row.job_id, "task_id": call_id,
+                                                     "worker_name": None})
         state = row.data.get("state")
         if state == "submitted":
             entry["submitted"] = row.time
@@ -68,6 +72,15 @@ def recorded_calls() -> list[dict[str, Any]]:
         elif state in ("finished", "failed"):
             entry["returned"] = True
     return list(calls.values())
+
+
+def unreturned(calls: list[dict[str, Any]], *, kind: str = "verl_call", older_than: float = 0.0,
+               now: float | None = None) -> list[dict[str, Any]]:
+    """Of :func:`recorded_calls`, those of ``kind`` not returned ``older_than`` seconds after they were
+    submitted, oldest first."""
+    moment = time.time() if now is None else now
+    return sorted((call for call in calls if call["kind"] == kind and not call["returned"]
+                   and moment - call["submitted"] >= older_than), key=lambda call: call["submitted"])
 
 
 def collective_positions(*, request: bool = True, wait: float = 1.5) -> list[dict[str, Any]]:

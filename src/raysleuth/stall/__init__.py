@@ -147,22 +147,24 @@ class Watchdog:
     def _unreturned_calls(self, now: float) -> StallEvent | None:
         """Calls of an instrumented verl worker group that have not returned for the stall time."""
         try:
-            from raysleuth.integrations.verl import unreturned_calls
+            from raysleuth.stacks.clues import recorded_calls, unreturned
 
             self._open()
-            calls = unreturned_calls(self._run_id, home=self.home, older_than=self.tracker.stall, now=now)
+            calls = unreturned(recorded_calls(self._run_id, home=self.home), older_than=self.tracker.stall, now=now)
         except Exception:
             return None
-        fresh = [call for call in calls if (call.task_id, call.rank) not in self._reported_calls]
-        self._reported_calls.update((call.task_id, call.rank) for call in fresh)
-        stalled = self._alive([RankProgress(rank=call.rank, step=None, last_beat=call.submitted,
-                                            last_progress=call.submitted, pid=call.worker_pid,
-                                            actor_class=call.worker_name) for call in fresh])
+        for call in calls:
+            call["rank"] = call["rank"] if call["rank"] is not None else -1
+        fresh = [call for call in calls if (call["task_id"], call["rank"]) not in self._reported_calls]
+        self._reported_calls.update((call["task_id"], call["rank"]) for call in fresh)
+        stalled = self._alive([RankProgress(rank=call["rank"], step=None, last_beat=call["submitted"],
+                                            last_progress=call["submitted"], pid=call["worker_pid"],
+                                            actor_class=call["worker_name"]) for call in fresh])
         if not stalled:
             return None
-        methods = {(call.rank, call.worker_pid): call for call in fresh}
+        methods = {(call["rank"], call["worker_pid"]): call for call in fresh}
         summary = "; ".join(
-            f"rank {rank.rank} has not returned from {methods[(rank.rank, rank.pid)].method} "
+            f"rank {rank.rank} has not returned from {methods[(rank.rank, rank.pid)]['method']} "
             f"for {rank.stalled_for(now):.0f}s (verl call)" for rank in stalled)
         return StallEvent(time=now, stalled=stalled, peers=[], all_stopped=False, summary=summary)
 
@@ -207,33 +209,18 @@ class Watchdog:
 
     def _snapshot(self, event: StallEvent, report: Any = None) -> None:
         try:
-            from raysleuth.stacks import Culprit, dump_stacks, headline, record_report
+            from raysleuth.stacks import dump_stacks, record_report, rejudge, stalled_ranks_rule
 
+            # no step progress for the stall time is evidence enough: the verdict names these ranks itself
+            rule = stalled_ranks_rule([
+                {"rank": rank.rank, "pid": rank.pid, "node_ip": rank.node_ip,
+                 "reason": f"no heartbeat progress for {rank.stalled_for(event.time):.0f}s at {rank.unit} {rank.step}"}
+                for rank in event.stalled])
             if report is None:
-                report = dump_stacks(self.address, timeout=self.stacks_timeout, include_self=self.include_self)
-            named = {(c.node_ip, c.pid) for c in report.verdict.culprits}
-            for rank in event.stalled:
-                proc = next((p for p in report.processes if p.pid == rank.pid
-                             and (rank.node_ip is None or p.node_ip == rank.node_ip)), None)
-                if proc is None and rank.pid is not None:
-                    proc = next((p for p in report.processes if p.rank == rank.rank), None)
-                where = headline(proc) if proc is not None else "its process was not found (exited?)"
-                reason = (f"no heartbeat progress for {rank.stalled_for(event.time):.0f}s at {rank.unit} {rank.step}: "
-                          f"{where}")
-                key = (proc.node_ip, proc.pid) if proc is not None else (rank.node_ip, rank.pid)
-                if key in named:
-                    culprit = next(c for c in report.verdict.culprits if (c.node_ip, c.pid) == key)
-                    culprit.reason = f"{reason}; {culprit.reason}"
-                else:
-                    from raysleuth.stacks.verdict import make_culprit
-
-                    culprit = make_culprit(proc, reason, "heartbeat stall") if proc is not None else Culprit(
-                        pid=rank.pid or -1, node_ip=rank.node_ip, rank=rank.rank, reason=reason)
-                    culprit.rank = rank.rank if culprit.rank is None else culprit.rank
-                    report.verdict.culprits.insert(0, culprit)
-            if report.verdict.state not in ("culprit", "deadlock"):
-                report.verdict.state = "culprit"  # no step progress for the stall time is evidence enough
-            report.verdict.summary = f"{event.summary}; {report.verdict.summary}"
+                report = dump_stacks(self.address, timeout=self.stacks_timeout, include_self=self.include_self,
+                                     extra_rules=[rule])
+            else:  # taken to tell a finish from a stall: judged again with the stall as evidence
+                report = rejudge(report, [rule])
             event.report = report
             record_report(report, name="watch")
         except Exception as error:  # the watchdog must never take the driver down
