@@ -99,6 +99,8 @@ def run_shape(address: str, name: str, runs: int) -> dict:
     right, false_alarms, times, wrong = 0, 0, [], []
     for _ in range(runs):
         victim = Victim(address, args[0], *args[1:], module=module).ready()
+        if args[0] == "train":  # its `ready` comes before fit(): judged once its workers run, as on a running job
+            victim.wait_for("RayTrainWorker", 2)
         onset = time.monotonic()
         try:
             if healthy:

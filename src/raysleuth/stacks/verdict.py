@@ -50,7 +50,7 @@ from raysleuth.cluster.records import RayTask
 from raysleuth.options import format_ranks
 from raysleuth.stacks.analysis import headline, is_ray_idle, key_thread, signature, wait_chains
 from raysleuth.stacks.causes import Candidate, collective_candidates, extra_candidates, make_culprit, sink_candidate
-from raysleuth.stacks.graph import WAITING, WaitGraph, build_graph, node_key
+from raysleuth.stacks.graph import PENDING_SECONDS, WAITING, WaitGraph, build_graph, node_key
 from raysleuth.stacks.model import Consequence, Culprit, ProcessStack, Verdict, WaitLink
 from raysleuth.stacks.peers import assign_groups, peer_groups
 from raysleuth.stacks.progress import classify
@@ -226,6 +226,10 @@ def _without_root_cause(verdict: Verdict, graph: WaitGraph, processes: list[Proc
         verdict.state = "busy"
         verdict.summary = (f"busy: {len(working)} process(es) make progress, no culprit"
                            + (f" ({', '.join(by)})" if by else ""))
+        if not working:  # what they wait for is a call Ray is still scheduling
+            verdict.summary = (f"busy: {len(stuck)} process(es) wait for call(s) Ray is still scheduling "
+                               f"(submitted under {PENDING_SECONDS:.0f} s ago; pending longer, a call is what its "
+                               "caller waits on)")
         verdict.notes += _slow_ranks(graph)
         if context.samples < 2 and not any("on CPU" not in s for p in working for s in p.progress):
             verdict.state = "unsure"
