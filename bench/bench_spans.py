@@ -2,7 +2,11 @@
 
 CPU time of this thread is measured (the machine may be shared). Records go to a real batching client whose sink is a local SQLite store, so
 the figure includes what a worker pays (the deque append), not delivery,
-which happens on the client's background thread. Target: under 2 µs a span.
+which happens on the client's background thread. Target (issue 27): under 1 µs a span.
+
+It also prints the span with its row not queued (the client's ``record_span``
+made a no-op for that round): what the span object, the clock and the two
+context variables cost alone, so a miss says which half to work on.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from raysleuth.recorder.store import EvidenceStore
 from _targets import exit_code, target  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 N = 50_000
-TARGET_NS = 2_000
+TARGET_NS = 1_000
 
 
 class Empty:
@@ -72,12 +76,16 @@ def main() -> int:
         baseline = best_of(run_empty)
         null = best_of(run_null)
         spans = best_of(run_span)
+        client.record_span = lambda *args: None  # the same spans, their rows not queued
+        unqueued = best_of(run_span)
+        del client.record_span
         client.close()
         stored = store.count("span")
     cost = spans - baseline
     print(f"empty with-block:        {baseline:8.0f} ns")
     print(f"contextlib.nullcontext:  {null:8.0f} ns")
     print(f"rs.span (recorded):      {spans:8.0f} ns   ({stored} spans stored)")
+    print(f"rs.span, row not queued: {unqueued:8.0f} ns   (queueing the row: {spans - unqueued:.0f} ns)")
     print(f"cost of one span:        {cost:8.0f} ns   ratio vs empty with: {spans / baseline:.1f}x   "
           f"target < {TARGET_NS} ns: {'OK' if cost < TARGET_NS else 'MISSED'}")
     target("span cost", cost < TARGET_NS, f"{cost:.0f} ns over an empty with-block (< {TARGET_NS} ns)")

@@ -55,7 +55,7 @@ _step_var = runtime._step  # the step contextvar, read directly on the hot path
 class Span:
     """A timed block (use :func:`span`). Records one ``span`` on exit.
 
-    The hot path (``bench/bench_spans.py``, target < 2 µs per span) reads the
+    The hot path (``bench/bench_spans.py``, target < 1 µs per span) reads the
     settings and the step context variable directly, sets two context
     variables, reads the clock twice and hands one prebuilt row to the
     client (:meth:`RecordClient.record_span`): no keyword parsing, no extra
