@@ -18,14 +18,20 @@ swamps a 1% effect. The kernel's CPU counts do not move with the load:
 py-spy's own rusage (``wait4``: its work per sample is fixed) and the
 sampled ranks' CPU seconds over the same window (``/proc/PID/stat``).
 Non-blocking, py-spy never stops a rank, so the most a rank's steps can
-slow down is the CPU py-spy takes from it; measured against the ranks' own
-CPU in the window it is an upper bound (load only lowers the ranks' share,
-which raises the ratio). Step times stay printed, for scale.
+slow down is the CPU py-spy takes from it: its sampler is one thread, so in
+a second of wall time it can displace at most its own CPU seconds of that
+second from a rank (where sampled processes outnumber a saturated node's
+cores, the job as a whole loses that times sampled / cores). py-spy's CPU
+over the ranks' own CPU in the window is printed too, but it is not the
+step's cost: the ranks here use 0.3-0.7 of a core (they wait in gloo for
+each other, and under load for a core), so py-spy runs in cycles they
+leave idle, and the more load, the smaller the ranks' CPU and the larger
+that ratio. Step times stay printed, for scale.
 
 Targets: (1) py-spy uses < 1% of a core per process sampled, start-up
 included (a healthy job, where nobody is named, is not sampled at all);
-(2) sampling per step: py-spy's CPU < 1% of the sampled ranks' CPU in the
-same window; (3) recording per step: recorded against plain ranks, best of
+(2) sampling per step: the bound above, the most CPU one py-spy took per
+second it sampled (worst process, worst round) < 1%; (3) recording per step: recorded against plain ranks, best of
 rounds of CPU seconds per step (the ranks' process CPU: recording runs in
 the training thread, so only the process's CPU holds it), < 1%; the
 wrapper's and the Flight Recorder's cost per collective is measured alone by
@@ -102,9 +108,9 @@ def spy_cpu(process: subprocess.Popen, block: bool = True) -> float | None:
     return usage.ru_utime + usage.ru_stime if pid else None
 
 
-def sampled_round(group: list, pids: list[int], py_spy: str) -> tuple[tuple, float, float, float]:
+def sampled_round(group: list, pids: list[int], py_spy: str) -> tuple[tuple, list[float], float, float]:
     """Train while py-spy samples every rank the default way, in rounds of 50 steps until the sampling ends;
-    ((wall, CPU) per step, py-spy CPU seconds, seconds sampled over all processes, the ranks' CPU seconds
+    ((wall, CPU) per step, each py-spy's CPU seconds, seconds sampled per process, the ranks' CPU seconds
     in the same window)."""
     from raysleuth.stragglers.sampling import RATE, SECONDS, _argv
 
@@ -113,18 +119,18 @@ def sampled_round(group: list, pids: list[int], py_spy: str) -> tuple[tuple, flo
     before = sum(process_cpu(pid) for pid in pids)
     spies = {index: spy(_argv(py_spy, pid, RATE, SECONDS)) for index, pid in enumerate(pids)}
     done: list[tuple[float, float]] = []
-    cpu = 0.0
+    cpu: list[float] = []
     while spies:
         done.append(per_step(ray.get(refs)))
         for index, process in list(spies.items()):
             used = spy_cpu(process, block=False)
             if used is not None:
-                cpu += used
+                cpu.append(used)
                 del spies[index]
         refs = [worker.train.remote(50) for worker in group] if spies else []
     ranks_cpu = sum(process_cpu(pid) for pid in pids) - before
     wall, cpu_per_step = (statistics.fmean(values) for values in zip(*done))
-    return (wall, cpu_per_step), cpu, SECONDS * len(pids), ranks_cpu
+    return (wall, cpu_per_step), cpu, SECONDS, ranks_cpu
 
 
 def print_spy_split(py_spy: str, pid: int) -> None:
@@ -156,12 +162,14 @@ def measure_cost() -> None:
     pids = pids_of(instrumented)
     walls: dict[str, list[float]] = {"plain": [], "recorded": [], "recorded+sampled": []}
     cpus: dict[str, list[float]] = {name: [] for name in walls}
-    spied_cpu, spy_seconds, ranks_cpu = 0.0, 0.0, 0.0
+    spied_cpu, spy_seconds, ranks_cpu, worst = 0.0, 0.0, 0.0, 0.0
     for index in range(ROUNDS * 3):
         name = list(walls)[index % 3]  # each condition in turn
         if name == "recorded+sampled":
             step, cpu, seconds, ranks = sampled_round(instrumented, pids, py_spy)
-            spied_cpu, spy_seconds, ranks_cpu = spied_cpu + cpu, spy_seconds + seconds, ranks_cpu + ranks
+            spied_cpu, spy_seconds = spied_cpu + sum(cpu), spy_seconds + seconds * len(cpu)
+            ranks_cpu += ranks
+            worst = max(worst, max(cpu) / seconds)
         else:
             step = step_of(plain if name == "plain" else instrumented, steps)
         walls[name].append(step[0])
@@ -184,9 +192,11 @@ def measure_cost() -> None:
     print(f"py-spy: {spied_cpu * 1e3:.0f} ms CPU over {spy_seconds:g} s sampled; the sampled ranks used "
           f"{ranks_cpu:.2f} s CPU meanwhile")
     print_spy_split(py_spy, pids[0])
+    print(f"py-spy's CPU over the sampled ranks' CPU in the same window: {against_ranks * 100:.3f}% (not the step's "
+          f"cost: a rank that waits for its peer or for a core leaves py-spy idle cycles)")
     target("py-spy CPU per process sampled", share < 0.01, f"{share * 100:.3f}% of a core (< 1%)")
-    target("sampling per step: py-spy CPU over the sampled ranks' CPU in the same window", against_ranks < 0.01,
-           f"{against_ranks * 100:.3f}% (< 1%)")
+    target("sampling per step (bound: the most CPU one py-spy took per second, worst process and round)",
+           worst < 0.01, f"{worst * 100:.3f}% of a rank's time (< 1%)")
     target("recording per step (best of rounds, CPU seconds per step)", recorded_cpu < 1.01,
            f"x{recorded_cpu:.4f} (< x1.01)")
 
@@ -220,7 +230,9 @@ def measure_time_to_verdict(address: str) -> None:
     named = [s.rank for s in report.stragglers] if report else []
     phase = report.stragglers[0].phase if report and report.stragglers else None
     print(f"rank turned slow at +{SLOW_AFTER:g}s; named {named} {found:.1f}s later, slow in "
-          f"{phase.function + ' ' + phase.where if phase else '?'}")
+          f"{phase.function + ' ' + phase.where if phase else '?'}"
+          + (f" ({phase.share:.0%} of its {phase.samples} samples, {phase.peer_share:.0%} of its peers' "
+             f"{phase.peer_samples})" if phase else "") + "".join(f"; {note}" for note in (report.notes if report else [])))
     target("time to verdict after a rank turns slow", named == [1] and not early and phase is not None and found < 20,
            f"{found:.1f}s (< 20 s), no alarm before it turned slow: {not early}")
 
