@@ -9,7 +9,7 @@ low rate, for a few seconds. Its collapsed output comes back as text.
 Cost (py-spy 0.4.3's own rusage on a gloo DDP Ray actor of 34 OS threads,
 6 of them Python's; ``bench/bench_stragglers.py`` measures it): 12-18 ms
 of CPU to start (reading the process's maps and the interpreter's
-symbols), then 1.2-1.4 ms per sample, whatever the flags, mostly system
+symbols), then 1.1-1.4 ms per sample, whatever the flags, mostly system
 time (reading the process's memory: every Python thread's stack, not only
 the key thread's; py-spy has no flag to pick one). ``--idle``, ``--threads``
 and ``--full-filenames`` cost nothing measurable, and the phase needs them:
