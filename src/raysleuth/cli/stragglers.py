@@ -20,6 +20,7 @@ from raysleuth.cli._app import (
 )
 from raysleuth.errors import UsageError
 from raysleuth.stragglers.analysis import MIN_COLLECTIVES, MIN_SHARE, THRESHOLD
+from raysleuth.stragglers.sampling import RATE, SECONDS
 
 _STATE_STYLE = {"straggler": "red", "even": "green", "unread": "yellow"}
 
@@ -39,8 +40,8 @@ def stragglers(
         "--min-share", help="Share of the collectives a rank must be late in to be named.",
         callback=positive)] = MIN_SHARE,
     sample: Annotated[float, duration_option("--sample", help="How long to sample the straggler's stacks (0: don't).",
-                                             check=non_negative)] = 3.0,
-    rate: Annotated[int, typer.Option("--rate", help="Stack samples per second.", callback=at_least_one)] = 5,
+                                             check=non_negative)] = SECONDS,
+    rate: Annotated[int, typer.Option("--rate", help="Stack samples per second.", callback=at_least_one)] = RATE,
     wait: Annotated[float, duration_option("--wait", help="How long to wait for live workers to dump.",
                                            check=non_negative)] = 4.0,
     address: AddressOption = None,
