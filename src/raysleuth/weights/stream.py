@@ -22,9 +22,11 @@ loader may transform a received buffer in place), and an engine may refill
 a buffer as soon as its generator resumes (verl's buckets), so overlapping
 with the next receipt is not safe in general. CUDA tensors are digested
 inline on the caller's thread and its current stream (a worker thread would
-run on another stream, unordered with the kernels that produced them). Scale: a record holds 8 bytes (as 16
-hex digits) per 4 MiB chunk, ~0.6 MB per side for a 70B bf16 model; past
-that, store the chunk digests in a side table instead of the record's JSON.
+run on another stream, unordered with the kernels that produced them).
+
+Scale: a record holds 8 bytes (as 16 hex digits) per 4 MiB chunk, ~0.6 MB
+per side for a 70B bf16 model; past that, store the chunk digests in a side
+table instead of the record's JSON.
 """
 
 from __future__ import annotations
@@ -123,7 +125,10 @@ class SyncSide:
                                  fix="pass an iterable of (name, tensor), e.g. model.named_parameters()")
             name, tensor = item
             if self.overlap and isinstance(name, str) and _overlappable(tensor):
-                self.pending = _digest_pool().submit(self._digest, name, tensor)
+                try:
+                    self.pending = _digest_pool().submit(self._digest, name, tensor)
+                except RuntimeError:  # the interpreter is shutting down: no new threads, digest here
+                    self._digest(name, tensor)
             else:
                 self._digest(name, tensor)
         except UsageError as error:
@@ -174,7 +179,8 @@ class SyncSide:
         return {"side": self.side, "version": self.version, "shard": self.shard, "rank": runtime.get_rank(),
                 "pid": os.getpid(), "source": self.source, "count": len(self.prints), "items": self.position,
                 "bytes": self.bytes, "seconds": round(self.seconds, 6), "complete": complete,
-                "canonical": self.canonical, "overlap": self.overlap, "error": self.error, "errors": self.errors, "tensors": [p.to_dict() for p in self.prints]}
+                "canonical": self.canonical, "overlap": self.overlap, "error": self.error, "errors": self.errors,
+                "tensors": [p.to_dict() for p in self.prints]}
 
     def finish(self, *, complete: bool, error: str | None = None) -> None:
         """Write this side's record (once)."""
