@@ -14,11 +14,16 @@ record). The figure is the median sync time, checked over plain. Then
 checked sync is read back from the store: each must be intact, with no alarm.
 
 Target (CPU): the checked sync takes < 5% longer than the plain one. The
-check reads every byte once on each side (XXH3: ~11 GiB/s on one core here)
-and the reads are on the sync's critical path, so the floor of the overhead
-is about the transport's speed over the hash's: on a 2-core machine whose
-loopback gloo moves ~1.6 GiB/s that floor is ~15%, and this target is missed
-there (the figure is printed either way). Also
+check reads every byte once on each side (XXH3, which releases the GIL).
+The sender's digest runs on a worker thread while the send has the tensor
+(finished before the next tensor is pulled); the receiver's stays inline,
+before the tensor is handed on (a receive buffer may be refilled as soon as
+the engine's generator resumes), so the floor of the overhead is the
+receiver's digest over the transfer: 20-30 ms per 256 MiB measured on a
+loaded 2-core machine, against 100-300 ms of loopback gloo, so 5% is out of
+reach there (the figure is
+printed either way; the fastest run of each kind is printed too, as the
+figure least disturbed by other jobs). Also
 printed, not a target: the same check on a colocated sync that is only an
 in-memory copy (verl's ``naive`` backend), where the check reads every byte
 once, as the copy does, so it costs about as much as the copy itself.
@@ -190,6 +195,9 @@ def main() -> int:
           f"plain {plain * 1000:.1f} ms ({size / plain / 1024**3:.2f} GiB/s), checked {checked * 1000:.1f} ms; "
           f"overhead {overhead * 100:+.1f}% (every run: plain {[round(t * 1000) for t in result['plain']]}, "
           f"checked {[round(t * 1000) for t in result['checked']]})", flush=True)
+    best_plain, best_checked = min(result["plain"]), min(result["checked"])
+    print(f"not a target: fastest of each kind (least disturbed by other jobs): plain {best_plain * 1000:.1f} ms, "
+          f"checked {best_checked * 1000:.1f} ms, {(best_checked / best_plain - 1) * 100:+.1f}%", flush=True)
     healthy_syncs(Path(os.environ["RAYSLEUTH_HOME"]), max(1, args.repeat), max(1, args.healthy))
     copy_plain, copy_checked = colocated_copy(size, max(1, args.repeat))
     print(f"not a target: a colocated sync that is only an in-memory copy: plain {copy_plain * 1000:.1f} ms, "

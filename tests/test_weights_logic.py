@@ -68,11 +68,14 @@ def test_async_streams_pass_through():
         for item in state.items():
             yield item
 
-    async def consume():
-        return [item async for item in rs.weights_received(producer(), version=1)]
+    async def consume(side):
+        return [item async for item in pass_through(producer(), side)]
 
-    got = asyncio.run(consume())
-    assert [t is state[n] for n, t in got] == [True, True, True]
+    for kind in ("received", "sent"):  # the sent side awaits its digests off the loop's thread
+        side = SyncSide(kind, 1)
+        got = asyncio.run(consume(side))
+        assert [t is state[n] for n, t in got] == [True, True, True]
+        assert side.done and side.pending is None and [p.name for p in side.prints] == list(state)
 
 
 def test_non_tensor_in_the_stream_is_one_clear_line():
@@ -92,6 +95,32 @@ def test_a_zero_code_side_notes_a_bad_item_and_goes_on():
     items = [("a", torch.ones(3)), ("b", "not a tensor"), ("c", torch.zeros(2))]
     assert list(pass_through(items, side)) == items
     assert "'b' is not a tensor" in side.error and side.errors == 1 and [p.name for p in side.prints] == ["a", "c"]
+
+
+def test_a_source_that_reuses_one_buffer_is_digested_before_it_refills_it():
+    """The sent side digests off the caller's thread, but finishes before the source is asked for the next item.
+
+    The source fills one buffer again for every item (as a bucketed engine does); the consumer copies each
+    item (as a send would). Both sides must record exactly what each item held: an intact sync.
+    """
+    values = [torch.full((512, 1024), float(i)) for i in range(6)]
+
+    def reusing():
+        buffer = torch.empty(512, 1024)
+        for i, value in enumerate(values):
+            buffer.copy_(value)  # refilled only when the consumer asks for the next item
+            yield f"w{i}", buffer
+
+    sent, received = SyncSide("sent", 7), SyncSide("received", 7)
+    copies = [(name, tensor.clone()) for name, tensor in pass_through(reusing(), sent)]
+    assert sent.overlap and not received.overlap and sent.pending is None
+    assert [tensor[0, 0].item() for _, tensor in copies] == [float(i) for i in range(6)]
+    for _ in pass_through(reusing(), received):
+        pass
+    result = compare_syncs([SideRecord.from_data(dict(sent.to_dict(True), rank=0)),
+                            SideRecord.from_data(dict(received.to_dict(True), rank=1))])[-1]
+    assert result.intact and result.sent == 6
+    assert len({p.digest for p in sent.prints}) == 6  # each print is of its own item, not of the last fill
 
 
 # ------------------------------------------------------------------ sent vs received

@@ -8,18 +8,37 @@ the side, the version, this process's rank and one print per tensor.
 
 Cost: one fingerprint per tensor (XXH3 at memory speed on the CPU, on the
 device on CUDA); only digests leave the process. ``bench/bench_weights.py``
-measures it against the sync itself. Scale: a record holds 8 bytes (as 16
-hex digits) per 4 MiB chunk, ~0.6 MB per side for a 70B bf16 model; past
-that, store the chunk digests in a side table instead of the record's JSON.
+measures it against the sync itself.
+
+Where the digest runs. On the sending side a CPU tensor is digested on a
+worker thread while the caller's consumer (the engine's send) has it, and
+the digest is finished before the next item is pulled from the source, and
+before the record is written: the source may reuse a buffer for its next
+item only once the consumer asked for it, and both the digest and the send
+only read. XXH3 releases the GIL while it reads, so the send's threads keep
+moving. On the receiving side the digest stays inline, before the item is
+handed on: what arrived is digested before the loader can touch it (a
+loader may transform a received buffer in place), and an engine may refill
+a buffer as soon as its generator resumes (verl's buckets), so overlapping
+with the next receipt is not safe in general. CUDA tensors are digested
+inline on the caller's thread and its current stream (a worker thread would
+run on another stream, unordered with the kernels that produced them).
+
+Scale: a record holds 8 bytes (as 16 hex digits) per 4 MiB chunk, ~0.6 MB
+per side for a 70B bf16 model; past that, store the chunk digests in a side
+table instead of the record's JSON.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
+import sys
 import threading
 import time
 from collections.abc import AsyncIterable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from raysleuth import runtime
@@ -33,6 +52,33 @@ KIND = "weight_sync"
 
 _versions: dict[str, itertools.count] = {}
 _versions_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _digest_pool() -> ThreadPoolExecutor:
+    """The process's one digest thread (made on first use; a forked child makes its own)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raysleuth-weights")
+        return _pool
+
+
+def _forget_pool() -> None:
+    global _pool
+    _pool = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
+def _overlappable(tensor: Any) -> bool:
+    """A dense, unquantized torch CPU tensor: digested off the caller's thread (cannot fail to prepare)."""
+    torch = sys.modules.get("torch")
+    return (torch is not None and isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu"
+            and tensor.layout == torch.strided and not tensor.is_quantized)
 
 
 def next_version(side: str) -> int:
@@ -45,11 +91,14 @@ class SyncSide:
     """What one process saw of one sync: prints accumulated item by item, recorded once at the end."""
 
     def __init__(self, side: str, version: int | None, *, shard: int | None = None, canonical: str | None = None,
-                 source: str = "api", strict: bool = True, algorithm: str = "auto") -> None:
+                 source: str = "api", strict: bool = True, algorithm: str = "auto",
+                 overlap: bool | None = None) -> None:
         if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
             raise UsageError(f"weights_{side}: version={version!r} is not an int", fix="pass the trainer step")
         self.side, self.shard, self.canonical, self.source = side, shard, canonical, source
         self.strict, self.algorithm = strict, algorithm
+        self.overlap = side == "sent" if overlap is None else overlap
+        self.pending: Future | None = None
         self.version = next_version(side) if version is None else version
         self.prints: list[WeightPrint] = []
         self.bytes = 0
@@ -60,7 +109,13 @@ class SyncSide:
         self.position = 0
 
     def see(self, item: Any) -> None:
-        """Fingerprint one item of the stream (errors: raised when strict, else noted once)."""
+        """Fingerprint one item of the stream (errors: raised when strict, else noted once).
+
+        With ``overlap``, a CPU tensor's digest is started on the digest thread
+        and :meth:`settle` waits for it; everything that can reject the item
+        (not a pair, not a tensor) still runs here, on the caller's thread.
+        """
+        self.settle()
         self.position += 1
         started = time.perf_counter()
         try:
@@ -69,10 +124,13 @@ class SyncSide:
                                  f"{type(item).__name__}, not a (name, tensor) pair",
                                  fix="pass an iterable of (name, tensor), e.g. model.named_parameters()")
             name, tensor = item
-            self.prints.append(print_tensor(name, tensor, shard=self.shard, canonical=self.canonical,
-                                            algorithm=self.algorithm))
-            self.bytes += int(tensor.numel() * tensor.element_size()) if hasattr(tensor, "element_size") \
-                else int(getattr(tensor, "nbytes", 0))
+            if self.overlap and isinstance(name, str) and _overlappable(tensor):
+                try:
+                    self.pending = _digest_pool().submit(self._digest, name, tensor)
+                except RuntimeError:  # the interpreter is shutting down: no new threads, digest here
+                    self._digest(name, tensor)
+            else:
+                self._digest(name, tensor)
         except UsageError as error:
             if self.strict:
                 self.finish(complete=False, error=str(error))
@@ -82,6 +140,34 @@ class SyncSide:
             self._note(f"{type(error).__name__}: {error}")
         finally:
             self.seconds += time.perf_counter() - started
+
+    def _digest(self, name: Any, tensor: Any) -> float:
+        """One print (on either thread); returns the seconds it took, counted once the digest is settled."""
+        started = time.perf_counter()
+        self.prints.append(print_tensor(name, tensor, shard=self.shard, canonical=self.canonical,
+                                        algorithm=self.algorithm))
+        self.bytes += int(tensor.numel() * tensor.element_size()) if hasattr(tensor, "element_size") \
+            else int(getattr(tensor, "nbytes", 0))
+        return time.perf_counter() - started
+
+    def settle(self) -> None:
+        """Wait for the digest in flight (before the source is asked for its next item, before the record)."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return
+        try:
+            self.seconds += pending.result()
+        except Exception as error:  # a fingerprint that fails never stops the sync
+            self._note(f"{type(error).__name__}: {error}")
+
+    async def settle_async(self) -> None:
+        """:meth:`settle` without blocking the event loop."""
+        if self.pending is not None:
+            try:
+                await asyncio.wrap_future(self.pending)
+            except Exception:
+                pass  # noted by settle
+        self.settle()
 
     def _note(self, error: str) -> None:
         """Keep the first error (the item is left out of the record: it shows as missing on this side)."""
@@ -93,13 +179,15 @@ class SyncSide:
         return {"side": self.side, "version": self.version, "shard": self.shard, "rank": runtime.get_rank(),
                 "pid": os.getpid(), "source": self.source, "count": len(self.prints), "items": self.position,
                 "bytes": self.bytes, "seconds": round(self.seconds, 6), "complete": complete,
-                "canonical": self.canonical, "error": self.error, "errors": self.errors, "tensors": [p.to_dict() for p in self.prints]}
+                "canonical": self.canonical, "overlap": self.overlap, "error": self.error, "errors": self.errors,
+                "tensors": [p.to_dict() for p in self.prints]}
 
     def finish(self, *, complete: bool, error: str | None = None) -> None:
         """Write this side's record (once)."""
         if self.done:
             return
         self.done = True
+        self.settle()
         if error is not None:
             self.error = error
         try:
@@ -129,6 +217,7 @@ def _sync_passthrough(iterable: Iterable, side: SyncSide):
         for item in iterable:
             side.see(item)
             yield item
+            side.settle()  # before the source may reuse the item's buffer for the next one
         complete = True
     finally:
         side.finish(complete=complete)
@@ -140,6 +229,7 @@ async def _async_passthrough(iterable: Any, side: SyncSide):
         async for item in iterable:
             side.see(item)
             yield item
+            await side.settle_async()
         complete = True
     finally:
         side.finish(complete=complete)
