@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import socket
+import statistics
 import sys
 import time
 
@@ -83,25 +84,43 @@ def _worker(rank: int, port: int, mode: str, queue) -> None:
 
         hook.wrap_collectives()
         wrapped = dist.all_reduce
+    control = _control(bare)
     results = {}
     for numel, calls in CALLS.items():
         tensor = torch.ones(numel)
         for _ in range(10):
             bare(tensor)
-        best = {"bare": float("inf"), "wrapped": float("inf")}
+        variants = (("bare", bare), ("wrapped", wrapped), ("control", control))
+        rounds: dict[str, list[float]] = {name: [] for name, _ in variants}
         for round_ in range(ROUNDS):
-            order = (("bare", bare), ("wrapped", wrapped))
-            for name, function in order if round_ % 2 else order[::-1]:  # neither always goes first
+            shift = round_ % len(variants)  # each variant goes first, second and last equally often
+            for name, function in variants[shift:] + variants[:shift]:
                 dist.barrier()
                 start = time.perf_counter_ns()
                 for _ in range(calls):
                     function(tensor)
-                best[name] = min(best[name], (time.perf_counter_ns() - start) / calls)
+                rounds[name].append((time.perf_counter_ns() - start) / calls)
+        best = {name: min(times) for name, times in rounds.items()}
+        best["paired"] = statistics.median(w / b for w, b in zip(rounds["wrapped"], rounds["bare"]))
+        best["control_paired"] = statistics.median(c / b for c, b in zip(rounds["control"], rounds["bare"]))
         results[numel] = best
     if rank == 0:
         queue.put(results)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _control(bare):
+    """The bare collective behind one plain Python layer: the A/A control of a pair (no bookkeeping at all).
+
+    What it reads against the bare call is the noise floor of the pair on this machine: a
+    ratio off 1.000 by more than the target means the machine is too busy to resolve the target.
+    """
+
+    def control(tensor):
+        return bare(tensor)
+
+    return control
 
 
 def gloo_pair(mode: str) -> dict:
@@ -142,6 +161,10 @@ def main() -> int:
             inner = (f"; wrapper alone in that pair {on['bare'] / 1000:,.1f} → {on['wrapped'] / 1000:,.1f} µs "
                      f"({on['wrapped'] / on['bare']:.3f})") if mode != "no-fr" else ""
             print(f"  {label}: {total / 1000:,.1f} µs, ratio {ratio:.3f}{inner}")
+            if mode != "no-fr":
+                print(f"    median of per-round wrapped/bare {on['paired']:.3f}; A/A control (the bare call behind "
+                      f"one plain Python function) best {on['control'] / on['bare']:.3f}, "
+                      f"median per round {on['control_paired']:.3f}")
             if numel != 1 and mode == "light":
                 inside = on["wrapped"] / on["bare"]
                 target("raysleuth's default (light) on a 1 MiB gloo all_reduce, wrapped vs bare in one pair",
