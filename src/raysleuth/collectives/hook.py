@@ -50,6 +50,8 @@ _seqs: dict[str, int] = {}
 _sites: dict[tuple, int] = {}
 """(file, line) -> collectives issued from there (a step count for jobs that name no steps)."""
 _groups: dict[int, tuple[str, str]] = {}
+_default_name: list = [None]
+"""The default group's name once looked up (cleared when a process group is created)."""
 _wrapped = False
 _SKIP_DIRS: tuple[str, ...] = (os.path.dirname(os.path.abspath(__file__)),)
 _c10d: Any = None
@@ -130,6 +132,7 @@ def _wake_after(original: Callable) -> Callable:
     @functools.wraps(original)
     def create(*args, **kwargs):
         result = original(*args, **kwargs)
+        _default_name[0] = None  # a new default group may have come with it
         _wake.set()
         return result
 
@@ -149,67 +152,79 @@ _STATE, _END = _FIELDS.index("state"), _FIELDS.index("end_ns")
 
 
 def _wrap(op: str, original: Callable) -> Callable:
+    """``original`` with its calls in the ring: all of the bookkeeping inline, one small list per call.
+
+    Per call: the group's name (a dict hit), its sequence number, the caller's frame (one
+    ``startswith`` unless the call came through torch), the site's count, torch's own shape and
+    dtype objects, two clock reads. Nothing is formatted or resolved here (see :func:`_plain`).
+    """
     group_at = _group_index(original)
+    if group_at < 0:
+        group_at = sys.maxsize  # never a position in args
     input_at, output_at = OPS[op]
+    same = input_at == output_at
     asynchronous = op in ("isend", "irecv")
+    getframe, time_ns, append, current_step = sys._getframe, time.time_ns, _ring.append, _current_step
 
     @functools.wraps(original)
     def collective(*args, **kwargs):
-        entry = _begin(op, args, kwargs, group_at, input_at, output_at)
+        entry = None
+        try:
+            group = kwargs.get("group") if kwargs else None
+            if group is None and group_at < len(args):
+                group = args[group_at]
+            name = _default_name[0] if group is None and _default_name[0] else _group_name(group)
+            seq = _seqs[name] = _seqs.get(name, 0) + 1
+            frame = getframe(1)
+            if frame.f_code.co_filename.startswith(_SKIP_DIRS):
+                frame = _user_frame(frame)
+            if frame is not None:
+                code, line = frame.f_code, frame.f_lineno
+                site = (code.co_filename, line)  # not the code object: its hash is not cached
+                count = _sites[site] = _sites.get(site, 0) + 1
+            else:
+                code = line = count = None
+            inputs = _tensors(args, input_at)
+            entry = [name, seq, op, inputs, inputs if same else _tensors(args, output_at), "started",
+                     time_ns(), None, code, line, current_step(), count]
+            append(entry)
+        except Exception:
+            entry = None
         try:
             result = original(*args, **kwargs)
         except BaseException:
             if entry is not None:
                 entry[_STATE] = "error"
-                entry[_END] = time.time_ns()
+                entry[_END] = time_ns()
             raise
         _progress[0] += 1
         if entry is not None:
             entry[_STATE] = "enqueued" if asynchronous or kwargs.get("async_op") else "completed"
-            entry[_END] = time.time_ns()
+            entry[_END] = time_ns()
         return result
 
     collective.__raysleuth_collective__ = True
     return collective
 
 
-def _begin(op, args, kwargs, group_at, input_at, output_at) -> list | None:
-    """Append one ring entry (a list in :data:`_FIELDS` order; made plain only at dump time)."""
-    try:
-        group = kwargs.get("group")
-        if group is None and 0 <= group_at < len(args):
-            group = args[group_at]
-        name = _group_name(group)
-        seq = _seqs[name] = _seqs.get(name, 0) + 1
-        frame = sys._getframe(2)
-        while frame is not None and frame.f_code.co_filename.startswith(_SKIP_DIRS):
-            frame = frame.f_back
-        if frame is not None:
-            code, line = frame.f_code, frame.f_lineno
-            site = (code.co_filename, line)  # not the code object: its hash is not cached
-            count = _sites[site] = _sites.get(site, 0) + 1
-        else:
-            code = line = count = None
-        inputs = _tensors(args, input_at)
-        entry = [name, seq, op, inputs, inputs if output_at == input_at else _tensors(args, output_at), "started",
-                 time.time_ns(), None, code, line, _current_step(), count]
-        _ring.append(entry)
-        return entry
-    except Exception:
-        return None
+def _user_frame(frame):
+    """The first frame outside torch and raysleuth (the job's own call), or None."""
+    while frame is not None and frame.f_code.co_filename.startswith(_SKIP_DIRS):
+        frame = frame.f_back
+    return frame
 
 
-def _tensors(args, index) -> list:
+def _tensors(args, index) -> Any:
     """(shape, dtype) of the tensor(s) at ``args[index]``: torch's own objects, made plain at dump time."""
     if index is None or index >= len(args):
-        return []
+        return ()
     value = args[index]
     if type(value) is list or type(value) is tuple:
         return [(item.shape, item.dtype) for item in value[:8] if hasattr(item, "shape")]
     try:
-        return [(value.shape, value.dtype)]
+        return ((value.shape, value.dtype),)
     except AttributeError:
-        return []
+        return ()
 
 
 def _plain(entry: list) -> dict:
@@ -223,13 +238,16 @@ def _plain(entry: list) -> dict:
 
 
 def _group_name(group) -> str:
-    if group is None:
+    default = group is None
+    if default:
         group = _c10d.GroupMember.WORLD
     known = _groups.get(id(group))
     if known is None:
         name = str(getattr(group, "group_name", None) or "0")
         desc = str(getattr(group, "group_desc", "") or "")
         _groups[id(group)] = known = (name, desc)
+    if default and group is not None:
+        _default_name[0] = known[0]
     return known[0]
 
 
