@@ -10,8 +10,9 @@ the run's evidence):
   that polls Ray's dead actors every :data:`WATCH_S` seconds while the
   cluster lives. One State API listing per poll; classification (logs, the
   node agents' OOM reading) only for a new death. Zero-code workers start it
-  (``raysleuth run``), and so does every live ``raysleuth`` command.
-- **at the driver's exit**: :func:`last_look` runs from ``atexit`` in a
+  (``raysleuth run``, the setup hook).
+- **at the driver's exit**: :func:`last_look` runs from the interpreter's
+  thread exit hooks (while thread pools still take work) in a
   driver under ``raysleuth run``, before Ray's own shutdown (which, for a
   cluster the driver started, takes the cluster down): a rank that died a
   moment before the job ended is still classified and stored. It has a
