@@ -43,7 +43,6 @@ __all__ = ["AgentResult", "NodeAgent", "call_agents", "find_tool", "get_agents",
 
 # recorder.writer's AGENTS_CONTROL, by value: the writer makes agents, so importing it here would close an
 # import loop. The names of raysleuth's own actors come from their one list, cluster.own.
-_WRITER_NAME = WRITER_NAME
 _AGENTS_CONTROL = "agents"
 
 
@@ -347,7 +346,7 @@ def remove_agents() -> list[str]:
     if not ray.is_initialized():
         raise ClusterUnreachable("not connected to Ray", fix="connect first (raysleuth.cluster.connect)")
     try:
-        writer = ray.get_actor(_WRITER_NAME, namespace=NAMESPACE)
+        writer = ray.get_actor(WRITER_NAME, namespace=NAMESPACE)
         ray.get(writer.set_control.remote(_AGENTS_CONTROL, "removed"), timeout=30)
     except Exception:
         pass  # no writer: nothing makes agents again

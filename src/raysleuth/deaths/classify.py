@@ -40,8 +40,6 @@ __all__ = [
     "parse_fatal",
 ]
 
-#: Every cause :func:`classify` can name, and what it means.
-
 _VANISHED = re.compile(r"connection error code 2|End of file|unexpectedly exits with a connection error")
 
 
@@ -192,13 +190,13 @@ def classify(evidence: DeathEvidence) -> DeathCause:
             return verdict
     if reason == "OWNER_DIED":
         return DeathCause(cause="owner_died", summary=CAUSES["owner_died"], evidence=[f"Ray: {message[:300]}"],
-                       ray_reason=reason)
+                          ray_reason=reason)
     if reason == "REF_DELETED":
         return DeathCause(cause="out_of_scope", summary=CAUSES["out_of_scope"], evidence=[f"Ray: {message[:300]}"],
-                       ray_reason=reason)
+                          ray_reason=reason)
     said = f"Ray: {message.splitlines()[0][:300]}" if message else "Ray recorded no death cause"
     return DeathCause(cause="unknown", summary="no evidence decides the cause", evidence=[said] + evidence.log_problems,
-                   ray_reason=reason)
+                      ray_reason=reason)
 
 
 def _init_failed(evidence, cause, reason, message, pid) -> DeathCause | None:
@@ -216,21 +214,21 @@ def _init_failed(evidence, cause, reason, message, pid) -> DeathCause | None:
               if not any(part in m.group(1) for part in LIBRARY_PATHS)]
     where = frames[-1] if frames else {}
     return DeathCause(cause="init_failed",
-                   summary=f"its __init__ raised {kind or 'an exception'}" + (f": {text}" if text else ""),
-                   evidence=["Ray recorded a creation task failure" + (" (creation_task_failure_context)" if recorded
-                                                                         else f" (task {task.name} FAILED)")]
-                   + ([f"{where['file']}:{where['line']} in {where['function']}"] if where else []),
-                   exception_type=kind, exception_message=text, function=where.get("function"),
-                   file=where.get("file"), line=where.get("line"), stack=frames, ray_reason="CREATION_TASK_ERROR")
+                      summary=f"its __init__ raised {kind or 'an exception'}" + (f": {text}" if text else ""),
+                      evidence=["Ray recorded a creation task failure" + (" (creation_task_failure_context)" if recorded
+                                                                            else f" (task {task.name} FAILED)")]
+                      + ([f"{where['file']}:{where['line']} in {where['function']}"] if where else []),
+                      exception_type=kind, exception_message=text, function=where.get("function"),
+                      file=where.get("file"), line=where.get("line"), stack=frames, ray_reason="CREATION_TASK_ERROR")
 
 
 def _node_died(evidence, cause, reason, message, pid) -> DeathCause | None:
     if reason == "NODE_DIED" or reason == "NODE_PREEMPTION":
         return DeathCause(cause="node_died", summary="its node died" + (" (preempted)" if reason == "NODE_PREEMPTION" else ""),
-                       evidence=[f"Ray: {reason}: {message.splitlines()[0][:300] if message else ''}"])
+                          evidence=[f"Ray: {reason}: {message.splitlines()[0][:300] if message else ''}"])
     if evidence.node_alive is False and (reason in (None, "WORKER_DIED") or not cause.recorded):
         return DeathCause(cause="node_died", summary="its node died",
-                       evidence=["the State API lists its node as DEAD"] + ([f"Ray: {message[:200]}"] if message else []))
+                          evidence=["the State API lists its node as DEAD"] + ([f"Ray: {message[:200]}"] if message else []))
     return None
 
 
@@ -250,7 +248,7 @@ def _memory_monitor(evidence, cause, reason, message, pid) -> DeathCause | None:
         found.append("top memory users: " + ", ".join(f"pid {u['pid']} {u['memory_gb']}GB ({u['command'][:40]})"
                                                       for u in users[:3]))
     return DeathCause(cause="memory_monitor", summary="killed by Ray's memory monitor: the node ran low on memory",
-                   evidence=found, signal="SIGKILL", top_memory_users=users)
+                      evidence=found, signal="SIGKILL", top_memory_users=users)
 
 
 def _fatal_signal(evidence, cause, reason, message, pid) -> DeathCause | None:
@@ -268,8 +266,8 @@ def _fatal_signal(evidence, cause, reason, message, pid) -> DeathCause | None:
         top = fatal.frames[0]
         found.append(f"innermost frame {top['file']}:{top['line']} in {top['function']}")
     return DeathCause(cause="fatal_signal", summary=summary, evidence=found, signal=fatal.signal,
-                   function=where, file=fatal.user_file or fatal.file, line=fatal.user_line or fatal.line,
-                   stack=fatal.frames)
+                      function=where, file=fatal.user_file or fatal.file, line=fatal.user_line or fatal.line,
+                      stack=fatal.frames)
 
 
 #: A capsule older than this before the death is an earlier, handled exception, not the cause.
@@ -301,7 +299,7 @@ def _kernel_oom(evidence, cause, reason, message, pid) -> DeathCause | None:
         found.append(f"before it, crash capsule {capsule.get('id', '')} recorded {capsule.get('exception_type')} "
                      "(an exception the worker outlived, not the cause)")
     return DeathCause(cause="oom_killer", summary="killed by the kernel OOM killer (SIGKILL)", signal="SIGKILL",
-                   evidence=found)
+                      evidence=found)
 
 
 def _python_exception(evidence, cause, reason, message, pid) -> DeathCause | None:
@@ -314,9 +312,9 @@ def _python_exception(evidence, cause, reason, message, pid) -> DeathCause | Non
     if message:
         found.append(f"then Ray: {message.splitlines()[0][:200]}")
     return DeathCause(cause="python_exception", summary=f"a Python exception: {kind}: {str(capsule.get('message', ''))[:200]}",
-                   evidence=found,
-                   exception_type=capsule.get("exception_type"), exception_message=capsule.get("message"),
-                   function=capsule.get("method"))
+                      evidence=found,
+                      exception_type=capsule.get("exception_type"), exception_message=capsule.get("message"),
+                      function=capsule.get("method"))
 
 
 def _ray_kill(evidence, cause, reason, message, pid) -> DeathCause | None:
@@ -343,9 +341,9 @@ def _exited(evidence, cause, reason, message, pid) -> DeathCause | None:
         found.append(f"last log line: {last.strip()[:200]}")
     if intended and code in (None, 0):
         return DeathCause(cause="exit", summary="it exited on purpose (exit_actor / an intended exit)", evidence=found,
-                       exit_code=code)
+                          exit_code=code)
     return DeathCause(cause="exit", summary=f"the process exited with code {code} (sys.exit({code}) or os._exit({code}))",
-                   evidence=found, exit_code=code)
+                      evidence=found, exit_code=code)
 
 
 def _vanished(evidence, cause, reason, message, pid) -> DeathCause | None:
@@ -366,8 +364,8 @@ def _vanished(evidence, cause, reason, message, pid) -> DeathCause | None:
         is not False
     if oom_kills and near and not ruled_out:
         return DeathCause(cause="oom_killer", summary="killed by the kernel OOM killer (SIGKILL)", signal="SIGKILL",
-                       evidence=found + [f"cgroup {cgroup.get('path') or ''} counted {oom_kills} OOM kill(s)",
-                                         f"its last memory sample {_gb(rss)} was ≥90% of the {_gb(limit)} limit"])
+                          evidence=found + [f"cgroup {cgroup.get('path') or ''} counted {oom_kills} OOM kill(s)",
+                                            f"its last memory sample {_gb(rss)} was ≥90% of the {_gb(limit)} limit"])
     found.extend(kill_notes)
     if kernel.get("permitted"):
         if not kill_notes:
@@ -383,5 +381,5 @@ def _vanished(evidence, cause, reason, message, pid) -> DeathCause | None:
     if last:
         found.append(f"its last memory sample: rss {_gb(rss)}")
     return DeathCause(cause="sigkill", summary="killed by SIGKILL (not the kernel OOM killer as far as the node shows)"
-                   if ruled_out else "killed by SIGKILL; the kernel OOM killer could not be ruled out",
-                   evidence=found, signal="SIGKILL")
+                      if ruled_out else "killed by SIGKILL; the kernel OOM killer could not be ruled out",
+                      evidence=found, signal="SIGKILL")

@@ -15,7 +15,7 @@ ends of the driver's wait-for chains.
 from __future__ import annotations
 
 from raysleuth.stacks.analysis import group_processes, headline, parse_py_spy
-from raysleuth.stacks.capture import dump_stacks, is_own_actor, rejudge
+from raysleuth.stacks.capture import dump_stacks, is_own_actor
 from raysleuth.stacks.model import (
     Culprit,
     Frame,
@@ -49,7 +49,6 @@ __all__ = [
     "is_own_actor",
     "parse_py_spy",
     "record_report",
-    "rejudge",
     "stalled_ranks_rule",
 ]
 

@@ -35,7 +35,7 @@ from raysleuth.stacks.sampling import safely as _safe, sample
 from raysleuth.stacks.spy import NOT_PYTHON
 from raysleuth.stacks.verdict import VerdictContext, build_verdict
 
-__all__ = ["dump_stacks", "is_own_actor", "rejudge"]
+__all__ = ["dump_stacks", "is_own_actor"]
 
 _TERMINAL = ("FINISHED", "FAILED")
 
@@ -126,7 +126,6 @@ def dump_stacks(
                              samples=samples, window=interval if samples > 1 else 0.0,
                              collective_positions=found.get("collectives") or [], failed=found.get("failed") or {})
     report.verdict = build_verdict(readable, context=context, extra_rules=extra_rules)
-    report._judged = (readable, context)  # noqa: SLF001 (for rejudge; not part of the report's data)
     report.groups = group_processes(readable)
     report.seconds = time.monotonic() - started
     report.timings["analyse"] = time.monotonic() - analyse
@@ -294,13 +293,3 @@ def _my_node_id() -> str | None:
 def _unfinished_tasks() -> list[RayTask]:
     """Tasks not finished or failed (running, or waiting to run): the wait-for edges."""
     return cluster.tasks(not_states=_TERMINAL, detail=True).items
-
-
-def rejudge(report: StackReport, extra_rules: list) -> StackReport:
-    """The verdict of a report taken a moment ago, judged again with more rules (the stall watchdog's
-    evidence); a report without its judging context is judged from its processes alone."""
-    readable, context = getattr(report, "_judged", None) or (
-        [proc for proc in report.processes if proc.threads], VerdictContext(samples=report.samples))
-    report.verdict = build_verdict(readable, context=context, extra_rules=extra_rules)
-    return report
-

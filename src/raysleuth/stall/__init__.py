@@ -191,7 +191,9 @@ class Watchdog:
             try:
                 from raysleuth.stacks import dump_stacks
 
-                report = dump_stacks(self.address, timeout=self.stacks_timeout, include_self=self.include_self)
+                # judged with the stall as evidence already: if it is a stall, this is its snapshot
+                report = dump_stacks(self.address, timeout=self.stacks_timeout, include_self=self.include_self,
+                                     extra_rules=[_stall_rule(event)])
             except Exception:
                 return False, None
             if any(proc.pid in pids and runs_own_code(proc) for proc in report.processes):
@@ -209,18 +211,11 @@ class Watchdog:
 
     def _snapshot(self, event: StallEvent, report: Any = None) -> None:
         try:
-            from raysleuth.stacks import dump_stacks, record_report, rejudge, stalled_ranks_rule
+            from raysleuth.stacks import dump_stacks, record_report
 
-            # no step progress for the stall time is evidence enough: the verdict names these ranks itself
-            rule = stalled_ranks_rule([
-                {"rank": rank.rank, "pid": rank.pid, "node_ip": rank.node_ip,
-                 "reason": f"no heartbeat progress for {rank.stalled_for(event.time):.0f}s at {rank.unit} {rank.step}"}
-                for rank in event.stalled])
-            if report is None:
+            if report is None:  # (else the one taken to tell a finish from a stall, judged with the same rule)
                 report = dump_stacks(self.address, timeout=self.stacks_timeout, include_self=self.include_self,
-                                     extra_rules=[rule])
-            else:  # taken to tell a finish from a stall: judged again with the stall as evidence
-                report = rejudge(report, [rule])
+                                     extra_rules=[_stall_rule(event)])
             event.report = report
             record_report(report, name="watch")
         except Exception as error:  # the watchdog must never take the driver down
@@ -275,6 +270,16 @@ class Watchdog:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _stall_rule(event: StallEvent):
+    """No step progress for the stall time is evidence enough: a verdict rule that names these ranks itself."""
+    from raysleuth.stacks import stalled_ranks_rule
+
+    return stalled_ranks_rule([
+        {"rank": rank.rank, "pid": rank.pid, "node_ip": rank.node_ip,
+         "reason": f"no heartbeat progress for {rank.stalled_for(event.time):.0f}s at {rank.unit} {rank.step}"}
+        for rank in event.stalled])
 
 
 def watchdog(stall: float = 120.0, on_stall: Callable[[StallEvent], Any] | None = None, **options: Any) -> Watchdog:
