@@ -178,6 +178,13 @@ def is_ray_idle(thread: ThreadStack) -> bool:
     return bool(frames) and _bare(frames[0].function) == "main_loop" and _short(frames[0]).endswith("ray/_private/worker.py")
 
 
+def awaits_off_main_thread(process: ProcessStack) -> bool:
+    """An async actor whose main thread is idle in Ray's task loop: its calls' coroutines await on the event
+    loop's thread, where what they await is not in the main thread's frames."""
+    thread = key_thread(process)
+    return bool(process.event_loop) and thread is not None and is_ray_idle(thread)
+
+
 def in_ray_wait(thread: ThreadStack) -> bool:
     """The thread is blocked in ``ray.get`` or ``ray.wait``."""
     return _ray_wait(thread.frames[:8]) is not None

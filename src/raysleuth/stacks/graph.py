@@ -31,7 +31,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from raysleuth.cluster.records import RayTask
-from raysleuth.stacks.analysis import in_ray_wait, is_ray_idle, key_thread
+from raysleuth.stacks.analysis import awaits_off_main_thread, in_ray_wait, key_thread
 from raysleuth.stacks.model import ProcessStack, WaitEdge
 from raysleuth.stacks.peers import group_key, peer_groups
 
@@ -191,8 +191,8 @@ def _ray_call_edges(graph: WaitGraph, processes: list[ProcessStack], tasks: list
         thread = key_thread(process)
         # A thread in ray.get waits for the calls it submitted; so does an async actor whose loop is idle
         # (its coroutines await them off the main thread: Ray Train's controller, an agent loop).
-        awaits = thread is not None and process.event_loop and is_ray_idle(thread)
-        if process.activity not in WAITING or thread is None or not (in_ray_wait(thread) or awaits):
+        if process.activity not in WAITING or thread is None or not (in_ray_wait(thread)
+                                                                     or awaits_off_main_thread(process)):
             continue
         for own in _own_tasks(process, running):
             for call in children.get(own, []):

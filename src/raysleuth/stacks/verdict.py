@@ -48,7 +48,7 @@ from typing import Any
 
 from raysleuth.cluster.records import RayTask
 from raysleuth.options import format_ranks
-from raysleuth.stacks.analysis import headline, is_ray_idle, key_thread, signature, wait_chains
+from raysleuth.stacks.analysis import awaits_off_main_thread, headline, signature, wait_chains
 from raysleuth.stacks.causes import Candidate, collective_candidates, extra_candidates, make_culprit, sink_candidate
 from raysleuth.stacks.graph import PENDING_SECONDS, WAITING, WaitGraph, build_graph, node_key
 from raysleuth.stacks.model import Consequence, Culprit, ProcessStack, Verdict, WaitLink
@@ -252,11 +252,8 @@ def _explained(graph: WaitGraph, process: ProcessStack, moving_jobs: set[str]) -
 
 
 def _awaits_unseen(process: ProcessStack | None, moving_jobs: set[str]) -> bool:
-    if process is None or process.role == "driver" or not process.event_loop or process.coroutines is not None:
-        return False
-    thread = key_thread(process)
-    return (process.activity in WAITING and thread is not None and is_ray_idle(thread)
-            and process.job_id in moving_jobs)
+    return (process is not None and process.role != "driver" and process.coroutines is None
+            and process.activity in WAITING and awaits_off_main_thread(process) and process.job_id in moving_jobs)
 
 
 def _relevant(graph: WaitGraph, process: ProcessStack, processes: list[ProcessStack]) -> bool:
