@@ -238,12 +238,12 @@ def test_an_old_dump_of_a_pending_rank_is_not_stuck_now():
     assert [c.rank for c in match(ranks).culprits] == [1]
 
 
-def _report(ranks, *, answered, alive=(0, 1)):
+def _report(ranks, *, answered, alive=(0, 1), unknown=()):
     from raysleuth.collectives.report import CollectivesReport, missing_data
 
     report = CollectivesReport(run="r", job_id="j", live=True, requested=True, answered=answered,
-                               ranks=[{"rank": p.rank, "alive": p.rank in alive, "dumped_at": p.dumped_at}
-                                      for p in ranks], verdict=match(ranks, last=4))
+                               ranks=[{"rank": p.rank, "alive": None if p.rank in unknown else p.rank in alive,
+                                       "dumped_at": p.dumped_at} for p in ranks], verdict=match(ranks, last=4))
     report.missing, report.unanswered = missing_data(report, True, None)
     return report
 
@@ -255,5 +255,7 @@ def test_a_live_rank_that_did_not_answer_is_cannot_tell_not_a_problem():
     assert "did not answer" in late.to_dict()["summary"]
     gone = _report(ranks, answered=[0], alive=(0,))  # the same positions, but the process is dead
     assert gone.unanswered == [] and "left no positions" in gone.missing[0] and gone.exit_code == 1
+    unknown = _report(ranks, answered=[0], unknown=(1,))  # the State API did not say whether it lives
+    assert unknown.unanswered == [1] and unknown.missing == [] and unknown.exit_code == 2
     ranks[1] = _rank(1, [_ar(s) for s in range(1, 39)], dumped_at=200.0)
     assert _report(ranks, answered=[0, 1]).exit_code == 0

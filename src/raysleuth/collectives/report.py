@@ -185,8 +185,9 @@ def missing_data(report: CollectivesReport, had_records: bool, group: str | None
         return [f"the records hold no collective entries to compare (light mode dumps only on request and at exit): "
                 f"{_HOW}"], []
     missing, unanswered = [], set()
-    alive = {item["rank"] for item in report.ranks if item.get("alive")}
-    late = alive - set(report.answered) if report.live and report.requested else set()
+    # not known dead (alive, or the State API did not say) and silent this time: cannot tell, never "gone"
+    maybe_alive = {item["rank"] for item in report.ranks if item.get("alive") is not False}
+    late = maybe_alive - set(report.answered) if report.live and report.requested else set()
     for item in report.verdict.groups:
         silent = [rank for rank in item.ranks if not any(rank in row["ranks"] for row in item.rows)]
         unanswered.update(rank for rank in silent if rank in late)
