@@ -289,8 +289,8 @@ def report_transport(size: int, results: dict[int, dict]) -> tuple[Figure, Figur
               f"{kind} {[round(t * 1000) for t in walls[kind]]}" for kind in KINDS) + ")", flush=True)
     for rank, side in ((0, "sender"), (1, "receiver")):
         cpu = {kind: statistics.median(c for _, c in results[rank]["samples"][kind]) for kind in KINDS}
-        print(f"{side}'s caller and digest threads, CPU per sync (median): plain {cpu['plain'] * 1000:.1f} ms, plain again "
-              f"{cpu['plain again'] * 1000:.1f} ms, checked {cpu['checked'] * 1000:.1f} ms", flush=True)
+        print(f"{side}'s caller and digest threads, CPU per sync (median): plain {cpu['plain'] * 1000:.1f} ms, "
+              f"plain again {cpu['plain again'] * 1000:.1f} ms, checked {cpu['checked'] * 1000:.1f} ms", flush=True)
     wall, cpu = figures(results)
     print(wall.describe(), flush=True)
     print(cpu.describe(), "(the most the check can add if none of it overlaps the transfer)", flush=True)
@@ -302,7 +302,8 @@ def main() -> int:
     parser.add_argument("--size", default="256M", help="bytes of weights per sync (default 256M; at least 256M)")
     parser.add_argument("--rounds", type=int, default=16,
                         help="rounds of plain, plain again and checked syncs, in turn (default 16)")
-    parser.add_argument("--healthy", type=int, default=200, help="healthy checked syncs of a small stream (default 200)")
+    parser.add_argument("--healthy", type=int, default=200,
+                        help="healthy checked syncs of a small stream (default 200)")
     args = parser.parse_args()
     size, rounds, healthy = parse_size(args.size), min(900, max(1, args.rounds)), max(1, args.healthy)
     os.environ.setdefault("RAYSLEUTH_HOME", tempfile.mkdtemp(prefix="rs-bench-weights-"))

@@ -24,12 +24,13 @@ next receipt (an engine may refill its buffer as soon as its generator
 resumes: verl's buckets), or with the loader's work on the item (a loader
 may change a received tensor in place, and a digest racing that write
 would report a false "differs"; torch's version counter cannot rule it
-out: writes through ``.data`` or a numpy view do not count, and tensors made
-under ``torch.inference_mode`` have none); hashing one tensor's chunks on a small thread
-pool (on a loaded 2-core machine a 2-thread pool took 87-535 ms for 256 MiB
-that one thread hashed in 10-34 ms). CUDA tensors are digested inline on
-the caller's thread and its current stream (a worker thread would run on
-another stream, unordered with the kernels that produced them).
+out: writes through ``.data`` or a numpy view do not count, and tensors
+made under ``torch.inference_mode`` have none); hashing one tensor's
+chunks on a small thread pool (on a loaded 2-core machine a 2-thread pool
+took 87-535 ms for 256 MiB that one thread hashed in 10-34 ms). CUDA
+tensors are digested inline on the caller's thread and its current stream
+(a worker thread would run on another stream, unordered with the kernels
+that produced them).
 
 Scale: a record holds 8 bytes (as 16 hex digits) per 4 MiB chunk, ~0.6 MB
 per side for a 70B bf16 model; past that, store the chunk digests in a side
@@ -88,7 +89,10 @@ OVERLAP_MIN_BYTES = 1024 * 1024
 
 
 def _overlappable(tensor: Any) -> bool:
-    """A dense, unquantized torch CPU tensor of OVERLAP_MIN_BYTES or more: digested off the caller's thread."""
+    """A dense, unquantized torch CPU tensor of OVERLAP_MIN_BYTES or more: digested off the caller's thread.
+
+    Such a tensor cannot fail to prepare, so nothing that can reject an item runs on the digest thread.
+    """
     torch = sys.modules.get("torch")
     return (torch is not None and isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu"
             and tensor.layout == torch.strided and not tensor.is_quantized
