@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import sys
 
 from raysleuth.recorder.store import SCHEMA_VERSION, EvidenceStore
 
@@ -20,7 +19,6 @@ TRIALS = 12
 
 
 def _open_each(paths, barrier, results) -> None:
-    sys.path[:0] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     from raysleuth.recorder.store import EvidenceStore as Store
 
     failures = []
