@@ -205,7 +205,14 @@ class EvidenceStore:
                 if not self.path.exists():  # 0600 (SQLite gives its -wal and -shm the same mode), in a 0700 folder
                     os.close(private_file(self.path, os.O_WRONLY | os.O_CREAT))
                 self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=30)
-                self._db.execute("PRAGMA journal_mode=WAL")
+                for attempt in range(601):  # SQLite does not wait while another process turns a new file to WAL
+                    try:
+                        self._db.execute("PRAGMA journal_mode=WAL")
+                        break
+                    except sqlite3.OperationalError as error:
+                        if "locked" not in str(error) or attempt == 600:
+                            raise
+                        time.sleep(0.05)
                 self._db.execute("PRAGMA synchronous=NORMAL")
             self._version = self._db.execute("PRAGMA user_version").fetchone()[0]
             if not readonly:
@@ -229,13 +236,15 @@ class EvidenceStore:
         return self._version
 
     def _migrate(self) -> None:
-        with self._lock:
+        with self._lock, self._db:  # commits, or rolls back on an error
+            self._db.execute("BEGIN IMMEDIATE")  # the version is read under the write lock: a second opener waits
             version = self._db.execute("PRAGMA user_version").fetchone()[0]
             for number in range(version, SCHEMA_VERSION):
-                self._db.executescript("BEGIN;" + MIGRATIONS[number] + f"; PRAGMA user_version={number + 1}; COMMIT;")
+                for statement in filter(str.strip, MIGRATIONS[number].split(";")):
+                    self._db.execute(statement)
+                self._db.execute(f"PRAGMA user_version={number + 1}")
             if version == 0:
                 self._db.execute("INSERT OR REPLACE INTO meta VALUES ('created', ?)", (str(time.time()),))
-                self._db.commit()
             self._version = SCHEMA_VERSION
 
     def set_meta(self, key: str, value: Any) -> None:

@@ -10,19 +10,27 @@ Cost: one fingerprint per tensor (XXH3 at memory speed on the CPU, on the
 device on CUDA); only digests leave the process. ``bench/bench_weights.py``
 measures it against the sync itself.
 
-Where the digest runs. On the sending side a CPU tensor is digested on a
-worker thread while the caller's consumer (the engine's send) has it, and
-the digest is finished before the next item is pulled from the source, and
-before the record is written: the source may reuse a buffer for its next
-item only once the consumer asked for it, and both the digest and the send
-only read. XXH3 releases the GIL while it reads, so the send's threads keep
-moving. On the receiving side the digest stays inline, before the item is
-handed on: what arrived is digested before the loader can touch it (a
-loader may transform a received buffer in place), and an engine may refill
-a buffer as soon as its generator resumes (verl's buckets), so overlapping
-with the next receipt is not safe in general. CUDA tensors are digested
-inline on the caller's thread and its current stream (a worker thread would
-run on another stream, unordered with the kernels that produced them).
+Where the digest runs. Both sides digest each tensor before the caller
+gets past it: the sender before it pulls the next item from its source
+(which may refill one buffer for every item), the receiver before it hands
+the item on. On the sending side a CPU tensor of 1 MiB or more is digested
+on a worker thread while the send has it (both only read; XXH3 releases
+the GIL while it reads), finished before the next item is pulled and
+before the record is written; smaller ones stay on the caller's thread
+(their digest is mostly Python holding the GIL: a hand-off only adds a
+wait). The receiving side digests inline, before the loader sees the
+tensor. Not done, and why: overlapping the receiver's digest with the
+next receipt (an engine may refill its buffer as soon as its generator
+resumes: verl's buckets), or with the loader's work on the item (a loader
+may change a received tensor in place, and a digest racing that write
+would report a false "differs"; torch's version counter cannot rule it
+out: writes through ``.data`` or a numpy view do not count, and tensors
+made under ``torch.inference_mode`` have none); hashing one tensor's
+chunks on a small thread pool (on a loaded 2-core machine a 2-thread pool
+took 87-535 ms for 256 MiB that one thread hashed in 10-34 ms). CUDA
+tensors are digested inline on the caller's thread and its current stream
+(a worker thread would run on another stream, unordered with the kernels
+that produced them).
 
 Scale: a record holds 8 bytes (as 16 hex digits) per 4 MiB chunk, ~0.6 MB
 per side for a 70B bf16 model; past that, store the chunk digests in a side
@@ -74,11 +82,21 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool)
 
 
+#: Smaller tensors are digested on the caller's thread. A small tensor's digest is mostly Python holding the
+#: GIL (~50-100 us against <1 us of XXH3 reading 8 KiB), so on the digest thread it runs no more in parallel
+#: with the send and adds a hand-off, during which the caller waits for the GIL.
+OVERLAP_MIN_BYTES = 1024 * 1024
+
+
 def _overlappable(tensor: Any) -> bool:
-    """A dense, unquantized torch CPU tensor: digested off the caller's thread (cannot fail to prepare)."""
+    """A dense, unquantized torch CPU tensor of OVERLAP_MIN_BYTES or more: digested off the caller's thread.
+
+    Such a tensor cannot fail to prepare, so nothing that can reject an item runs on the digest thread.
+    """
     torch = sys.modules.get("torch")
     return (torch is not None and isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu"
-            and tensor.layout == torch.strided and not tensor.is_quantized)
+            and tensor.layout == torch.strided and not tensor.is_quantized
+            and tensor.numel() * tensor.element_size() >= OVERLAP_MIN_BYTES)
 
 
 def next_version(side: str) -> int:
