@@ -1,14 +1,26 @@
 """The hook on ``torch.distributed``'s collectives: this process's calls in a bounded ring.
 
-Each wrapped collective appends one entry (a list in :data:`_FIELDS` order,
-holding torch's own shape and dtype objects: made plain only at dump time)
-and counts itself as progress when it returns. The hot path builds no dict,
-formats no string and takes no lock (a deque append is atomic).
+The ring is preallocated: :data:`RING_SIZE` small lists written in place, so a
+call allocates nothing and touches a few cache lines (a job's memory traffic
+between two collectives leaves them cold: each line touched costs a cache
+miss). What each call always writes (light mode, the default): its process
+group's name, its sequence number there, the op, its start and end times
+(``time.time_ns``), its state, the job's step and the calling thread; and it
+counts itself as progress when it returns. The caller's file:line and the
+tensors' shapes and dtypes cost several times that (a frame object and
+torch's shape path), so they are kept per call only in *detail* mode (full
+mode, or armed on demand: :func:`set_detail`). In light mode a dump still
+names the file:line of every call that has not returned (the one a rank
+waits in), read from the caller's live stack at dump time (:func:`entries`);
+torch's Flight Recorder, where the job has it, gives shapes and dtypes.
+
+The hot path builds no dict, formats no string and takes no lock: each write
+is one list store under the GIL. A dump reads each entry with one atomic copy
+and keeps it only when its id says it is whole (:func:`entries`).
 """
 
 from __future__ import annotations
 
-import collections
 import functools
 import importlib.abc
 import inspect
@@ -21,7 +33,8 @@ from typing import Any, Callable
 from raysleuth import runtime
 
 RING_SIZE = 512
-"""Wrapper records kept per process (oldest dropped)."""
+"""Wrapper records kept per process (oldest overwritten); a power of two."""
+_MASK = RING_SIZE - 1
 
 # op -> (index of the input tensor(s), index of the output tensor(s)); None: no tensor there.
 OPS: dict[str, tuple[int | None, int | None]] = {
@@ -43,12 +56,20 @@ OPS: dict[str, tuple[int | None, int | None]] = {
     "irecv": (None, 0),
 }
 
-_ring: collections.deque = collections.deque(maxlen=RING_SIZE)
+SLOTS = ("id", "pg", "seq", "op", "state", "start_ns", "end_ns", "step", "thread", "detail")
+"""One ring entry, in place: ``id`` is the entry's number (-1 while it is written), ``detail`` None or
+(code, line, call count at that line, inputs, outputs) in detail mode."""
+_ID, _PG, _SEQ, _OP, _STATE, _START, _END, _STEP, _THREAD, _DETAIL = range(len(SLOTS))
+_ring: list[list] = [[-1] + [None] * (len(SLOTS) - 1) for _ in range(RING_SIZE)]
+_next = [0]
+"""Entries written so far (the next entry's id)."""
 _progress = [0]
 """Completed wrapped collectives (the progress hook's counter)."""
+_detail = [False]
+"""Detail mode: each call's file:line and shapes too (full mode, or :func:`set_detail`)."""
 _seqs: dict[str, int] = {}
 _sites: dict[tuple, int] = {}
-"""(file, line) -> collectives issued from there (a step count for jobs that name no steps)."""
+"""(file, line) -> collectives issued from there (a step count for jobs that name no steps; detail mode)."""
 _groups: dict[int, tuple[str, str]] = {}
 _default_name: list = [None]
 """The default group's name once looked up (cleared when a process group is created)."""
@@ -59,6 +80,11 @@ _c10d: Any = None
 _current_step = runtime.current_step
 _wake = threading.Event()
 """Set when a process group is created: the background thread then records this rank at once."""
+
+
+def set_detail(on: bool) -> None:
+    """Record each call's file:line and tensor shapes from the next call on (light mode keeps neither)."""
+    _detail[0] = bool(on)
 
 
 class WrapOnImport(importlib.abc.MetaPathFinder):
@@ -136,7 +162,7 @@ def _wake_after(original: Callable) -> Callable:
         _wake.set()
         return result
 
-    create.__raysleuth_collective__ = True
+    create.__raysleuth_collective__ = True  # type: ignore[attr-defined]
     return create
 
 
@@ -147,64 +173,87 @@ def _group_index(function: Callable) -> int:
         return -1
 
 
-_FIELDS = ("pg", "seq", "op", "input", "output", "state", "start_ns", "end_ns", "code", "line", "step", "call")
-_STATE, _END = _FIELDS.index("state"), _FIELDS.index("end_ns")
+_FIELDS = ("pg", "seq", "op", "input", "output", "state", "start_ns", "end_ns", "file", "line", "function", "step",
+           "call")
+"""A dumped call's keys (what :mod:`.model` and :mod:`raysleuth.stragglers.sources` read)."""
 
 
 def _wrap(op: str, original: Callable) -> Callable:
-    """``original`` with its calls in the ring: all of the bookkeeping inline, one small list per call.
+    """``original`` with its calls in the ring: the bookkeeping inline, written in place (see the module doc).
 
-    Per call: the group's name (a dict hit), its sequence number, the caller's frame (one
-    ``startswith`` unless the call came through torch), the site's count, torch's own shape and
-    dtype objects, two clock reads. Nothing is formatted or resolved here (see :func:`_plain`).
+    Per call in light mode: the group's name (a dict hit), its sequence number, a ring entry's
+    fields, two clock reads. In detail mode also the caller's frame (one ``startswith`` unless the
+    call came through torch), the site's count and torch's own shape and dtype objects. Nothing is
+    formatted or resolved here (see :func:`entries`).
     """
     group_at = _group_index(original)
     if group_at < 0:
         group_at = sys.maxsize  # never a position in args
     input_at, output_at = OPS[op]
-    same = input_at == output_at
-    asynchronous = op in ("isend", "irecv")
-    getframe, time_ns, append, current_step = sys._getframe, time.time_ns, _ring.append, _current_step
+    time_ns, current_step, ident = time.time_ns, _current_step, threading.get_ident
+    ring, counter, progress, detail, seqs, default = _ring, _next, _progress, _detail, _seqs, _default_name
+    done = "enqueued" if op in ("isend", "irecv") else "completed"
 
     @functools.wraps(original)
     def collective(*args, **kwargs):
-        entry = None
+        n = -1
         try:
             group = kwargs.get("group") if kwargs else None
             if group is None and group_at < len(args):
                 group = args[group_at]
-            name = _default_name[0] if group is None and _default_name[0] else _group_name(group)
-            seq = _seqs[name] = _seqs.get(name, 0) + 1
-            frame = getframe(1)
-            if frame.f_code.co_filename.startswith(_SKIP_DIRS):
-                frame = _user_frame(frame)
-            if frame is not None:
-                code, line = frame.f_code, frame.f_lineno
-                site = (code.co_filename, line)  # not the code object: its hash is not cached
-                count = _sites[site] = _sites.get(site, 0) + 1
-            else:
-                code = line = count = None
-            inputs = _tensors(args, input_at)
-            entry = [name, seq, op, inputs, inputs if same else _tensors(args, output_at), "started",
-                     time_ns(), None, code, line, current_step(), count]
-            append(entry)
+            name = default[0] if group is None and default[0] else _group_name(group)
+            seq = seqs[name] = seqs.get(name, 0) + 1
+            n = counter[0]
+            counter[0] = n + 1
+            entry = ring[n & _MASK]
+            entry[0] = -1  # _ID: not whole until the last store
+            entry[1], entry[2], entry[3], entry[4] = name, seq, op, "started"
+            entry[6], entry[7], entry[8] = None, current_step(), ident()
+            entry[9] = _details(args, input_at, output_at) if detail[0] else None
+            entry[5] = time_ns()
+            entry[0] = n
         except Exception:
-            entry = None
+            n = -1
         try:
             result = original(*args, **kwargs)
         except BaseException:
-            if entry is not None:
-                entry[_STATE] = "error"
-                entry[_END] = time_ns()
+            _finish(n, "error")
             raise
-        _progress[0] += 1
-        if entry is not None:
-            entry[_STATE] = "enqueued" if asynchronous or kwargs.get("async_op") else "completed"
-            entry[_END] = time_ns()
+        progress[0] += 1
+        if n >= 0:
+            entry = ring[n & _MASK]
+            if entry[0] == n:  # not overwritten meanwhile (512 calls from other threads)
+                entry[6] = time_ns()  # _END before _STATE: a reader never sees a finished call without its end
+                entry[4] = "enqueued" if kwargs and kwargs.get("async_op") else done
         return result
 
-    collective.__raysleuth_collective__ = True
+    collective.__raysleuth_collective__ = True  # type: ignore[attr-defined]
     return collective
+
+
+def _finish(n: int, state: str) -> None:
+    try:
+        entry = _ring[n & _MASK]
+        if n >= 0 and entry[_ID] == n:
+            entry[_END] = time.time_ns()
+            entry[_STATE] = state
+    except Exception:
+        pass
+
+
+def _details(args, input_at, output_at) -> tuple | None:
+    """Detail mode: (code, line, call count at that line, inputs, outputs) of this call."""
+    frame = sys._getframe(2)
+    if frame.f_code.co_filename.startswith(_SKIP_DIRS):
+        frame = _user_frame(frame)
+    if frame is not None:
+        code, line = frame.f_code, frame.f_lineno
+        site = (code.co_filename, line)  # not the code object: its hash is not cached
+        count = _sites[site] = _sites.get(site, 0) + 1
+    else:
+        code = line = count = None
+    inputs = _tensors(args, input_at)
+    return code, line, count, inputs, inputs if input_at == output_at else _tensors(args, output_at)
 
 
 def _user_frame(frame):
@@ -227,14 +276,61 @@ def _tensors(args, index) -> Any:
         return ()
 
 
-def _plain(entry: list) -> dict:
-    """A ring entry as JSON-ready data."""
-    data = dict(zip(_FIELDS, entry))
-    code = data.pop("code")
-    data["file"], data["function"] = (code.co_filename, code.co_name) if code is not None else (None, None)
-    for key in ("input", "output"):
-        data[key] = [[list(shape), str(dtype).replace("torch.", "")] for shape, dtype in data[key] or []]
-    return data
+def raw_entries() -> list[list]:
+    """Copies of the ring's whole entries, oldest first (each copied atomically; torn ones left out)."""
+    end = _next[0]
+    kept = []
+    for n in range(max(0, end - RING_SIZE), end):
+        entry = list(_ring[n & _MASK])  # one C call under the GIL: a consistent copy
+        if entry[_ID] == n:
+            kept.append(entry)
+    return kept
+
+
+def entries() -> list[dict]:
+    """The ring as JSON-ready dicts (:data:`_FIELDS`), oldest first.
+
+    A call that has not returned and has no detail gets the file:line of its caller's live frame.
+    """
+    raw = raw_entries()
+    waiting = _waiting_frames() if any(e[_STATE] == "started" and e[_DETAIL] is None for e in raw) else {}
+    plain = []
+    for entry in raw:
+        detail = entry[_DETAIL]
+        if detail is None and entry[_STATE] == "started" and entry[_THREAD] in waiting:
+            code, line = waiting.pop(entry[_THREAD]) if entry is _newest_of(raw, entry[_THREAD]) else (None, None)
+            detail = (code, line, None, (), ())
+        code, line, count, inputs, outputs = detail or (None, None, None, (), ())
+        plain.append({"pg": entry[_PG], "seq": entry[_SEQ], "op": entry[_OP], "input": _plain_tensors(inputs),
+                      "output": _plain_tensors(outputs), "state": entry[_STATE], "start_ns": entry[_START],
+                      "end_ns": entry[_END], "file": code.co_filename if code is not None else None, "line": line,
+                      "function": code.co_name if code is not None else None, "step": entry[_STEP], "call": count})
+    return plain
+
+
+def _newest_of(raw: list[list], thread: Any) -> list | None:
+    """The newest entry of ``thread`` not returned: the call that thread is in now."""
+    return next((e for e in reversed(raw) if e[_THREAD] == thread and e[_STATE] == "started"), None)
+
+
+def _waiting_frames() -> dict[int, tuple]:
+    """thread id -> (code, line) of the job's frame that called a wrapped collective still running there."""
+    found = {}
+    try:
+        for thread, top in sys._current_frames().items():
+            frame: Any = top
+            while frame is not None and frame.f_code is not _COLLECTIVE_CODE:
+                frame = frame.f_back
+            user = _user_frame(frame.f_back) if frame is not None else None
+            if user is not None:
+                found[thread] = (user.f_code, user.f_lineno)
+    except Exception:
+        pass
+    return found
+
+
+def _plain_tensors(tensors) -> list:
+    return [[list(shape), str(dtype).replace("torch.", "")] for shape, dtype in tensors or []]
 
 
 def _group_name(group) -> str:
@@ -259,3 +355,7 @@ def _tune_skip_dirs() -> None:
         _SKIP_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__)))
     except Exception:
         pass
+
+
+_COLLECTIVE_CODE = _wrap("barrier", lambda group=None: None).__code__
+"""The code object every wrapped collective runs (found on a thread's stack at dump time)."""
