@@ -13,8 +13,9 @@
    often), each call after 16 MiB of other memory traffic (as between a job's
    collectives, so the wrapper meets its data cold), the same tensor goes
    through: the bare collective; the default wrapper; full mode's wrapper
-   (file:line and shapes of each call, no target); and the A/A control, the
-   bare call behind one plain Python function. Per call, the calling thread's
+   (file:line and shapes of each call, no target); the bare call behind one
+   plain Python function (the floor of any wrapper, no target); and the A/A
+   control, the bare call again under another name. Per call, the calling thread's
    CPU time (``time.thread_time_ns``): the wrapper runs on that thread before
    the collective starts, so the CPU it adds is the wall time it adds, and the
    scheduler's preemptions, which make wall clocks on a shared machine stray
@@ -148,14 +149,14 @@ def _worker(rank: int, port: int, home: str, queue) -> None:
     light = dist.all_reduce
     assert getattr(light, "__raysleuth_collective__", False) and not hook._detail[0]
 
-    def control(tensor):
+    def plain(tensor):
         return bare(tensor)
 
     def detail(name: str) -> None:  # full mode's wrapper: the same function, with detail on
         hook.set_detail(name == "full")
         barrier()
 
-    variants = [("bare", bare), ("light", light), ("full", light), ("control", control)]
+    variants = [("bare", bare), ("light", light), ("full", light), ("plain", plain), ("again", bare)]
     results = {}
     for numel, calls in CALLS.items():
         tensor = torch.ones(numel)
@@ -197,7 +198,8 @@ def report_pair(numel: int, rounds: dict[str, dict[str, list[float]]]) -> None:
           f"{statistics.median(rounds['bare']['cpu']) / 1000:,.1f} µs CPU of the calling thread")
     shares = {}
     for name, label in (("light", "raysleuth's default (light)"), ("full", "full mode's wrapper (file:line, shapes)"),
-                        ("control", "A/A control (one plain Python function)")):
+                        ("plain", "the floor of any wrapper (one plain Python function)"),
+                        ("again", "A/A control (the bare call again, under another name)")):
         cpu = added(rounds, name)
         shares[name] = cpu / wall
         best_ratio = min(rounds[name]["wall"]) / wall
@@ -205,7 +207,7 @@ def report_pair(numel: int, rounds: dict[str, dict[str, list[float]]]) -> None:
               f"wall clock (shared machine: carries the scheduler's noise) best-round ratio {best_ratio:.3f}, "
               f"median per-round {added(rounds, name, kind='wall') / 1000:+,.1f} µs")
     if numel != 1:
-        control = shares["control"]
+        control = shares["again"]
         resolved = abs(control) <= RESOLVE
         target("this machine resolves the target (A/A control's CPU share within "
                f"{RESOLVE * 100:.1f}% of 0)", resolved, f"{control * 100:+.3f}%")

@@ -56,11 +56,13 @@ OPS: dict[str, tuple[int | None, int | None]] = {
     "irecv": (None, 0),
 }
 
-SLOTS = ("id", "pg", "seq", "op", "state", "start_ns", "end_ns", "step", "thread", "detail")
-"""One ring entry, in place: ``id`` is the entry's number (-1 while it is written), ``detail`` None or
-(code, line, call count at that line, inputs, outputs) in detail mode."""
-_ID, _PG, _SEQ, _OP, _STATE, _START, _END, _STEP, _THREAD, _DETAIL = range(len(SLOTS))
-_ring: list[list] = [[-1] + [None] * (len(SLOTS) - 1) for _ in range(RING_SIZE)]
+SLOTS = ("id", "pg", "seq", "op", "asynchronous", "step", "thread", "detail", "start_ns")
+"""One ring entry: a tuple written in one store. ``id`` is the entry's number, ``detail`` None or
+(code, line, call count at that line, inputs, outputs) in detail mode. Its end is in :data:`_ends`."""
+_ID, _PG, _SEQ, _OP, _ASYNC, _STEP, _THREAD, _DETAIL, _START = range(len(SLOTS))
+_ring: list[tuple | None] = [None] * RING_SIZE
+_ends: list[int | None] = [None] * RING_SIZE
+"""The end (``time.time_ns``) of the entry in the same slot: None while it runs, negative when it raised."""
 _next = [0]
 """Entries written so far (the next entry's id)."""
 _progress = [0]
@@ -190,13 +192,13 @@ def _wrap(op: str, original: Callable) -> Callable:
     if group_at < 0:
         group_at = sys.maxsize  # never a position in args
     input_at, output_at = OPS[op]
-    time_ns, current_step, ident = time.time_ns, _current_step, threading.get_ident
-    ring, counter, progress, detail, seqs, default = _ring, _next, _progress, _detail, _seqs, _default_name
-    done = "enqueued" if op in ("isend", "irecv") else "completed"
+    time_ns, current_step, ident, steps = time.time_ns, _current_step, threading.get_ident, runtime
+    ring, ends, counter, progress, detail, seqs, default = _ring, _ends, _next, _progress, _detail, _seqs, _default_name
+    asynchronous = op in ("isend", "irecv")
 
     @functools.wraps(original)
     def collective(*args, **kwargs):
-        n = -1
+        slot = -1
         try:
             group = kwargs.get("group") if kwargs else None
             if group is None and group_at < len(args):
@@ -205,40 +207,27 @@ def _wrap(op: str, original: Callable) -> Callable:
             seq = seqs[name] = seqs.get(name, 0) + 1
             n = counter[0]
             counter[0] = n + 1
-            entry = ring[n & _MASK]
-            entry[0] = -1  # _ID: not whole until the last store
-            entry[1], entry[2], entry[3], entry[4] = name, seq, op, "started"
-            entry[6], entry[7], entry[8] = None, current_step(), ident()
-            entry[9] = _details(args, input_at, output_at) if detail[0] else None
-            entry[5] = time_ns()
-            entry[0] = n
+            slot = n & _MASK
+            ends[slot] = None  # before the entry: a reader never pairs this entry with the slot's old end
+            ring[slot] = mine = (n, name, seq, op,
+                                 asynchronous or bool(kwargs.get("async_op")) if kwargs else asynchronous,
+                                 current_step() if steps._last_step is not None else None,  # None: no step set yet
+                                 ident(), _details(args, input_at, output_at) if detail[0] else None, time_ns())
         except Exception:
-            n = -1
+            slot = -1
         try:
             result = original(*args, **kwargs)
         except BaseException:
-            _finish(n, "error")
+            if slot >= 0 and ring[slot] is mine:
+                ends[slot] = -time_ns()
             raise
         progress[0] += 1
-        if n >= 0:
-            entry = ring[n & _MASK]
-            if entry[0] == n:  # not overwritten meanwhile (512 calls from other threads)
-                entry[6] = time_ns()  # _END before _STATE: a reader never sees a finished call without its end
-                entry[4] = "enqueued" if kwargs and kwargs.get("async_op") else done
+        if slot >= 0 and ring[slot] is mine:  # not overwritten meanwhile (512 calls from other threads)
+            ends[slot] = time_ns()
         return result
 
     collective.__raysleuth_collective__ = True  # type: ignore[attr-defined]
     return collective
-
-
-def _finish(n: int, state: str) -> None:
-    try:
-        entry = _ring[n & _MASK]
-        if n >= 0 and entry[_ID] == n:
-            entry[_END] = time.time_ns()
-            entry[_STATE] = state
-    except Exception:
-        pass
 
 
 def _details(args, input_at, output_at) -> tuple | None:
@@ -276,15 +265,29 @@ def _tensors(args, index) -> Any:
         return ()
 
 
-def raw_entries() -> list[list]:
-    """Copies of the ring's whole entries, oldest first (each copied atomically; torn ones left out)."""
-    end = _next[0]
+def raw_entries() -> list[tuple[tuple, int | None]]:
+    """(entry, end) of every whole entry in the ring, oldest first.
+
+    Each list is copied in one C call under the GIL; an entry written while it was copied, or whose
+    slot was written again since, is left out (its end could be another entry's).
+    """
+    before = _next[0]
+    ring, ends = list(_ring), list(_ends)
+    after = _next[0]
     kept = []
-    for n in range(max(0, end - RING_SIZE), end):
-        entry = list(_ring[n & _MASK])  # one C call under the GIL: a consistent copy
-        if entry[_ID] == n:
-            kept.append(entry)
+    for n in range(max(0, after - RING_SIZE), before):
+        entry = ring[n & _MASK]
+        if entry is not None and entry[_ID] == n:
+            kept.append((entry, ends[n & _MASK]))
     return kept
+
+
+def _state(entry: tuple, end: int | None) -> str:
+    if end is None:
+        return "started"
+    if end < 0:
+        return "error"
+    return "enqueued" if entry[_ASYNC] else "completed"
 
 
 def entries() -> list[dict]:
@@ -293,24 +296,21 @@ def entries() -> list[dict]:
     A call that has not returned and has no detail gets the file:line of its caller's live frame.
     """
     raw = raw_entries()
-    waiting = _waiting_frames() if any(e[_STATE] == "started" and e[_DETAIL] is None for e in raw) else {}
+    running = [entry for entry, end in raw if end is None]
+    waiting = _waiting_frames() if any(entry[_DETAIL] is None for entry in running) else {}
+    current = {entry[_THREAD]: entry for entry in running}  # the newest running entry of each thread
     plain = []
-    for entry in raw:
+    for entry, end in raw:
         detail = entry[_DETAIL]
-        if detail is None and entry[_STATE] == "started" and entry[_THREAD] in waiting:
-            code, line = waiting.pop(entry[_THREAD]) if entry is _newest_of(raw, entry[_THREAD]) else (None, None)
-            detail = (code, line, None, (), ())
+        if detail is None and end is None and current.get(entry[_THREAD]) is entry and entry[_THREAD] in waiting:
+            detail = (*waiting[entry[_THREAD]], None, (), ())
         code, line, count, inputs, outputs = detail or (None, None, None, (), ())
         plain.append({"pg": entry[_PG], "seq": entry[_SEQ], "op": entry[_OP], "input": _plain_tensors(inputs),
-                      "output": _plain_tensors(outputs), "state": entry[_STATE], "start_ns": entry[_START],
-                      "end_ns": entry[_END], "file": code.co_filename if code is not None else None, "line": line,
+                      "output": _plain_tensors(outputs), "state": _state(entry, end), "start_ns": entry[_START],
+                      "end_ns": abs(end) if end is not None else None,
+                      "file": code.co_filename if code is not None else None, "line": line,
                       "function": code.co_name if code is not None else None, "step": entry[_STEP], "call": count})
     return plain
-
-
-def _newest_of(raw: list[list], thread: Any) -> list | None:
-    """The newest entry of ``thread`` not returned: the call that thread is in now."""
-    return next((e for e in reversed(raw) if e[_THREAD] == thread and e[_STATE] == "started"), None)
 
 
 def _waiting_frames() -> dict[int, tuple]:

@@ -281,6 +281,7 @@ def snapshot(reason: str = "request", *, limit: int = DUMP_LIMIT, request: Any =
         "reason": reason, "request": request, "time": time.time(), "pid": os.getpid(),
         "rank": rank, "world_size": world_size, "job_id": _job_id(), "progress": _progress[0],
         "groups": _group_table(), "calls": calls, "flight_recorder": fr_part, "delta": reason == "periodic",
+        "detail": hook._detail[0],
     }
 
 
@@ -322,7 +323,7 @@ def _changed() -> bool:
     """Did anything happen since the last periodic dump? (ring or Flight Recorder positions)"""
     global _last_dump_key
     newest = raw_entries()[-1:]
-    key = (_progress[0], hook._next[0], newest[0][hook._STATE] if newest else None, _fr_position())
+    key = (_progress[0], hook._next[0], newest[0][1] if newest else None, _fr_position())
     if key == _last_dump_key:
         return False
     _last_dump_key = key
