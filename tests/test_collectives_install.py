@@ -216,3 +216,30 @@ def test_the_light_wrapper_never_raises_into_the_call_and_keeps_the_newest_whole
     assert len(kept) == hook.RING_SIZE and [e["seq"] for e in kept] == sorted(e["seq"] for e in kept)
     assert kept[-1]["state"] == "error" and kept[-1]["end_ns"] >= kept[-1]["start_ns"] > 0
     assert {e["state"] for e in kept[:-1]} == {"completed"} and all(e["file"] is None for e in kept)
+
+
+def test_detail_armed_on_demand_records_each_calls_file_line_and_shapes():
+    """The control key ``collectives.detail`` (its handler, as the control thread calls it) arms full mode's
+    detail in a light-mode worker from the next call on, and disarms it."""
+    import torch
+
+    from raysleuth.collectives import hook, record
+
+    def all_reduce(tensor, op=None, group=None, async_op=False):
+        return tensor
+
+    wrapped = hook._wrap("all_reduce", all_reduce)
+    hook._default_name[0] = "armed"
+    try:
+        wrapped(torch.ones(2, 3))
+        record._on_detail(True)
+        line = sys._getframe().f_lineno + 1
+        wrapped(torch.ones(2, 3))
+        record._on_detail(False)
+        wrapped(torch.ones(2, 3))
+        calls = [e for e in hook.entries() if e["pg"] == "armed"][-3:]
+    finally:
+        hook._default_name[0] = None
+        hook.set_detail(False)
+    assert [(c["line"], c["input"]) for c in calls] == [(None, []), (line, [[[2, 3], "float32"]]), (None, [])], calls
+    assert calls[1]["file"] == __file__ and calls[1]["call"] == 1
