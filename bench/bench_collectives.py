@@ -224,7 +224,8 @@ def main() -> int:
     cold_bare, cold_wrapped = hook_cost_cold()
     print(f"  the same, each call after 16 MiB of other memory traffic (caches cold; no target): "
           f"{cold_wrapped - cold_bare:,.0f} ns (bare {cold_bare:,.0f} ns)")
-    target("light wrapper per collective, caches hot", hook < HOOK_TARGET_NS, f"{hook:,.0f} ns (< {HOOK_TARGET_NS:,} ns)")
+    target("light wrapper per collective, caches hot", hook < HOOK_TARGET_NS,
+           f"{hook:,.0f} ns (< {HOOK_TARGET_NS:,} ns)")
     pair = gloo_pair()
     print(f"one gloo pair set up by install() (light mode); {ROUNDS} interleaved rounds, each call after 16 MiB "
           "of other memory traffic; CPU = the calling thread's (time.thread_time_ns)")

@@ -270,7 +270,8 @@ def print_steps(walls: dict[str, list[float]], cpus: dict[str, list[float]], ste
     cpu = {name: min(values) for name, values in cpus.items()}
     print(f"best-of-rounds ratios, printed for scale only (two identical conditions differ by tens of percent on "
           f"this machine): wall recorded/plain {best['recorded'] / best['plain']:.4f}, sampled/recorded "
-          f"{best['recorded+sampled'] / best['recorded']:.4f}; CPU recorded/plain {cpu['recorded'] / cpu['plain']:.4f}, "
+          f"{best['recorded+sampled'] / best['recorded']:.4f}; "
+          f"CPU recorded/plain {cpu['recorded'] / cpu['plain']:.4f}, "
           f"sampled/recorded {cpu['recorded+sampled'] / cpu['recorded']:.4f}")
 
 

@@ -116,7 +116,8 @@ def test_light_ring_keeps_every_field_its_readers_need(tmp_path):
         import raysleuth.collectives as collectives
         collectives.install()
         import torch, torch.distributed as dist
-        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=int(os.environ["RANK"]), world_size=2)
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=int(os.environ["RANK"]),
+                                world_size=2)
         group = dist.new_group([0, 1], group_desc="weight_sync")
         for _ in range(3):
             dist.all_reduce(torch.ones(4, 2))
@@ -170,8 +171,8 @@ def test_light_ring_keeps_every_field_its_readers_need(tmp_path):
     mine = [c for c in calls_from_records([record]).calls[0] if c.group == "0"]  # the stragglers' enter and exit times
     assert [(c.op, c.seq) for c in mine] == [("all_reduce", n) for n in range(1, 5)]
     assert all(c.enter_ns and c.exit_ns for c in mine[:3]) and mine[-1].exit_ns is None
-    peer_record = {"data": {**data, "rank": 1, "pid": data["pid"] + 1, "time": data["time"] + 10,
-                            "calls": [dict(c, state="completed", end_ns=c["start_ns"] + 1) for c in data["calls"][:-1]]},
+    returned = [dict(c, state="completed", end_ns=c["start_ns"] + 1) for c in data["calls"][:-1]]
+    peer_record = {"data": {**data, "rank": 1, "pid": data["pid"] + 1, "time": data["time"] + 10, "calls": returned},
                    "rank": 1}
     waiting_record = dict(record, data=dict(data, time=data["time"] + 10))
     culprits = collective_culprits([waiting_record, peer_record], pending_after=0.5)  # the stacks verdict's rule

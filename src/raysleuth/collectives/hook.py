@@ -1,22 +1,23 @@
 """The hook on ``torch.distributed``'s collectives: this process's calls in a bounded ring.
 
-The ring is preallocated: :data:`RING_SIZE` small lists written in place, so a
-call allocates nothing and touches a few cache lines (a job's memory traffic
-between two collectives leaves them cold: each line touched costs a cache
-miss). What each call always writes (light mode, the default): its process
-group's name, its sequence number there, the op, its start and end times
-(``time.time_ns``), its state, the job's step and the calling thread; and it
-counts itself as progress when it returns. The caller's file:line and the
-tensors' shapes and dtypes cost several times that (a frame object and
-torch's shape path), so they are kept per call only in *detail* mode (full
-mode, or armed on demand: :func:`set_detail`). In light mode a dump still
-names the file:line of every call that has not returned (the one a rank
-waits in), read from the caller's live stack at dump time (:func:`entries`);
-torch's Flight Recorder, where the job has it, gives shapes and dtypes.
+The ring is preallocated: :data:`RING_SIZE` slots, each call storing one
+tuple in its slot and its end time in a parallel list, so a call touches a
+few cache lines (a job's memory traffic between two collectives leaves them
+cold: each line touched costs a cache miss). What each call always records
+(light mode, the default): its process group's name, its sequence number
+there, the op, its start and end times (``time.time_ns``), its state, the
+job's step (once the job sets one) and the calling thread; and it counts
+itself as progress when it returns. The caller's file:line and the tensors'
+shapes and dtypes cost several times that (a frame object and torch's shape
+path), so they are kept per call only in *detail* mode (full mode, or armed
+on demand: :func:`set_detail`). In light mode a dump still names the
+file:line of every call that has not returned (the one a rank waits in),
+read from the caller's live stack at dump time (:func:`entries`); torch's
+Flight Recorder, where the job has it, gives shapes and dtypes.
 
 The hot path builds no dict, formats no string and takes no lock: each write
-is one list store under the GIL. A dump reads each entry with one atomic copy
-and keeps it only when its id says it is whole (:func:`entries`).
+is one list store under the GIL. A dump copies each list in one C call and
+keeps only the entries its counter says are whole (:func:`raw_entries`).
 """
 
 from __future__ import annotations

@@ -107,13 +107,14 @@ def install() -> None:
 def flight_recorder_wanted(mode: str) -> bool:
     """Whether :func:`install` switches torch's Flight Recorder on: in full mode only.
 
-    It costs a 1 MiB gloo ``all_reduce`` about 5 % (``bench/bench_collectives.py``),
-    against a 2 % budget for what light mode (the default) keeps on. Light mode
-    keeps the light wrapper: every call the job makes itself, with its start and end
-    times (``start_ns``/``end_ns``) and step, but not DDP's gradient buckets, and
-    file:line only for the calls still running when it dumps. A job that wants the Flight Recorder in light mode sets
-    ``TORCH_FR_BUFFER_SIZE`` itself (torch's own switch, read when a process
-    group is created).
+    torch 2.13 keeps one by default, so in light mode (the default, < 2 % of a
+    1 MiB gloo ``all_reduce``: ``bench/bench_collectives.py``) raysleuth leaves
+    it as the job has it. Light mode keeps the light wrapper: every call the job
+    makes itself, with its start and end times (``start_ns``/``end_ns``) and
+    step, but not DDP's gradient buckets, and file:line only for the calls still
+    running when it dumps. A job that wants the Flight Recorder where torch keeps
+    none sets ``TORCH_FR_BUFFER_SIZE`` itself (torch's own switch, read when a
+    process group is created).
     """
     return mode == "full"
 
