@@ -21,10 +21,13 @@ sampling cost is read where the load cannot move it:
 
 - **recording**, on the training thread: the collectives per step that went
   through raysleuth's wrapper (its progress count) times the CPU the wrapper
-  adds to each, measured in the ranks the way ``bench_collectives.py``
-  measures it (the calling thread's CPU per call, wrapped against bare,
-  interleaved, each after 16 MiB of other memory traffic); plus the CPU of
-  raysleuth's collectives thread per step (heartbeats), worst rank and round;
+  adds to each, measured in the ranks' own training loop (the loss
+  all-reduce goes in turn through the bare call, the wrapper and the bare
+  call again, the A/A control, each timed in the training thread's CPU,
+  ``time.thread_time_ns``, with the caches as the job's step leaves them;
+  ``bench_collectives.py`` measures the same after 16 MiB of other memory
+  traffic); plus the CPU of raysleuth's collectives thread per step
+  (heartbeats), worst rank and round;
 - **sampling**: py-spy's own rusage (``wait4``: its work per sample is
   fixed). Non-blocking, py-spy never stops a rank, so the most a rank's steps
   can slow down is the CPU py-spy takes from it: its sampler is one thread,
@@ -86,11 +89,14 @@ def pids_of(group: list) -> list[int]:
     return ray.get([ray_call(worker, _pid) for worker in group])
 
 
-def _logged_train(actor, steps: int) -> tuple[float, float, float, float]:
+def _logged_train(actor, steps: int, timed: bool = False) -> tuple:
     """``steps`` DDP steps of the actor's model, each also all-reducing its loss for the log (the job's own
     ``dist.all_reduce``, as training loops do: DDP's gradient buckets go through C++, unwrapped). Per step:
     wall seconds, this process's CPU seconds, the CPU seconds of raysleuth's collectives thread, and the
-    collectives that went through raysleuth's wrapper."""
+    collectives that went through raysleuth's wrapper. ``timed``: the loss all-reduce goes in turn through the
+    bare call, raysleuth's wrapper and the bare call again (the A/A control), each timed in the training
+    thread's CPU (``time.thread_time_ns``) where the job's own step leaves the caches; their medians (ns) come
+    fifth."""
     import threading
 
     import torch.distributed as dist
@@ -101,17 +107,25 @@ def _logged_train(actor, steps: int) -> tuple[float, float, float, float]:
     def thread_cpu() -> float:
         return sum(time.clock_gettime(time.pthread_getcpuclockid(t.ident)) for t in ours if t.is_alive())
 
-    functional = actor.torch.nn.functional
-    wrapped = hook._progress[0] if hook else 0
+    wrapped = dist.all_reduce
+    bare = getattr(wrapped, "__wrapped__", wrapped)
+    turns = [("bare", bare), ("light", wrapped), ("again", bare)] if timed else [("light", wrapped)]
+    times: dict[str, list[int]] = {name: [] for name, _ in turns}
+    functional, cpu_ns = actor.torch.nn.functional, time.thread_time_ns
+    count = hook._progress[0] if hook else 0
     started, started_cpu, started_ours = time.perf_counter(), time.process_time(), thread_cpu()
-    for _ in range(steps):
+    for step in range(steps):
         loss = functional.mse_loss(actor.model(actor.inputs), actor.targets)
         actor.optimizer.zero_grad()
         loss.backward()
         actor.optimizer.step()
-        dist.all_reduce(loss.detach())
+        name, all_reduce = turns[step % len(turns)]
+        begin = cpu_ns()
+        all_reduce(loss.detach())
+        times[name].append(cpu_ns() - begin)
     return ((time.perf_counter() - started) / steps, (time.process_time() - started_cpu) / steps,
-            (thread_cpu() - started_ours) / steps, ((hook._progress[0] if hook else 0) - wrapped) / steps)
+            (thread_cpu() - started_ours) / steps, ((hook._progress[0] if hook else 0) - count) / steps,
+            {name: statistics.median(values) for name, values in times.items()})
 
 
 def per_step(results: list) -> tuple[float, float]:
@@ -129,20 +143,6 @@ def train(group: list, steps: int) -> list:
 def step_of(group: list, steps: int) -> tuple[float, float]:
     """Wall and CPU seconds per step over ``steps`` DDP steps (every rank trains)."""
     return per_step(ray.get(train(group, steps)))
-
-
-def _wrapper_cost(_actor, rounds: int) -> float:
-    """In a rank: the CPU ns raysleuth's wrapper adds to the loss ``all_reduce`` (bench_collectives' measure)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import torch
-    import torch.distributed as dist
-    from bench_collectives import added, interleaved
-
-    wrapped = dist.all_reduce
-    bare = getattr(wrapped, "__wrapped__", wrapped)
-    barrier = getattr(dist.barrier, "__wrapped__", dist.barrier)
-    results = interleaved([("bare", bare), ("light", wrapped)], torch.ones(()), rounds, 10, before_call=barrier)
-    return added(results, "light")
 
 
 def process_cpu(pid: int) -> float:
@@ -236,7 +236,10 @@ def measure_cost() -> None:
     print_steps(walls, cpus, steps)
     from raysleuth.ray_private import ray_call
 
-    per_call = max(ray.get([ray_call(worker, _wrapper_cost, 20) for worker in instrumented])) / 1e9
+    timed = [result[4] for result in ray.get([ray_call(worker, _logged_train, 3 * steps // 2, True)
+                                              for worker in instrumented])]
+    per_call = max(rank["light"] - rank["bare"] for rank in timed) / 1e9
+    control = max((rank["again"] - rank["bare"] for rank in timed), key=abs) / 1e9
     share = spied_cpu / spy_seconds if spy_seconds else float("inf")
     against_ranks = spied_cpu / ranks_cpu if ranks_cpu else float("inf")
     print(f"py-spy: {spied_cpu * 1e3:.0f} ms CPU over {spy_seconds:g} s sampled; the sampled ranks used "
@@ -250,7 +253,9 @@ def measure_cost() -> None:
     wrapper = calls * per_call / step_wall
     thread = max(thread_shares)
     print(f"recording per step: {calls:g} wrapped collective(s) per step x {per_call * 1e6:.2f} µs CPU each (the "
-          f"wrapper's, measured in the ranks as bench_collectives measures it) = {wrapper * 100:.3f}% of the "
+          f"wrapper's in the training thread, worst rank, median over the steps; the A/A control, the bare call "
+          f"against itself, {control * 1e6:+.2f} µs = {control / step_wall * 100:+.3f}% of the step) = "
+          f"{wrapper * 100:.3f}% of the "
           f"{step_wall * 1e3:.2f} ms step (best round); raysleuth's collectives thread {thread * 100:.3f}% "
           f"(worst rank and round); torch's Flight Recorder is torch's own default, on with or without raysleuth")
     print(f"sampling per step: at most the CPU one py-spy took per second it sampled, {worst * 100:.3f}% (worst "
