@@ -106,6 +106,7 @@ def test_cli_names_the_culprit_and_exits_1(ray_cluster, jobs, reports, capsys):
     code = main(["collectives", "--address", ray_cluster.address, "--job", jobs["healthy"]["job"], "--wait", "8"])
     out = capsys.readouterr().out
     assert code == 0 and "rank 1" in out and "all_reduce(float32[64,64])" in out, out
+    assert "light mode (the default) records no file:line" in " ".join(out.split()), out  # says what it has
 
 
 def test_stored_run_gives_the_same_verdict_after_the_job_is_gone(ray_cluster, jobs, reports):

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -100,3 +103,144 @@ def test_install_is_a_no_op_when_off_and_never_raises_without_torch():
             print("ok")
     """)
     assert no_torch.returncode == 0 and no_torch.stdout.strip() == "ok", no_torch.stderr[-2000:]
+
+
+def test_light_ring_keeps_every_field_its_readers_need(tmp_path):
+    """Light mode (the default) on a real gloo pair whose rank 1 never joins the 4th all_reduce, torch's Flight
+    Recorder off (the wrapper is the only source): the dump taken while rank 0 waits must give the matcher,
+    the stragglers' enter times and the stacks verdict's positions what they read."""
+    port = _free_port()
+    init = f"""
+        import os, sys, time
+        os.environ["TORCH_FR_BUFFER_SIZE"] = "0"
+        import raysleuth.collectives as collectives
+        collectives.install()
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=int(os.environ["RANK"]),
+                                world_size=2)
+        group = dist.new_group([0, 1], group_desc="weight_sync")
+        for _ in range(3):
+            dist.all_reduce(torch.ones(4, 2))
+        dist.broadcast(torch.ones(3), src=0, group=group)
+    """
+    rank0 = init + """
+        import json, threading
+        from raysleuth import runtime
+        from raysleuth.collectives.record import snapshot
+        def dump():
+            time.sleep(1.0)
+            print(json.dumps(snapshot("test")), flush=True)
+            os._exit(0)
+        threading.Thread(target=dump).start()
+        runtime.set_step(7)
+        dist.all_reduce(torch.ones(2))  # WAITS HERE
+    """
+    line = next(n for n, text in enumerate(textwrap.dedent(rank0).splitlines(), 1) if "WAITS HERE" in text)
+    peer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(init + "\n        time.sleep(60)\n")],
+                            env=dict(os.environ, PYTHONPATH=str(ROOT / "src"), RAYSLEUTH_HOME=str(tmp_path), RANK="1"))
+    try:
+        result = run(rank0, RAYSLEUTH_HOME=str(tmp_path), RANK="0")
+    finally:
+        peer.kill()
+        peer.wait()
+    assert result.returncode == 0, result.stderr[-2000:]
+    data = json.loads(result.stdout.strip().splitlines()[-1])
+    assert data["flight_recorder"] is None or not data["flight_recorder"]["entries"], data["flight_recorder"]
+    calls = [c for c in data["calls"] if c["op"] != "barrier"]
+    assert {key for c in calls for key in c} >= {"pg", "seq", "op", "state", "start_ns", "end_ns", "file", "line",
+                                                  "function", "step", "input", "call"}
+    assert [(c["op"], c["state"]) for c in calls] == [("all_reduce", "completed")] * 3 + [
+        ("broadcast", "completed"), ("all_reduce", "started")], calls
+    assert all(0 < c["start_ns"] <= c["end_ns"] for c in calls[:4]) and calls[-1]["end_ns"] is None, calls
+    assert calls[-1]["step"] == 7 and calls[0]["step"] is None
+    assert all(c["file"] is None for c in calls[:4])  # light mode: no frame per call...
+    waiting = calls[-1]  # ...but the call still running has its caller's file:line, read from its live stack
+    assert (waiting["file"], waiting["function"], waiting["line"]) == ("<string>", "<module>", line), waiting
+
+    from raysleuth.collectives.model import entries_from_dump
+    from raysleuth.collectives.matcher import collective_culprits
+    from raysleuth.stragglers.sources import calls_from_records
+
+    default = entries_from_dump(data)["0"]  # the matcher's positions
+    assert [(e.seq, e.op, e.state) for e in default.values()][-2:] == [(3, "all_reduce", "completed"),
+                                                                       (4, "all_reduce", "pending")], default
+    assert default[4].line == line and default[4].step == 7 and default[4].created
+    sync = [g for g in entries_from_dump(data) if g != "0"]
+    assert sync and entries_from_dump(data)[sync[0]][1].op == "broadcast"
+    record = {"data": data, "time": data["time"], "rank": 0, "pid": data["pid"]}
+    mine = [c for c in calls_from_records([record]).calls[0] if c.group == "0"]  # the stragglers' enter and exit times
+    assert [(c.op, c.seq) for c in mine] == [("all_reduce", n) for n in range(1, 5)]
+    assert all(c.enter_ns and c.exit_ns for c in mine[:3]) and mine[-1].exit_ns is None
+    returned = [dict(c, state="completed", end_ns=c["start_ns"] + 1) for c in data["calls"][:-1]]
+    peer_record = {"data": {**data, "rank": 1, "pid": data["pid"] + 1, "time": data["time"] + 10, "calls": returned},
+                   "rank": 1}
+    waiting_record = dict(record, data=dict(data, time=data["time"] + 10))
+    culprits = collective_culprits([waiting_record, peer_record], pending_after=0.5)  # the stacks verdict's rule
+    assert [(c["rank"], c["kind"]) for c in culprits] == [(1, "stuck")], culprits
+    assert (culprits[0]["file"], culprits[0]["line"]) == ("<string>", line), culprits  # where it never arrived
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_the_light_wrapper_never_raises_into_the_call_and_keeps_the_newest_whole_entries():
+    from raysleuth.collectives import hook
+
+    class BrokenGroup:
+        @property
+        def group_name(self):
+            raise RuntimeError("not the wrapper's business")
+
+    def all_reduce(tensor, op=None, group=None, async_op=False):
+        if tensor == "fail":
+            raise ValueError("the collective's own error")
+        return tensor
+
+    wrapped = hook._wrap("all_reduce", all_reduce)
+    start = hook._next[0]
+    assert wrapped("ok", group=BrokenGroup()) == "ok"  # the bookkeeping failed: the call still ran
+    assert hook._next[0] == start
+    hook._default_name[0] = "bench"
+    try:
+        for k in range(hook.RING_SIZE + 88):
+            assert wrapped(k) == k
+        with pytest.raises(ValueError):
+            wrapped("fail")
+        kept = [e for e in hook.entries() if e["pg"] == "bench"]
+    finally:
+        hook._default_name[0] = None
+    assert len(kept) == hook.RING_SIZE and [e["seq"] for e in kept] == sorted(e["seq"] for e in kept)
+    assert kept[-1]["state"] == "error" and kept[-1]["end_ns"] >= kept[-1]["start_ns"] > 0
+    assert {e["state"] for e in kept[:-1]} == {"completed"} and all(e["file"] is None for e in kept)
+
+
+def test_detail_armed_on_demand_records_each_calls_file_line_and_shapes():
+    """The control key ``collectives.detail`` (its handler, as the control thread calls it) arms full mode's
+    detail in a light-mode worker from the next call on, and disarms it."""
+    import torch
+
+    from raysleuth.collectives import hook, record
+
+    def all_reduce(tensor, op=None, group=None, async_op=False):
+        return tensor
+
+    wrapped = hook._wrap("all_reduce", all_reduce)
+    hook._default_name[0] = "armed"
+    try:
+        wrapped(torch.ones(2, 3))
+        record._on_detail(True)
+        line = sys._getframe().f_lineno + 1
+        wrapped(torch.ones(2, 3))
+        record._on_detail(False)
+        wrapped(torch.ones(2, 3))
+        calls = [e for e in hook.entries() if e["pg"] == "armed"][-3:]
+    finally:
+        hook._default_name[0] = None
+        hook.set_detail(False)
+    assert [(c["line"], c["input"]) for c in calls] == [(None, []), (line, [[[2, 3], "float32"]]), (None, [])], calls
+    assert calls[1]["file"] == __file__ and calls[1]["call"] == 1

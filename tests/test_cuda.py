@@ -116,10 +116,12 @@ def test_nccl_flight_recorder_entries_are_read_and_aligned():
     import torch.distributed as dist
 
     from raysleuth import collectives
+    from raysleuth.collectives.hook import set_detail
     from raysleuth.collectives.model import entries_from_dump
     from raysleuth.collectives.record import snapshot
 
     collectives.install()  # as raysleuth's worker setup does, before the process group exists
+    set_detail(True)  # full mode's detail: each call's file:line (light mode keeps it only for calls still running)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
                             device_id=torch.device("cuda:0"))
     try:
@@ -145,6 +147,7 @@ def test_nccl_flight_recorder_entries_are_read_and_aligned():
         assert all(entries[s].file.endswith("test_cuda.py") and entries[s].line == line for s in seqs)
         assert data["rank"] == 0 and data["world_size"] == 1
     finally:
+        set_detail(False)
         dist.destroy_process_group()
 
 

@@ -1,14 +1,27 @@
 """The hook on ``torch.distributed``'s collectives: this process's calls in a bounded ring.
 
-Each wrapped collective appends one entry (a list in :data:`_FIELDS` order,
-holding torch's own shape and dtype objects: made plain only at dump time)
-and counts itself as progress when it returns. The hot path builds no dict,
-formats no string and takes no lock (a deque append is atomic).
+The ring is preallocated: :data:`RING_SIZE` slots, each call storing one
+tuple in its slot and its end time in a parallel list, so a call touches a
+few cache lines (a job's memory traffic between two collectives leaves them
+cold: each line touched costs a cache miss). What each call always records
+(light mode, the default): its process group's name, its sequence number
+there, the op, its start and end times (``time.time_ns``), its state, the
+job's step (once the job sets one) and the calling thread; and it counts
+itself as progress when it returns. The caller's file:line and the tensors'
+shapes and dtypes cost several times that (a frame object and torch's shape
+path), so they are kept per call only in *detail* mode (full mode, or armed
+on demand: :func:`set_detail`). In light mode a dump still names the
+file:line of every call that has not returned (the one a rank waits in),
+read from the caller's live stack at dump time (:func:`entries`); torch's
+Flight Recorder, where the job has it, gives shapes and dtypes.
+
+The hot path builds no dict, formats no string and takes no lock: each write
+is one list store under the GIL. A dump copies each list in one C call and
+keeps only the entries its counter says are whole (:func:`raw_entries`).
 """
 
 from __future__ import annotations
 
-import collections
 import functools
 import importlib.abc
 import inspect
@@ -21,7 +34,8 @@ from typing import Any, Callable
 from raysleuth import runtime
 
 RING_SIZE = 512
-"""Wrapper records kept per process (oldest dropped)."""
+"""Wrapper records kept per process (oldest overwritten); a power of two."""
+_MASK = RING_SIZE - 1
 
 # op -> (index of the input tensor(s), index of the output tensor(s)); None: no tensor there.
 OPS: dict[str, tuple[int | None, int | None]] = {
@@ -43,12 +57,22 @@ OPS: dict[str, tuple[int | None, int | None]] = {
     "irecv": (None, 0),
 }
 
-_ring: collections.deque = collections.deque(maxlen=RING_SIZE)
+SLOTS = ("id", "pg", "seq", "op", "asynchronous", "step", "thread", "detail", "start_ns")
+"""One ring entry: a tuple written in one store. ``id`` is the entry's number, ``detail`` None or
+(code, line, call count at that line, inputs, outputs) in detail mode. Its end is in :data:`_ends`."""
+_ID, _PG, _SEQ, _OP, _ASYNC, _STEP, _THREAD, _DETAIL, _START = range(len(SLOTS))
+_ring: list[tuple | None] = [None] * RING_SIZE
+_ends: list[int | None] = [None] * RING_SIZE
+"""The end (``time.time_ns``) of the entry in the same slot: None while it runs, negative when it raised."""
+_next = [0]
+"""Entries written so far (the next entry's id)."""
 _progress = [0]
 """Completed wrapped collectives (the progress hook's counter)."""
+_detail = [False]
+"""Detail mode: each call's file:line and shapes too (full mode, or :func:`set_detail`)."""
 _seqs: dict[str, int] = {}
 _sites: dict[tuple, int] = {}
-"""(file, line) -> collectives issued from there (a step count for jobs that name no steps)."""
+"""(file, line) -> collectives issued from there (a step count for jobs that name no steps; detail mode)."""
 _groups: dict[int, tuple[str, str]] = {}
 _default_name: list = [None]
 """The default group's name once looked up (cleared when a process group is created)."""
@@ -59,6 +83,11 @@ _c10d: Any = None
 _current_step = runtime.current_step
 _wake = threading.Event()
 """Set when a process group is created: the background thread then records this rank at once."""
+
+
+def set_detail(on: bool) -> None:
+    """Record each call's file:line and tensor shapes from the next call on (light mode keeps neither)."""
+    _detail[0] = bool(on)
 
 
 class WrapOnImport(importlib.abc.MetaPathFinder):
@@ -136,7 +165,7 @@ def _wake_after(original: Callable) -> Callable:
         _wake.set()
         return result
 
-    create.__raysleuth_collective__ = True
+    create.__raysleuth_collective__ = True  # type: ignore[attr-defined]
     return create
 
 
@@ -147,64 +176,74 @@ def _group_index(function: Callable) -> int:
         return -1
 
 
-_FIELDS = ("pg", "seq", "op", "input", "output", "state", "start_ns", "end_ns", "code", "line", "step", "call")
-_STATE, _END = _FIELDS.index("state"), _FIELDS.index("end_ns")
+_FIELDS = ("pg", "seq", "op", "input", "output", "state", "start_ns", "end_ns", "file", "line", "function", "step",
+           "call")
+"""A dumped call's keys (what :mod:`.model` and :mod:`raysleuth.stragglers.sources` read)."""
 
 
 def _wrap(op: str, original: Callable) -> Callable:
-    """``original`` with its calls in the ring: all of the bookkeeping inline, one small list per call.
+    """``original`` with its calls in the ring: the bookkeeping inline, written in place (see the module doc).
 
-    Per call: the group's name (a dict hit), its sequence number, the caller's frame (one
-    ``startswith`` unless the call came through torch), the site's count, torch's own shape and
-    dtype objects, two clock reads. Nothing is formatted or resolved here (see :func:`_plain`).
+    Per call in light mode: the group's name (a dict hit), its sequence number, a ring entry's
+    fields, two clock reads. In detail mode also the caller's frame (one ``startswith`` unless the
+    call came through torch), the site's count and torch's own shape and dtype objects. Nothing is
+    formatted or resolved here (see :func:`entries`).
     """
     group_at = _group_index(original)
     if group_at < 0:
         group_at = sys.maxsize  # never a position in args
     input_at, output_at = OPS[op]
-    same = input_at == output_at
+    time_ns, current_step, ident, steps = time.time_ns, _current_step, threading.get_ident, runtime
+    ring, ends, counter, progress, detail, seqs, default = _ring, _ends, _next, _progress, _detail, _seqs, _default_name
     asynchronous = op in ("isend", "irecv")
-    getframe, time_ns, append, current_step = sys._getframe, time.time_ns, _ring.append, _current_step
 
     @functools.wraps(original)
     def collective(*args, **kwargs):
-        entry = None
+        slot = -1
         try:
             group = kwargs.get("group") if kwargs else None
             if group is None and group_at < len(args):
                 group = args[group_at]
-            name = _default_name[0] if group is None and _default_name[0] else _group_name(group)
-            seq = _seqs[name] = _seqs.get(name, 0) + 1
-            frame = getframe(1)
-            if frame.f_code.co_filename.startswith(_SKIP_DIRS):
-                frame = _user_frame(frame)
-            if frame is not None:
-                code, line = frame.f_code, frame.f_lineno
-                site = (code.co_filename, line)  # not the code object: its hash is not cached
-                count = _sites[site] = _sites.get(site, 0) + 1
-            else:
-                code = line = count = None
-            inputs = _tensors(args, input_at)
-            entry = [name, seq, op, inputs, inputs if same else _tensors(args, output_at), "started",
-                     time_ns(), None, code, line, current_step(), count]
-            append(entry)
+            name = default[0] if group is None and default[0] else _group_name(group)
+            seq = seqs[name] = seqs.get(name, 0) + 1
+            n = counter[0]
+            counter[0] = n + 1
+            slot = n & _MASK
+            ends[slot] = None  # before the entry: a reader never pairs this entry with the slot's old end
+            ring[slot] = mine = (n, name, seq, op,
+                                 asynchronous or bool(kwargs.get("async_op")) if kwargs else asynchronous,
+                                 current_step() if steps._last_step is not None else None,  # None: no step set yet
+                                 ident(), _details(args, input_at, output_at) if detail[0] else None, time_ns())
         except Exception:
-            entry = None
+            slot = -1
         try:
             result = original(*args, **kwargs)
         except BaseException:
-            if entry is not None:
-                entry[_STATE] = "error"
-                entry[_END] = time_ns()
+            if slot >= 0 and ring[slot] is mine:
+                ends[slot] = -time_ns()
             raise
-        _progress[0] += 1
-        if entry is not None:
-            entry[_STATE] = "enqueued" if asynchronous or kwargs.get("async_op") else "completed"
-            entry[_END] = time_ns()
+        progress[0] += 1
+        if slot >= 0 and ring[slot] is mine:  # not overwritten meanwhile (512 calls from other threads)
+            ends[slot] = time_ns()
         return result
 
-    collective.__raysleuth_collective__ = True
+    collective.__raysleuth_collective__ = True  # type: ignore[attr-defined]
     return collective
+
+
+def _details(args, input_at, output_at) -> tuple | None:
+    """Detail mode: (code, line, call count at that line, inputs, outputs) of this call."""
+    frame = sys._getframe(2)
+    if frame.f_code.co_filename.startswith(_SKIP_DIRS):
+        frame = _user_frame(frame)
+    if frame is not None:
+        code, line = frame.f_code, frame.f_lineno
+        site = (code.co_filename, line)  # not the code object: its hash is not cached
+        count = _sites[site] = _sites.get(site, 0) + 1
+    else:
+        code = line = count = None
+    inputs = _tensors(args, input_at)
+    return code, line, count, inputs, inputs if input_at == output_at else _tensors(args, output_at)
 
 
 def _user_frame(frame):
@@ -227,14 +266,72 @@ def _tensors(args, index) -> Any:
         return ()
 
 
-def _plain(entry: list) -> dict:
-    """A ring entry as JSON-ready data."""
-    data = dict(zip(_FIELDS, entry))
-    code = data.pop("code")
-    data["file"], data["function"] = (code.co_filename, code.co_name) if code is not None else (None, None)
-    for key in ("input", "output"):
-        data[key] = [[list(shape), str(dtype).replace("torch.", "")] for shape, dtype in data[key] or []]
-    return data
+def raw_entries() -> list[tuple[tuple, int | None]]:
+    """(entry, end) of every whole entry in the ring, oldest first.
+
+    Each list is copied in one C call under the GIL; an entry written while it was copied, or whose
+    slot was written again since, is left out (its end could be another entry's).
+    """
+    before = _next[0]
+    ring, ends = list(_ring), list(_ends)
+    after = _next[0]
+    kept = []
+    for n in range(max(0, after - RING_SIZE), before):
+        entry = ring[n & _MASK]
+        if entry is not None and entry[_ID] == n:
+            kept.append((entry, ends[n & _MASK]))
+    return kept
+
+
+def _state(entry: tuple, end: int | None) -> str:
+    if end is None:
+        return "started"
+    if end < 0:
+        return "error"
+    return "enqueued" if entry[_ASYNC] else "completed"
+
+
+def entries() -> list[dict]:
+    """The ring as JSON-ready dicts (:data:`_FIELDS`), oldest first.
+
+    A call that has not returned and has no detail gets the file:line of its caller's live frame.
+    """
+    raw = raw_entries()
+    running = [entry for entry, end in raw if end is None]
+    waiting = _waiting_frames() if any(entry[_DETAIL] is None for entry in running) else {}
+    current = {entry[_THREAD]: entry for entry in running}  # the newest running entry of each thread
+    plain = []
+    for entry, end in raw:
+        detail = entry[_DETAIL]
+        if detail is None and end is None and current.get(entry[_THREAD]) is entry and entry[_THREAD] in waiting:
+            detail = (*waiting[entry[_THREAD]], None, (), ())
+        code, line, count, inputs, outputs = detail or (None, None, None, (), ())
+        plain.append({"pg": entry[_PG], "seq": entry[_SEQ], "op": entry[_OP], "input": _plain_tensors(inputs),
+                      "output": _plain_tensors(outputs), "state": _state(entry, end), "start_ns": entry[_START],
+                      "end_ns": abs(end) if end is not None else None,
+                      "file": code.co_filename if code is not None else None, "line": line,
+                      "function": code.co_name if code is not None else None, "step": entry[_STEP], "call": count})
+    return plain
+
+
+def _waiting_frames() -> dict[int, tuple]:
+    """thread id -> (code, line) of the job's frame that called a wrapped collective still running there."""
+    found = {}
+    try:
+        for thread, top in sys._current_frames().items():
+            frame: Any = top
+            while frame is not None and frame.f_code is not _COLLECTIVE_CODE:
+                frame = frame.f_back
+            user = _user_frame(frame.f_back) if frame is not None else None
+            if user is not None:
+                found[thread] = (user.f_code, user.f_lineno)
+    except Exception:
+        pass
+    return found
+
+
+def _plain_tensors(tensors) -> list:
+    return [[list(shape), str(dtype).replace("torch.", "")] for shape, dtype in tensors or []]
 
 
 def _group_name(group) -> str:
@@ -259,3 +356,7 @@ def _tune_skip_dirs() -> None:
         _SKIP_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__)))
     except Exception:
         pass
+
+
+_COLLECTIVE_CODE = _wrap("barrier", lambda group=None: None).__code__
+"""The code object every wrapped collective runs (found on a thread's stack at dump time)."""

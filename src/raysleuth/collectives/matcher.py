@@ -242,8 +242,9 @@ def _positions(name, label, ranks, members, lasts, dead, pending_after) -> list[
         else:
             kind = "behind"
             reason = f"rank {rank} is {count} behind, still in #{mine.seq} {mine.describe()}{where}: {waiting}"
-        findings.append(Finding(rank=rank, kind=kind, group=name, seq=lasts[rank] + 1, reason=reason, file=mine.file,
-                                line=mine.line, step=mine.step, pid=item.pid, node_ip=item.node_ip))
+        at = mine if mine.file or kind != "stuck" else head  # light mode: where the collective it never entered is
+        findings.append(Finding(rank=rank, kind=kind, group=name, seq=lasts[rank] + 1, reason=reason, file=at.file,
+                                line=at.line, step=mine.step, pid=item.pid, node_ip=item.node_ip))
     return findings
 
 

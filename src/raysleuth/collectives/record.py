@@ -8,10 +8,13 @@ Two sources, read together at dump time:
   issues, DDP's gradient buckets included, with ``collective_seq_id`` per
   process group, op, sizes and dtypes. Read with torch's JSON dump, never the
   pickle one.
-- **a light wrapper** on the ``torch.distributed`` collectives: the user's
-  frame (file:line) and step of each call, its own sequence per process group
-  (the fallback where the Flight Recorder is off), and a counter of completed
-  collectives that the progress thread turns into heartbeats.
+- **a light wrapper** on the ``torch.distributed`` collectives: each call's
+  op, start and end times and step, its own sequence per process group (the
+  fallback where the Flight Recorder is off), and a counter of completed
+  collectives that the progress thread turns into heartbeats. Each call's
+  file:line and shapes in full mode (or armed with the control key
+  ``collectives.detail``); in light mode only the calls still running have a
+  file:line, read from the caller's stack at dump time (:mod:`.hook`).
 
 Dumps go to the evidence store as ``collectives`` records: on request (the
 control key ``collectives.dump``, handled on the control thread while the
@@ -35,12 +38,11 @@ from raysleuth import runtime
 from raysleuth.collectives import hook
 from raysleuth.collectives.hook import (
     WrapOnImport,
-    _STATE,
     _groups,
-    _plain,
     _progress,
-    _ring,
     _wake,
+    raw_entries,
+    set_detail,
     wrap_collectives,
 )
 
@@ -86,6 +88,7 @@ def install() -> None:
         _installed = True
         if flight_recorder_wanted(runtime.settings().mode):
             os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FR_BUFFER_SIZE)
+        set_detail(runtime.settings().mode == "full")
         if "torch.distributed" in sys.modules:
             wrap_collectives()
         else:
@@ -93,6 +96,7 @@ def install() -> None:
         from raysleuth import control
 
         control.register("collectives.dump", _on_request)
+        control.register("collectives.detail", _on_detail)
         atexit.register(_dump_quietly, "exit")
         threading.Thread(target=_background, args=(runtime.settings().mode,),
                          name="raysleuth-collectives", daemon=True).start()
@@ -103,13 +107,14 @@ def install() -> None:
 def flight_recorder_wanted(mode: str) -> bool:
     """Whether :func:`install` switches torch's Flight Recorder on: in full mode only.
 
-    It costs a 1 MiB gloo ``all_reduce`` about 5 % (``bench/bench_collectives.py``),
-    against a 2 % budget for what light mode (the default) keeps on. Light mode
-    keeps the wrapper: every call the job makes itself, with its start and end
-    times (``start_ns``/``end_ns``), file:line and step, but not DDP's gradient
-    buckets. A job that wants the Flight Recorder in light mode sets
-    ``TORCH_FR_BUFFER_SIZE`` itself (torch's own switch, read when a process
-    group is created).
+    torch 2.13 keeps one by default, so in light mode (the default, < 2 % of a
+    1 MiB gloo ``all_reduce``: ``bench/bench_collectives.py``) raysleuth leaves
+    it as the job has it. Light mode keeps the light wrapper: every call the job
+    makes itself, with its start and end times (``start_ns``/``end_ns``) and
+    step, but not DDP's gradient buckets, and file:line only for the calls still
+    running when it dumps. A job that wants the Flight Recorder where torch keeps
+    none sets ``TORCH_FR_BUFFER_SIZE`` itself (torch's own switch, read when a
+    process group is created).
     """
     return mode == "full"
 
@@ -260,7 +265,7 @@ def snapshot(reason: str = "request", *, limit: int = DUMP_LIMIT, request: Any =
     wrapper call's start_ns/end_ns per (pg, seq) still reaches the store once in its final state.
     """
     rank, world_size = _rank_and_size()
-    calls = [_plain(c) for c in _newest_per_group(list(_ring), lambda e: e[0], limit)]
+    calls = _newest_per_group(hook.entries(), lambda e: e["pg"], limit)
     fr = read_flight_recorder()
     fr_part = None
     if fr is not None:
@@ -277,6 +282,7 @@ def snapshot(reason: str = "request", *, limit: int = DUMP_LIMIT, request: Any =
         "reason": reason, "request": request, "time": time.time(), "pid": os.getpid(),
         "rank": rank, "world_size": world_size, "job_id": _job_id(), "progress": _progress[0],
         "groups": _group_table(), "calls": calls, "flight_recorder": fr_part, "delta": reason == "periodic",
+        "detail": hook._detail[0],
     }
 
 
@@ -308,10 +314,17 @@ def _on_request(value: Any) -> None:
         dump("request", request=value)
 
 
+def _on_detail(value: Any) -> None:
+    """``collectives.detail``: a true value arms detail recording (file:line, shapes) from the next call on."""
+    if value is not None:
+        set_detail(bool(value) or runtime.settings().mode == "full")
+
+
 def _changed() -> bool:
     """Did anything happen since the last periodic dump? (ring or Flight Recorder positions)"""
     global _last_dump_key
-    key = (_progress[0], len(_ring), _ring[-1][_STATE] if _ring else None, _fr_position())
+    newest = raw_entries()[-1:]
+    key = (_progress[0], hook._next[0], newest[0][1] if newest else None, _fr_position())
     if key == _last_dump_key:
         return False
     _last_dump_key = key

@@ -157,6 +157,8 @@ def collect_collectives(address: str | None = None, *, run: str | None = None, h
     verdict = match(positions, pending_after=pending_after, last=last, group=group)
     if records and live and request_id and positions and not answered:
         notes.append(f"no worker answered the dump request within {wait:.0f}s; positions are from earlier dumps")
+    if positions and any((r.get("data") or {}).get("detail") is False for r in records):
+        notes.append(LIGHT_NOTE)
     job_id = job or latest_job(records)
     ranks = [{"rank": p.rank, "pid": p.pid, "node_ip": p.node_ip, "alive": p.alive, "dumped_at": p.dumped_at}
              for p in positions]
@@ -167,6 +169,10 @@ def collect_collectives(address: str | None = None, *, run: str | None = None, h
     report.missing, report.unanswered = missing_data(report, bool(records), group)
     return report
 
+
+LIGHT_NOTE = ("light mode (the default) records no file:line or shapes per call: a call still running when its rank "
+              "dumped has its file:line (from that rank's stack), shapes come from torch's Flight Recorder where it is "
+              "on; `raysleuth stacks` shows where every rank is now, `raysleuth run --mode full` records both per call")
 
 #: How to get positions for every rank, whatever mode the job ran in.
 _HOW = ("run the job under `raysleuth run --mode full` (every rank dumps its collectives each second, so a rank "
