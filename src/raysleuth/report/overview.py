@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from types import SimpleNamespace
 from typing import Any
 
 from raysleuth.options import format_ranks
@@ -72,9 +71,7 @@ def memory_curves(store, leaking: set) -> dict[str, Any]:
 
 def span_overview(store) -> dict[str, Any]:
     """:func:`sections.span_section` from per-step totals summed in SQL, with a band when there are many ranks."""
-    totals = [SimpleNamespace(step=step, rank=rank, name=phase, phase=None, data={"duration_s": seconds})
-              for step, rank, phase, seconds in span_totals(store)]
-    section = sections.span_section(totals)
+    section = sections.span_section(span_totals(store))
     section["band"], section["alone"], section["grouped"] = None, section["ranks"], ""
     if len(section["ranks"]) <= ALONE:
         return section
