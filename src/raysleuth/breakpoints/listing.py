@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from raysleuth import evidence
 from raysleuth.breakpoints._sessions import TOPIC, DebugSession, latest_states
 
 __all__ = ["find_session", "list_sessions"]
@@ -32,7 +33,7 @@ def list_sessions(*, run: str | None = None, home: Any = None, include_released:
 
         store = open_store(run, home=home)
         try:
-            rows = [record.data for record in store.query("debug_session")]
+            rows = [record.raw for record in evidence.read(store, evidence.DebugSessionRecord)]
         finally:
             store.close()
     sessions = latest_states(rows)

@@ -19,6 +19,7 @@ Every check is stored as evidence of kind ``consistency`` (``raysleuth consisten
 
 from __future__ import annotations
 
+from raysleuth import evidence
 from raysleuth.consistency.checks import (
     check_data_consistency,
     check_distributed_consistency,
@@ -62,13 +63,13 @@ def latest_checks(run: str | None = None, *, home=None, key: str | None = None, 
 
     store = open_store(run, home=home)
     try:
-        records = store.query("consistency", name=key, job=jobs, limit=limit, newest_first=True)
+        records = evidence.read(store, evidence.Consistency, name=key, job=jobs, limit=limit, newest_first=True)
     finally:
         store.close()
     checks = []
     for rec in records:
         try:
-            checks.append((rec, ConsistencyReport.from_dict(rec.data)))
+            checks.append((rec.row, ConsistencyReport.from_dict(rec.raw)))
         except (TypeError, ValueError):
             continue  # a row some other writer left under this kind: not a check
     return checks

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from raysleuth import evidence
 from raysleuth.errors import UsageError, WorkerNotFound
 from raysleuth.options import parse_since, parse_steps
 
@@ -74,16 +75,15 @@ class LogLine:
 
     @classmethod
     def from_record(cls, record: Any) -> "LogLine":
-        """From a store :class:`~raysleuth.recorder.Record` of kind ``log``."""
-        data = record.data if isinstance(record.data, dict) else {}
+        """From a store :class:`~raysleuth.recorder.Record` of kind ``log`` (read as :class:`evidence.Log`)."""
+        log = evidence.Log.from_record(record)
+        row = log.row
         return cls(
-            id=record.id, time=record.time, level=record.level, name=record.name,
-            message=str(data.get("message", "")), rank=record.rank, world_size=record.world_size,
-            step=record.step, phase=record.phase, node_ip=record.node_ip, node_id=record.node_id,
-            hostname=record.hostname, pid=record.pid, actor_id=record.actor_id, actor_name=record.actor_name,
-            actor_class=record.actor_class, module=data.get("module"), lineno=data.get("lineno"),
-            funcName=data.get("funcName"), exc_text=data.get("exc_text"), fields=data.get("fields") or {},
-            job_id=getattr(record, "job_id", None),
+            id=row.id, time=row.time, level=row.level, name=row.name, message=log.message, rank=row.rank,
+            world_size=row.world_size, step=row.step, phase=row.phase, node_ip=row.node_ip, node_id=row.node_id,
+            hostname=row.hostname, pid=row.pid, actor_id=row.actor_id, actor_name=row.actor_name,
+            actor_class=row.actor_class, module=log.module, lineno=log.lineno, funcName=log.funcName,
+            exc_text=log.exc_text, fields=log.fields, job_id=row.job_id,
         )
 
     @property
