@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from raysleuth import evidence
+from raysleuth.logs.aggregate import LogLine
 from raysleuth.errors import UsageError, WorkerNotFound
 from raysleuth.options import parse_since, parse_steps
 
@@ -44,56 +44,6 @@ def levels_at_or_above(level: str | None) -> list[str] | None:
     if name not in LEVELS:
         raise UsageError(f"--level {level!r} is not a logging level", fix=f"use one of {', '.join(LEVELS)}")
     return list(LEVELS[LEVELS.index(name):])
-
-
-@dataclasses.dataclass
-class LogLine:
-    """One shipped log record, with everything known about who wrote it."""
-
-    id: int
-    time: float
-    level: str | None
-    name: str | None
-    message: str
-    rank: int | None
-    world_size: int | None
-    step: int | None
-    phase: str | None
-    node_ip: str | None
-    node_id: str | None
-    hostname: str | None
-    pid: int | None
-    actor_id: str | None
-    actor_name: str | None
-    actor_class: str | None
-    module: str | None = None
-    job_id: str | None = None
-    lineno: int | None = None
-    funcName: str | None = None  # noqa: N815 (the LogRecord field's name)
-    exc_text: str | None = None
-    fields: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    @classmethod
-    def from_record(cls, record: Any) -> "LogLine":
-        """From a store :class:`~raysleuth.recorder.Record` of kind ``log`` (read as :class:`evidence.Log`)."""
-        log = evidence.Log.from_record(record)
-        row = log.row
-        return cls(
-            id=row.id, time=row.time, level=row.level, name=row.name, message=log.message, rank=row.rank,
-            world_size=row.world_size, step=row.step, phase=row.phase, node_ip=row.node_ip, node_id=row.node_id,
-            hostname=row.hostname, pid=row.pid, actor_id=row.actor_id, actor_name=row.actor_name,
-            actor_class=row.actor_class, module=log.module, lineno=log.lineno, funcName=log.funcName,
-            exc_text=log.exc_text, fields=log.fields, job_id=row.job_id,
-        )
-
-    @property
-    def label(self) -> str:
-        """``rank 3`` or ``pid 123@10.0.0.2``."""
-        return f"rank {self.rank}" if self.rank is not None else f"pid {self.pid}@{self.node_ip or self.hostname}"
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields."""
-        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass
