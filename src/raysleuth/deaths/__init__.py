@@ -162,7 +162,8 @@ def find_deaths(address: str | None = None, *, job_id: str | None = None, lines:
     try:
         labels = dead_worker_labels(actors)
     except Exception as error:
-        labels, _ = {}, warnings.append(f"ranks of dead actors not resolved: {error}")
+        labels = {}
+        warnings.append(f"ranks of dead actors not resolved: {error}")
     report = DeathReport(warnings=warnings, log_seconds=store.get("log_seconds", 0.0))
     for subject, found in zip(subjects, evidence):
         label = labels.get(subject["actor_id"]) or {}

@@ -51,7 +51,7 @@ def format_ranks(ranks: Iterable[int]) -> str:
     for rank in ordered:
         if start is None:
             start = previous = rank
-        elif rank == previous + 1:
+        elif previous is not None and rank == previous + 1:
             previous = rank
         else:
             parts.append(str(start) if start == previous else f"{start}-{previous}")

@@ -141,7 +141,7 @@ def follow_logs(query: LogQuery, *, run: str | None = None, home: Path | str | N
                 after_id = newest[0].id if newest else 0
         lines = query_logs(query, after_id=after_id, store=store)
         if lines:
-            after_id = max(after_id or 0, max(line.id for line in lines))
+            after_id = max(after_id or 0, max(line.id or 0 for line in lines))
         for line in lines:
             yield line
             seen += 1

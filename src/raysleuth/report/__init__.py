@@ -151,7 +151,7 @@ def _memory(store) -> dict[str, Any]:
     return {"curves": drawn["curves"], "verdicts": verdicts, "leaking_ranks": leaking, "band": drawn["band"],
             "grouped": drawn["grouped"],
             "quiet": (f"{len(quiet)} workers without a leak (ranks "
-                      f"{format_ranks(v['rank'] for v in quiet if v['rank'] is not None)})") if quiet else ""}
+                      f"{format_ranks(int(v['rank']) for v in quiet if v['rank'] is not None)})") if quiet else ""}
 
 
 # ------------------------------------------------------------------ charts
@@ -291,9 +291,9 @@ def generate_report(output: Path | str = "report.html", *, run: str | None = Non
         store_path = store.path
     finally:
         store.close()
-    trace = Path(trace_path).expanduser() if trace_path else output.parent / "trace.json"
+    trace: Path | None = Path(trace_path).expanduser() if trace_path else output.parent / "trace.json"
     trace_href = None
-    if trace.is_file():
+    if trace is not None and trace.is_file():
         try:
             trace_href = os.path.relpath(trace.resolve(), output.parent.resolve())
         except ValueError:  # another drive (Windows)

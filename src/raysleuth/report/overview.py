@@ -27,7 +27,7 @@ BUCKETS = 120
 """Time buckets of a memory curve."""
 
 
-def _band(series: dict[Any, dict[Any, float]]) -> dict[str, list]:
+def _band(series: dict[Any, dict[Any, float]]) -> dict[str, Any]:
     """Lowest, median and highest across series, per shared x."""
     by_x: dict[Any, list[float]] = defaultdict(list)
     for points in series.values():
@@ -42,7 +42,7 @@ def memory_curves(store, leaking: set) -> dict[str, Any]:
     """``curves`` (label -> x, y) drawn alone, and ``band`` for the rest when there are many workers."""
     first = next(store.select("memory", ("time",), limit=1), None)
     last = next(store.select("memory", ("time",), limit=1, newest_first=True), None)
-    if first is None:
+    if first is None or last is None:
         return {"curves": {}, "band": None, "grouped": ""}
     start, width = first[0], max(1.0, (last[0] - first[0]) / BUCKETS)
     curves: dict[str, dict[str, list]] = {}

@@ -120,7 +120,7 @@ def collective_section(records: Sequence[Any]) -> dict[str, Any] | None:
 
 def consistency_section(records: Sequence[Consistency]) -> list[dict[str, Any]]:
     """Consistency checks: key, step, verdict, and each mismatching tensor with its outlier ranks."""
-    out = []
+    out: list[dict[str, Any]] = []
     for record in sorted(records, key=lambda r: (r.row.step if r.row.step is not None else -1, r.row.time)):
         mismatches = [{"name": m.name, "outlier_ranks": list(m.outlier_ranks), "first_index": m.first_index,
                        "detail": m.detail or m.kind, "max_abs_diff": m.max_abs_diff} for m in record.mismatches]

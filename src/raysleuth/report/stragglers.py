@@ -39,8 +39,8 @@ def _where(site: dict[str, Any]) -> str:
 def _reported(record: StragglerRun) -> dict[str, Any]:
     rows = []
     for straggler in record.stragglers:
-        phase = straggler.get("phase") if isinstance(straggler.get("phase"), dict) else {}
-        wait = phase.get("peers_wait") if isinstance(phase.get("peers_wait"), dict) else {}
+        phase: dict[str, Any] = straggler["phase"] if isinstance(straggler.get("phase"), dict) else {}
+        wait: dict[str, Any] = phase["peers_wait"] if isinstance(phase.get("peers_wait"), dict) else {}
         rows.append({"rank": straggler.get("rank"), "function": phase.get("function") or "",
                      "where": _where(phase) if phase else "",
                      "peers_wait": f"{wait.get('function')} ({_where(wait)})" if wait else ""})
