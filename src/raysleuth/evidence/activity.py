@@ -99,7 +99,7 @@ class Heartbeat(Evidence):
                   "collectives advance (`source: collectives`), unless the job names its own steps")
     NAMED = "none"
 
-    step: int | None = None
+    step: int | float | None = None
     """Also in the step column."""
     collectives: int | None = None
     source: str | None = None

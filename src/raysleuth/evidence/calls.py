@@ -21,6 +21,7 @@ class VerlCall(Evidence):
     method: str | None = None
     state: str | None = None
     worker_name: str | None = None
+    worker_pid: int | None = None
     task_id: str | None = None
     duration_s: float | None = None
 
