@@ -118,12 +118,12 @@ class Memory(Evidence):
     NAMED = "none (`block`: the block's name)"
     NOTE = "leak trends use only `watch` and `agent`; CUDA fields are None without CUDA"
 
-    rss_bytes: int | None = None
-    uss_bytes: int | None = None
-    vms_bytes: int | None = None
-    cuda_allocated_bytes: int | None = None
-    cuda_reserved_bytes: int | None = None
-    cuda_peak_bytes: int | None = None
+    rss_bytes: int | float | None = None
+    uss_bytes: int | float | None = None
+    vms_bytes: int | float | None = None
+    cuda_allocated_bytes: int | float | None = None
+    cuda_reserved_bytes: int | float | None = None
+    cuda_peak_bytes: int | float | None = None
     cuda_devices: tuple[dict[str, Any], ...] = ()
     source: str = "watch"
     label: str | None = None
