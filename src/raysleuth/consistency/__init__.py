@@ -58,7 +58,10 @@ __all__ = [
 
 def latest_checks(run: str | None = None, *, home=None, key: str | None = None, limit: int = 50,
                   jobs: list[str] | None = None):
-    """Stored checks of a run (of ``jobs`` only, when given), newest first, as ``(record, ConsistencyReport)`` pairs."""
+    """Stored checks of a run (of ``jobs`` only, when given), newest first, as ``(row, ConsistencyReport)`` pairs.
+
+    ``row``: the record's columns (:class:`raysleuth.evidence.Row`).
+    """
     from raysleuth.recorder import open_store
 
     store = open_store(run, home=home)

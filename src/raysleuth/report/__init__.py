@@ -31,9 +31,8 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Any
-
 from types import SimpleNamespace
+from typing import Any
 
 from raysleuth import evidence
 from raysleuth.errors import UsageError
