@@ -127,8 +127,16 @@ class Row:
     @classmethod
     def of(cls, record: Any) -> Row:
         """The columns of a :class:`raysleuth.recorder.store.Record` (or anything with those attributes)."""
-        return cls(**{field.name: getattr(record, field.name, None) for field in dataclasses.fields(cls)
-                      if field.name != "time"}, time=getattr(record, "time", 0.0) or 0.0)
+        row = object.__new__(cls)  # built once per stored row: its fields set at once, past the frozen __init__
+        source = getattr(record, "__dict__", None)
+        if source is None or not all(name in source for name in _ROW_COLUMNS[:-2]):
+            source = {name: getattr(record, name, None) for name in _ROW_COLUMNS}
+        row.__dict__.update({name: source.get(name) for name in _ROW_COLUMNS})
+        row.__dict__["time"] = row.__dict__["time"] or 0.0
+        return row
+
+
+_ROW_COLUMNS = tuple(field.name for field in dataclasses.fields(Row))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
