@@ -98,8 +98,8 @@ def _store_evidence(subjects: list[dict[str, Any]]) -> dict[str, Any]:
                                                                                                or k == "source")}})
         for crash in evidence.read(store, evidence.Crash, limit=2000):
             row = crash.row
-            key = row.actor_id if row.actor_id in actor_ids else (row.node_ip, row.pid)
-            out["crash"][key].append({"id": row.id, "time": row.time, "exception_type": crash.exception_type,
+            whose = row.actor_id if row.actor_id in actor_ids else (row.node_ip, row.pid)
+            out["crash"][whose].append({"id": row.id, "time": row.time, "exception_type": crash.exception_type,
                                       "message": crash.message[:500], "method": crash.method})
         for record in store.query("heartbeat", limit=5000, newest_first=True):
             if record.rank is not None and record.rank not in out["beats"]:
@@ -220,12 +220,14 @@ def gather(*, job_id: str | None = None, log_lines: int = 200, parallel: int = 1
     try:
         workers = list(cluster.dead_workers())
     except Exception as error:
-        workers, _ = [], warnings.append(f"dead workers not listed: {error}")
+        workers = []
+        warnings.append(f"dead workers not listed: {error}")
     try:
         tasks = [task for task in cluster.tasks(state="FAILED") if task.error_type in
                  ("ACTOR_DIED", "WORKER_DIED", "OUT_OF_MEMORY", "NODE_DIED", "TASK_EXECUTION_EXCEPTION")]
     except Exception as error:
-        tasks, _ = [], warnings.append(f"failed tasks not listed: {error}")
+        tasks = []
+        warnings.append(f"failed tasks not listed: {error}")
     nodes = cluster.nodes()
     node_ips = {node.node_id: node.node_ip for node in nodes}
     alive = {node.node_id: node.alive for node in nodes}

@@ -183,6 +183,11 @@ class Evidence(Part):
                 values[name] = value
         return cls(**values, row=Row.of(record), raw=stored)
 
+    @classmethod
+    def from_record_dict(cls: type[E], record: dict[str, Any]) -> E:
+        """The kind from a stored record as a dict (``Record.to_dict()``, :meth:`to_record_dict`)."""
+        return cls.from_record(_Stored(record))
+
     def to_record_dict(self) -> dict[str, Any]:
         """The stored record as JSON (``Record.to_dict()``'s keys and order: columns, ``data`` as stored)."""
         row = self.row
@@ -191,6 +196,13 @@ class Evidence(Part):
                 "world_size": row.world_size, "node_id": row.node_id, "node_ip": row.node_ip,
                 "hostname": row.hostname, "pid": row.pid, "actor_id": row.actor_id, "actor_name": row.actor_name,
                 "actor_class": row.actor_class, "client_id": row.client_id, "job_id": row.job_id}
+
+
+class _Stored:
+    """A record given as a dict, read through attributes (what :meth:`Evidence.from_record` reads)."""
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        self.__dict__.update(record)
 
 
 def read(store: Any, kind: type[E] | tuple[type[E], ...], *, limit: int | None = None, newest_first: bool = False,

@@ -174,7 +174,7 @@ def read_coroutines(request_id: str | None) -> dict[tuple[str | None, int], list
         store.close()
     # The longest waits are the ones that matter (a worker lists them longest first); 50 keep a report small.
     return {(dump.row.node_ip, dump.row.pid): list(dump.tasks)[:50] for dump in dumps
-            if (dump.request or {}).get("id") == request_id}
+            if dump.row.pid is not None and (dump.request or {}).get("id") == request_id}
 
 
 def failed_calls(job_ids: set[str]) -> dict[tuple, str]:
