@@ -195,12 +195,13 @@ def test_advise_branches_on_the_recorded_causes(deaths, capsys):
 
 
 def test_report_crash_section_shows_deaths(deaths, tmp_path):
+    from raysleuth import evidence
     from raysleuth.recorder import open_store
     from raysleuth.report import sections
 
     store = open_store(home=deaths["home"])
     try:
-        records = store.query("death")
+        records = evidence.read(store, evidence.Death)
     finally:
         store.close()
     entries = [entry for entry in sections.crash_section(records) if entry.get("kind") == "death"]

@@ -29,7 +29,7 @@ LAYER_NAMES = ["core", "instruments", "features", "orchestration", "faces"]
 
 # Each top-level unit (module or package) of raysleuth, and its layer (DESIGN.md "Layers").
 LAYERS: dict[str, int] = {
-    "errors": CORE, "runtime": CORE, "cluster": CORE, "agents": CORE, "recorder": CORE,
+    "errors": CORE, "runtime": CORE, "cluster": CORE, "agents": CORE, "recorder": CORE, "evidence": CORE,
     "control": CORE, "labels": CORE, "modes": CORE, "redaction": CORE, "native_stderr": CORE,
     "ray_private": CORE, "options": CORE,
     "progress": INSTRUMENTS, "tracing": INSTRUMENTS, "coroutines": INSTRUMENTS,

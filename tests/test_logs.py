@@ -19,7 +19,7 @@ import pytest
 from raysleuth import runtime
 from raysleuth.errors import UsageError
 from raysleuth.logs import (
-    LogItem,
+    LogLine,
     RankFilter,
     aggregate,
     format_ranks,
@@ -46,7 +46,7 @@ def test_templates_and_rank_ranges():
 
 
 def test_aggregation_shows_the_rank_that_differs_apart():
-    items = [LogItem(message=f"step 10 loss={0.5 if rank != 6 else 7.25}", rank=rank, step=10, time=rank)
+    items = [LogLine(message=f"step 10 loss={0.5 if rank != 6 else 7.25}", rank=rank, step=10, time=rank)
              for rank in range(8)]
     lines = aggregate(items)
     assert [line.text() for line in lines] == [
@@ -57,14 +57,14 @@ def test_aggregation_shows_the_rank_that_differs_apart():
 
 
 def test_aggregation_treats_a_rank_number_as_a_label_not_a_difference():
-    items = [LogItem(message=f"rank {rank} ready", rank=rank, time=rank) for rank in range(4)]
+    items = [LogLine(message=f"rank {rank} ready", rank=rank, time=rank) for rank in range(4)]
     lines = aggregate(items)
     assert len(lines) == 1 and lines[0].ranks == [0, 1, 2, 3] and lines[0].message == "rank {rank} ready"
 
 
 def test_aggregation_keeps_steps_and_writers_without_rank_apart():
-    items = [LogItem(message="loss=1.0", rank=0, step=1, time=1), LogItem(message="loss=1.0", rank=1, step=2, time=2),
-             LogItem(message="loss=1.0", rank=None, source="pid 7@h", step=1, time=3)]
+    items = [LogLine(message="loss=1.0", rank=0, step=1, time=1), LogLine(message="loss=1.0", rank=1, step=2, time=2),
+             LogLine(message="loss=1.0", rank=None, pid=7, hostname="h", step=1, time=3)]
     lines = aggregate(items)
     assert [(line.step, line.label) for line in lines] == [(1, "rank 0; pid 7@h"), (2, "rank 1")]
 

@@ -33,8 +33,6 @@ ALLOWED = {
     ("stacks/clues.py", "worker_pid"): "reads raysleuth's verl_call records (integrations.verl writes them)",
     ("stacks/graph.py", "worker_pid"): "the recorded calls from stacks.clues (raysleuth's own data)",
     ("stall/__init__.py", "worker_pid"): "the unreturned calls from stacks.clues (raysleuth's own data)",
-    ("report/sections.py", "func_or_class_name"): "reads stored `tasks` evidence (older rows), not the State API",
-    ("report/sections.py", "required_resources"): "PendingTask's own field in stored `tasks` evidence",
 }
 
 

@@ -64,16 +64,18 @@ def test_deaths_renderer(captured):
 
 def test_crash_renderers(captured):
     from raysleuth.cli.crashes import render_capsule, render_crashes
+    from raysleuth.evidence import Crash
     from raysleuth.postmortem.query import CrashSummary
+    from raysleuth.recorder.store import Record
 
     render_crashes([CrashSummary(id=1, time=0.0, rank=1, node_ip=GLOO, hostname=None, pid=1, actor=None,
                                  method=GLOO, exception_type="RuntimeError", message=GLOO[:57], cause=GLOO)])
-    render_capsule({"id": 1, "time": 0.0, "data": {
+    render_capsule(Crash.from_record(Record(id=1, kind="crash", time=0.0, data={
         "exception_type": GLOO, "message": GLOO, "node_ip": GLOO, "traceback": GLOO, "errors": [GLOO],
         "chain": [{"relation": "cause", "type": GLOO, "message": GLOO}, {"relation": "raised", "type": "E",
                                                                            "message": GLOO}],
         "explanations": [{"title": GLOO, "cause": GLOO, "fix": GLOO}],
-        "frames": [{"file": GLOO, "line": 1, "function": GLOO, "code": GLOO, "locals": {"x": GLOO}}]}})
+        "frames": [{"file": GLOO, "line": 1, "function": GLOO, "code": GLOO, "locals": {"x": GLOO}}]})))
     output = _text(captured)
     assert GLOO[:57] in output and output.count(GLOO) >= 10, output
 

@@ -95,13 +95,11 @@ def evidence_home(tmp_path_factory) -> Path:
 
 
 def test_span_section_finds_the_straggler() -> None:
-    from raysleuth.recorder.store import Record
-
-    records = [Record(id=i, kind="span", time=float(i), rank=rank, step=step, name="update",
-                      data={"duration_s": 1.0 if rank == 2 else 0.2})
-               for i, (rank, step) in enumerate((r, s) for r in range(3) for s in range(3))]
-    result = span_section(records)
+    """(step, rank, phase, seconds) totals; the rule is the timeline's (1.5x the median of a step's phase)."""
+    totals = [(step, rank, "update", 1.0 if rank == 2 else 0.2) for rank in range(3) for step in range(3)]
+    result = span_section(totals)
     assert {s["rank"] for s in result["stragglers"]} == {2}
+    assert span_section([(0, rank, "update", 0.2 if rank == 2 else 0.15) for rank in range(3)])["stragglers"] == []
     assert result["steps"] == [0, 1, 2]
 
 

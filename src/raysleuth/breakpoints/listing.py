@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from raysleuth import evidence
 from raysleuth.breakpoints._sessions import TOPIC, DebugSession, latest_states
 
 __all__ = ["find_session", "list_sessions"]
@@ -20,7 +21,7 @@ def list_sessions(*, run: str | None = None, home: Any = None, include_released:
     rows: list[dict[str, Any]] = []
     ray = sys.modules.get("ray")
     connected = ray is not None and ray.is_initialized()
-    if live is not False and connected:
+    if live is not False and connected and ray is not None:
         from raysleuth.recorder import get_writer
 
         try:
@@ -32,7 +33,7 @@ def list_sessions(*, run: str | None = None, home: Any = None, include_released:
 
         store = open_store(run, home=home)
         try:
-            rows = [record.data for record in store.query("debug_session")]
+            rows = [record.raw for record in evidence.read(store, evidence.DebugSessionRecord)]
         finally:
             store.close()
     sessions = latest_states(rows)

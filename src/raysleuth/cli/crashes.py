@@ -13,6 +13,7 @@ from raysleuth.cli._app import (
     AddressOption, HomeOption, JobOption, JsonOption, RanksOption, RunOption, app, at_least_one, console,
     emit_json, finish, home_path, name_run,
 )
+from raysleuth.evidence import Crash
 
 crashes_app = typer.Typer(
     help="Crash capsules left by workers (@rs.capture_crashes): list them, or show one fully.",
@@ -107,7 +108,7 @@ def show(
         print_deaths([death], lines=20)
         finish(0)
     if json_:
-        emit_json(record)
+        emit_json(record.to_record_dict())
         finish(0)
     render_capsule(record)
     finish(0)
@@ -135,57 +136,50 @@ def render_crashes(found, caused: dict | None = None) -> None:
     console.print(f"\n[red]{len(found)} crash capsule(s)[/red]; details: raysleuth crashes show ID")
 
 
-def render_capsule(record: dict) -> None:
+def render_capsule(capsule: Crash) -> None:
     """One capsule fully: chain, traceback, locals per frame, memory, environment, cause and fix."""
-    data = record.get("data") or {}
-    rank = data.get("rank", record.get("rank"))
-    console.print(f"[bold]crash {record['id']}[/bold]  {_when(record.get('time'))}  rank {escape(str(rank))}  "
-                  f"node {escape(str(data.get('node_ip') or data.get('hostname')))}  pid {escape(str(data.get('pid')))}",
+    rank = capsule.rank if "rank" in capsule.raw else capsule.row.rank
+    console.print(f"[bold]crash {capsule.row.id}[/bold]  {_when(capsule.row.time)}  rank {escape(str(rank))}  "
+                  f"node {escape(str(capsule.node_ip or capsule.hostname))}  pid {escape(str(capsule.pid))}",
                   soft_wrap=True)
-    who = " ".join(part for part in (data.get("actor_class"), data.get("actor_name") and f"({data['actor_name']})",
-                                     data.get("method") and f"method {data['method']}") if part)
+    who = " ".join(part for part in (capsule.actor_class, capsule.actor_name and f"({capsule.actor_name})",
+                                     capsule.method and f"method {capsule.method}") if part)
     if who:
         console.print(who, markup=False)
-    console.print(f"\n[red bold]{escape(str(data.get('exception_type')))}[/red bold]: {escape(str(data.get('message')))}",
-                  soft_wrap=True)
-    chain = _dicts(data.get("chain"))
-    if len(chain) > 1:
+    console.print(f"\n[red bold]{escape(capsule.exception_type)}[/red bold]: {escape(capsule.message)}", soft_wrap=True)
+    if len(capsule.chain) > 1:
         console.print("\n[bold]exception chain[/bold] (outermost first)")
-        for link in chain:
-            console.print(f"  {str(link.get('relation')):>7}  {link.get('type')}: {_first(str(link.get('message')))}",
+        for link in capsule.chain:
+            console.print(f"  {str(link.relation):>7}  {link.type}: {_first(str(link.message))}",
                           markup=False, soft_wrap=True)
-    explanations = _dicts(data.get("explanations"))
-    if explanations:
+    if capsule.explanations:
         console.print("\n[bold]likely cause[/bold]")
-        for number, match in enumerate(explanations):
+        for number, match in enumerate(capsule.explanations):
             label = "root" if number == 0 else "also"
-            console.print(f"  [{'yellow' if number == 0 else 'dim'}]{label}[/]: [bold]{escape(str(match.get('title')))}[/bold]")
+            console.print(f"  [{'yellow' if number == 0 else 'dim'}]{label}[/]: [bold]{escape(str(match.title))}[/bold]")
             if number == 0:
-                console.print(f"    cause: {escape(str(match.get('cause')))}", soft_wrap=True)
-                console.print(f"    [green]fix: {escape(str(match.get('fix')))}[/green]", soft_wrap=True)
+                console.print(f"    cause: {escape(str(match.cause))}", soft_wrap=True)
+                console.print(f"    [green]fix: {escape(str(match.fix))}[/green]", soft_wrap=True)
     console.print("\n[bold]traceback[/bold]")
-    console.print(str(data.get("traceback") or ""), markup=False, highlight=False, soft_wrap=True)
+    console.print(capsule.traceback, markup=False, highlight=False, soft_wrap=True)
     console.print("[bold]frames and locals[/bold] (innermost last)")
-    for frame in _dicts(data.get("frames")):
-        console.print(f"  {escape(str(frame.get('file')))}:{frame.get('line')} in "
-                      f"[bold]{escape(str(frame.get('function')))}[/bold]", soft_wrap=True)
-        if frame.get("code"):
-            console.print(f"      {frame['code']}", markup=False, soft_wrap=True)
-        locals_ = frame.get("locals")
-        for name, value in (locals_.items() if isinstance(locals_, dict) else ()):
+    for frame in capsule.frames:
+        console.print(f"  {escape(str(frame.file))}:{frame.line} in [bold]{escape(str(frame.function))}[/bold]",
+                      soft_wrap=True)
+        if frame.code:
+            console.print(f"      {frame.code}", markup=False, soft_wrap=True)
+        for name, value in frame.locals.items():
             console.print(f"      {name} = {value}", markup=False, soft_wrap=True)
-    memory = data.get("memory")
-    if isinstance(memory, dict) and memory:
+    if capsule.memory:
         console.print("\n[bold]memory[/bold]")
-        for key, value in memory.items():
+        for key, value in capsule.memory.items():
             console.print(f"  {key}: {_bytes(key, value)}", markup=False)
-    environment = data.get("environment")
-    if isinstance(environment, dict) and environment:
+    if capsule.environment:
         console.print("\n[bold]environment[/bold] (redacted)")
-        for key, value in environment.items():
+        for key, value in capsule.environment.items():
             console.print(f"  {key}={value}", markup=False, soft_wrap=True)
-    for problem in data.get("errors") if isinstance(data.get("errors"), list) else []:
-        console.print(f"[yellow]capture note: {escape(str(problem))}[/yellow]", soft_wrap=True)
+    for problem in capsule.errors:
+        console.print(f"[yellow]capture note: {escape(problem)}[/yellow]", soft_wrap=True)
 
 
 def _cause(item, death) -> str:
@@ -193,11 +187,6 @@ def _cause(item, death) -> str:
         who = "rank ?" if death.rank is None else f"rank {death.rank}"
         return f"[yellow]consequence of {who}'s death ({escape(death.cause)})[/yellow]"
     return escape(item.cause) if item.cause else "[dim]unknown[/dim]"
-
-
-def _dicts(value: object) -> list[dict]:
-    """The dict items of a stored list (a row another writer left may hold anything)."""
-    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
 
 
 def _short(text: str, limit: int = 60) -> str:

@@ -121,10 +121,7 @@ def _print_aggregated(lines, json_: bool) -> None:
     """``logs --aggregate``: same-template lines across ranks as one, the rank that differs apart."""
     from raysleuth import logs as rs_logs
 
-    grouped = rs_logs.aggregate(rs_logs.LogItem(message=line.message, rank=line.rank, level=line.level or "INFO",
-                                                name=line.name, step=line.step, time=line.time,
-                                                source=None if line.rank is not None else line.label)
-                                for line in lines)
+    grouped = rs_logs.aggregate(lines)
     if json_:
         emit_json([item.to_dict() for item in grouped])
         return

@@ -15,6 +15,7 @@ from raysleuth.cli._app import (
 )
 from raysleuth import options
 from raysleuth.errors import UsageError
+from raysleuth.timeline.summary import stragglers_of
 
 
 @app.command()
@@ -73,9 +74,10 @@ def render_summary(rows) -> None:
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     for column in ("step", "phase", "per rank (s)", "median", "slowest", "lag"):
         table.add_column(column, overflow="fold")
+    straggling = {id(row) for row in stragglers_of(rows)}
     for row in rows:
         per_rank = escape(_per_rank(row.durations))
-        style = "red" if row.lag_ratio >= 1.5 and len(row.durations) > 1 else ""
+        style = "red" if id(row) in straggling else ""
         lag = f"+{row.lag_s:.3f}s ({row.lag_ratio:.2f}×)"
         slowest = escape(str(row.slowest))
         table.add_row(str(row.step), escape(str(row.phase)), per_rank, f"{row.median_s:.3f}",

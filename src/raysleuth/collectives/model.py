@@ -19,6 +19,8 @@ import os
 from collections import defaultdict
 from typing import Any, Iterable
 
+from raysleuth import evidence
+
 RULE = "collective positions"
 _DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16", "Long": "int64",
            "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8", "Bool": "bool",
@@ -250,10 +252,14 @@ def _entry(seq, op, inputs, state, created, call) -> Entry:
                  line=call.get("line"), function=call.get("function"), step=call.get("step"), call=call.get("call"))
 
 
+def _dumped_at(dump: evidence.Collectives) -> float:
+    return dump.time or dump.row.time or 0.0
+
+
 def latest_job(records: Iterable[dict[str, Any]]) -> str | None:
     """The job of the newest record (a run may hold several jobs' collectives)."""
-    newest = max(records, key=lambda r: (r.get("data") or {}).get("time") or r.get("time") or 0, default=None)
-    return (newest.get("data") or {}).get("job_id") if newest else None
+    newest = max(map(evidence.Collectives.from_record_dict, records), key=_dumped_at, default=None)
+    return newest.job_id if newest else None
 
 
 def positions_from_records(records: Iterable[dict[str, Any]], *, alive: set | None = None,
@@ -265,21 +271,21 @@ def positions_from_records(records: Iterable[dict[str, Any]], *, alive: set | No
     records = list(records)
     job = job if job is not None else latest_job(records)
     ranks: dict[int, RankPositions] = {}
-    for record in sorted(records, key=lambda r: (r.get("data") or {}).get("time") or r.get("time") or 0):
-        data = record.get("data") or {}
-        if job is not None and data.get("job_id") not in (None, job):
+    for dump in sorted(map(evidence.Collectives.from_record_dict, records), key=_dumped_at):
+        data = dump.raw
+        if job is not None and dump.job_id not in (None, job):
             continue
-        rank = data.get("rank", record.get("rank"))
+        rank = dump.rank if "rank" in data else dump.row.rank
         if rank is None:
             continue
-        pid, node_ip = data.get("pid") or record.get("pid"), record.get("node_ip")
+        pid, node_ip = dump.pid or dump.row.pid, dump.row.node_ip
         known = ranks.get(rank)
         if known is None or (pid is not None and known.pid is not None and pid != known.pid):
             known = ranks[rank] = RankPositions(rank=rank, pid=pid, node_ip=node_ip)  # a new process took the rank
-        known.dumped_at = max(known.dumped_at, float(data.get("time") or record.get("time") or 0))
+        known.dumped_at = max(known.dumped_at, _dumped_at(dump))
         for group, entries in entries_from_dump(data).items():
             known.groups.setdefault(group, {}).update(entries)
-        for group, info in (data.get("groups") or {}).items():
+        for group, info in dump.groups.items():
             known.group_info[str(group)] = info
     if alive is not None:
         for item in ranks.values():

@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from raysleuth import evidence
 from raysleuth.collectives.matcher import PENDING_AFTER, match
 from raysleuth.collectives.model import CollectiveVerdict, latest_job, positions_from_records
 
@@ -120,7 +121,7 @@ def read_collectives(store, job: str | None = None) -> list[dict[str, Any]]:
     records = [store._record(row).to_dict()
                for row in trimmed(store, ids, COLUMNS, ("calls", "flight_recorder.entries"), READ_PER_GROUP)]
     job = job if job is not None else latest_job(records)
-    return [r for r in records if job is None or (r.get("data") or {}).get("job_id") in (None, job)]
+    return [r for r in records if job is None or evidence.Collectives.from_record_dict(r).job_id in (None, job)]
 
 
 def collect_collectives(address: str | None = None, *, run: str | None = None, home: Path | str | None = None,
@@ -157,7 +158,7 @@ def collect_collectives(address: str | None = None, *, run: str | None = None, h
     verdict = match(positions, pending_after=pending_after, last=last, group=group)
     if records and live and request_id and positions and not answered:
         notes.append(f"no worker answered the dump request within {wait:.0f}s; positions are from earlier dumps")
-    if positions and any((r.get("data") or {}).get("detail") is False for r in records):
+    if positions and any(evidence.Collectives.from_record_dict(r).detail is False for r in records):
         notes.append(LIGHT_NOTE)
     job_id = job or latest_job(records)
     ranks = [{"rank": p.rank, "pid": p.pid, "node_ip": p.node_ip, "alive": p.alive, "dumped_at": p.dumped_at}
@@ -212,10 +213,9 @@ def _wait_for_answers(store, request_id: str, asked_at: float, wait: float, job:
     while True:
         records = read_collectives(store, job)
         expected = {(r.get("node_ip"), r.get("pid")) for r in records} & alive
-        got = {(r.get("node_ip"), r.get("pid")) for r in records
-               if ((r.get("data") or {}).get("request") or {}).get("id") == request_id}
-        answered = {(r.get("data") or {}).get("rank") for r in records
-                    if ((r.get("data") or {}).get("request") or {}).get("id") == request_id} - {None}
+        dumps = [evidence.Collectives.from_record_dict(r) for r in records]
+        got = {(d.row.node_ip, d.row.pid) for d in dumps if (d.request or {}).get("id") == request_id}
+        answered = {d.rank for d in dumps if (d.request or {}).get("id") == request_id} - {None}
         if (expected and expected <= got) or time.monotonic() >= deadline:
             return answered
         time.sleep(0.3)

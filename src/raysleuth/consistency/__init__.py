@@ -19,6 +19,7 @@ Every check is stored as evidence of kind ``consistency`` (``raysleuth consisten
 
 from __future__ import annotations
 
+from raysleuth import evidence
 from raysleuth.consistency.checks import (
     check_data_consistency,
     check_distributed_consistency,
@@ -57,18 +58,21 @@ __all__ = [
 
 def latest_checks(run: str | None = None, *, home=None, key: str | None = None, limit: int = 50,
                   jobs: list[str] | None = None):
-    """Stored checks of a run (of ``jobs`` only, when given), newest first, as ``(record, ConsistencyReport)`` pairs."""
+    """Stored checks of a run (of ``jobs`` only, when given), newest first, as ``(row, ConsistencyReport)`` pairs.
+
+    ``row``: the record's columns (:class:`raysleuth.evidence.Row`).
+    """
     from raysleuth.recorder import open_store
 
     store = open_store(run, home=home)
     try:
-        records = store.query("consistency", name=key, job=jobs, limit=limit, newest_first=True)
+        records = evidence.read(store, evidence.Consistency, name=key, job=jobs, limit=limit, newest_first=True)
     finally:
         store.close()
     checks = []
     for rec in records:
         try:
-            checks.append((rec, ConsistencyReport.from_dict(rec.data)))
+            checks.append((rec.row, ConsistencyReport.from_dict(rec.raw)))
         except (TypeError, ValueError):
             continue  # a row some other writer left under this kind: not a check
     return checks

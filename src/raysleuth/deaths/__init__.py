@@ -16,6 +16,7 @@ import dataclasses
 import time
 from typing import Any
 
+from raysleuth import evidence
 from raysleuth.deaths.classify import CAUSES, DeathCause, DeathEvidence, classify
 from raysleuth.deaths.parse import fatal_file_rank
 
@@ -161,7 +162,8 @@ def find_deaths(address: str | None = None, *, job_id: str | None = None, lines:
     try:
         labels = dead_worker_labels(actors)
     except Exception as error:
-        labels, _ = {}, warnings.append(f"ranks of dead actors not resolved: {error}")
+        labels = {}
+        warnings.append(f"ranks of dead actors not resolved: {error}")
     report = DeathReport(warnings=warnings, log_seconds=store.get("log_seconds", 0.0))
     for subject, found in zip(subjects, evidence):
         label = labels.get(subject["actor_id"]) or {}
@@ -225,12 +227,12 @@ def stored_deaths(run: str | None = None, *, home: Any = None, rank: int | list[
 
     store = open_store(run, home=home)
     try:
-        records = store.query("death", rank=rank)
+        records = evidence.read(store, evidence.Death, rank=rank)
     finally:
         store.close()
     fields = {field.name for field in dataclasses.fields(Death)}
-    return [Death(**{**{key: value for key, value in record.data.items() if key in fields}, "record_id": record.id})
-            for record in records]
+    return [Death(**{**{key: value for key, value in record.to_data().items() if key in fields and key in record.raw},
+                     "record_id": record.row.id}) for record in records]
 
 
 #: Causes that follow another death (the owner's, the job's end): never the root of a peer's error.

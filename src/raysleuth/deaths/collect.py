@@ -29,7 +29,7 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from raysleuth import cluster
+from raysleuth import cluster, evidence
 from raysleuth.cluster import own
 from raysleuth.cluster.records import RayTask
 from raysleuth.deaths.classify import DeathEvidence
@@ -90,17 +90,17 @@ def _store_evidence(subjects: list[dict[str, Any]]) -> dict[str, Any]:
     wanted = {(subject.get("node_ip"), subject.get("pid")) for subject in subjects}
     actor_ids = {subject.get("actor_id") for subject in subjects if subject.get("actor_id")}
     try:
-        for record in store.query("memory", limit=20000, newest_first=True):
-            key = (record.node_ip, record.pid)
+        for sample in evidence.read(store, evidence.Memory, limit=20000, newest_first=True):
+            key = (sample.row.node_ip, sample.row.pid)
             if key in wanted and len(out["memory"][key]) < 10:
-                out["memory"][key].append({"time": record.time, **{k: v for k, v in record.data.items()
-                                                                   if k.endswith("_bytes") or k == "source"}})
-        for record in store.query("crash", limit=2000):
-            key = record.actor_id if record.actor_id in actor_ids else (record.node_ip, record.pid)
-            out["crash"][key].append({"id": record.id, "time": record.time,
-                                      "exception_type": record.data.get("exception_type"),
-                                      "message": str(record.data.get("message", ""))[:500],
-                                      "method": record.data.get("method")})
+                out["memory"][key].append({"time": sample.row.time, **{k: v for k, v in sample.to_data().items()
+                                                                       if k in sample.raw and (k.endswith("_bytes")
+                                                                                               or k == "source")}})
+        for crash in evidence.read(store, evidence.Crash, limit=2000):
+            row = crash.row
+            whose = row.actor_id if row.actor_id in actor_ids else (row.node_ip, row.pid)
+            out["crash"][whose].append({"id": row.id, "time": row.time, "exception_type": crash.exception_type,
+                                      "message": crash.message[:500], "method": crash.method})
         for record in store.query("heartbeat", limit=5000, newest_first=True):
             if record.rank is not None and record.rank not in out["beats"]:
                 out["beats"][record.rank] = {"step": record.step, "time": record.time,
@@ -220,12 +220,14 @@ def gather(*, job_id: str | None = None, log_lines: int = 200, parallel: int = 1
     try:
         workers = list(cluster.dead_workers())
     except Exception as error:
-        workers, _ = [], warnings.append(f"dead workers not listed: {error}")
+        workers = []
+        warnings.append(f"dead workers not listed: {error}")
     try:
         tasks = [task for task in cluster.tasks(state="FAILED") if task.error_type in
                  ("ACTOR_DIED", "WORKER_DIED", "OUT_OF_MEMORY", "NODE_DIED", "TASK_EXECUTION_EXCEPTION")]
     except Exception as error:
-        tasks, _ = [], warnings.append(f"failed tasks not listed: {error}")
+        tasks = []
+        warnings.append(f"failed tasks not listed: {error}")
     nodes = cluster.nodes()
     node_ips = {node.node_id: node.node_ip for node in nodes}
     alive = {node.node_id: node.alive for node in nodes}

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import raysleuth as rs
+from raysleuth import evidence as rs_evidence
 from raysleuth.demo.harness import Job, ScenarioResult, flush_evidence
 from raysleuth.demo.job import Fault, JobConfig, RolloutWorker, policy_weights
 from raysleuth.explain import WRAPPER, innermost_exception
@@ -102,8 +103,7 @@ def _job_frame(report: Any, pid: int) -> str:
 def _consistency_rows(name: str, since: float) -> list[Any]:
     store = rs.open_store(_store_path())
     try:
-        return [r for r in store.query("consistency", since=since)
-                if str(r.data.get("key", "")).startswith(f"{name}/")]
+        return [r for r in rs_evidence.read(store, rs_evidence.Consistency, since=since) if r.key.startswith(f"{name}/")]
     finally:
         store.close()
 
@@ -146,7 +146,7 @@ def healthy(config: JobConfig, say: Say) -> ScenarioResult:
         else:
             notes.append("stacks: no culprit")
         rows = _consistency_rows("healthy", since)
-        bad = [r for r in rows if not r.data.get("consistent", True)]
+        bad = [r for r in rows if r.consistent is False]
         if bad:
             flags.append(f"{len(bad)} consistency checks mismatched")
         notes.append(f"{len(rows)} consistency checks consistent" if not bad else "")
@@ -211,8 +211,8 @@ def diverge(config: JobConfig, say: Say) -> ScenarioResult:
         report = rs.compare(job.trainers, policy_weights, key="diverge/compare", timeout=60)
         job.flush()
         _settle()
-        in_rank = [r for r in _consistency_rows("diverge", since) if not r.data.get("consistent", True)]
-        in_rank_outliers = sorted({rank for r in in_rank for rank in r.data.get("outlier_ranks", [])})
+        in_rank = [r for r in _consistency_rows("diverge", since) if r.consistent is False]
+        in_rank_outliers = sorted({rank for r in in_rank for rank in r.outlier_ranks})
         tensors = [m.name for m in report.mismatches]
         first = report.mismatches[0] if report.mismatches else None
         correct = (not report.consistent and report.outlier_ranks == [fault.rank] and bool(tensors)

@@ -22,7 +22,7 @@ Record layout (kind ``log``): ``name`` = logger name, ``level`` = level name,
 
 from __future__ import annotations
 
-from raysleuth.logs.aggregate import AggregatedLine, LogItem, aggregate, format_ranks, split_template
+from raysleuth.logs.aggregate import AggregatedLine, LogLine, aggregate, format_ranks, split_template
 from raysleuth.logs.aggregating import DistributedLogger, memory_alert
 from raysleuth.logs.decorator import capture_arguments, debug_decorator
 from raysleuth.logs.loggers import (
@@ -54,7 +54,6 @@ from raysleuth.options import parse_steps as parse_step_range
 __all__ = [
     "AggregatedLine",
     "DistributedLogger",
-    "LogItem",
     "LogLine",
     "LogQuery",
     "MemoryReading",

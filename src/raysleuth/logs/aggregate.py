@@ -6,7 +6,7 @@ with its numbers masked) at the same step collapse into one line that lists
 the ranks (``[ranks 0-5,7] loss=0.25``); a rank whose values differ from
 the majority gets a line of its own, marked ``differs``.
 
-Everything here takes plain data (:class:`LogItem` or dicts) and is used by
+Everything here takes :class:`LogLine` items (or store records) and is used by
 both :class:`raysleuth.logs.DistributedLogger` and ``raysleuth logs
 --aggregate``. No I/O.
 """
@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
+
+from raysleuth import evidence
 
 __all__ = [
     "AggregatedLine",
-    "LogItem",
+    "LogLine",
     "aggregate",
     "format_ranks",
     "split_template",
@@ -49,7 +51,7 @@ def format_ranks(ranks: Iterable[int]) -> str:
     for rank in ordered:
         if start is None:
             start = previous = rank
-        elif rank == previous + 1:
+        elif previous is not None and rank == previous + 1:
             previous = rank
         else:
             parts.append(str(start) if start == previous else f"{start}-{previous}")
@@ -60,30 +62,61 @@ def format_ranks(ranks: Iterable[int]) -> str:
 
 
 @dataclasses.dataclass
-class LogItem:
-    """One log line as aggregation sees it."""
+class LogLine:
+    """One shipped log line, with everything known about who wrote it: what ``raysleuth logs`` prints and
+    what aggregation groups (the one log-line type)."""
 
-    message: str
-    rank: int | None = None
-    level: str = "INFO"
-    name: str | None = None
-    step: int | None = None
+    id: int | None = None
     time: float = 0.0
-    source: str | None = None
-    """Who wrote it when the rank is unknown (``pid 123@host``)."""
+    level: str | None = "INFO"
+    name: str | None = None
+    message: str = ""
+    rank: int | None = None
+    world_size: int | None = None
+    step: int | None = None
+    phase: str | None = None
+    node_ip: str | None = None
+    node_id: str | None = None
+    hostname: str | None = None
+    pid: int | None = None
+    actor_id: str | None = None
+    actor_name: str | None = None
+    actor_class: str | None = None
+    module: str | None = None
+    job_id: str | None = None
+    lineno: int | None = None
+    funcName: str | None = None  # noqa: N815 (the LogRecord field's name)
+    exc_text: str | None = None
+    fields: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def from_record(cls, record: Any) -> "LogItem":
-        """From a store :class:`~raysleuth.recorder.Record` (kind ``log``) or a dict of its fields."""
-        get = record.get if isinstance(record, Mapping) else (lambda key, default=None: getattr(record, key, default))
-        data = get("data") or {}
-        message = data.get("message") if isinstance(data, Mapping) else None
-        if message is None:
-            message = get("message") or ""
-        pid, host = get("pid"), get("hostname") or get("node_ip")
-        return cls(message=str(message), rank=get("rank"), level=get("level") or "INFO", name=get("name"),
-                   step=get("step"), time=get("time") or 0.0,
-                   source=None if get("rank") is not None else f"pid {pid}@{host}" if pid else "unknown")
+    def from_record(cls, record: Any) -> "LogLine":
+        """From a store :class:`~raysleuth.recorder.Record` of kind ``log`` (read as :class:`evidence.Log`)."""
+        log = evidence.Log.from_record(record)
+        row = log.row
+        return cls(
+            id=row.id, time=row.time, level=row.level, name=row.name, message=log.message, rank=row.rank,
+            world_size=row.world_size, step=row.step, phase=row.phase, node_ip=row.node_ip, node_id=row.node_id,
+            hostname=row.hostname, pid=row.pid, actor_id=row.actor_id, actor_name=row.actor_name,
+            actor_class=row.actor_class, module=log.module, lineno=log.lineno, funcName=log.funcName,
+            exc_text=log.exc_text, fields=log.fields, job_id=row.job_id,
+        )
+
+    @property
+    def label(self) -> str:
+        """``rank 3`` or ``pid 123@10.0.0.2``."""
+        return f"rank {self.rank}" if self.rank is not None else f"pid {self.pid}@{self.node_ip or self.hostname}"
+
+    @property
+    def source(self) -> str | None:
+        """Who wrote it when the rank is unknown (``pid 123@host``); None when the rank is known."""
+        if self.rank is not None:
+            return None
+        return self.label if self.pid else "unknown"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields."""
+        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass
@@ -129,11 +162,11 @@ class AggregatedLine:
         return result
 
 
-def _writer(item: LogItem) -> int | str:
+def _writer(item: LogLine) -> int | str:
     return item.rank if item.rank is not None else (item.source or "unknown")
 
 
-def aggregate(items: Iterable[LogItem | Any], *, by_step: bool = True) -> list[AggregatedLine]:
+def aggregate(items: Iterable[LogLine | Any], *, by_step: bool = True) -> list[AggregatedLine]:
     """Collapse repeated records from many ranks, keeping every difference visible.
 
     Records group by (template, level, logger name, step when ``by_step``).
@@ -143,11 +176,11 @@ def aggregate(items: Iterable[LogItem | Any], *, by_step: bool = True) -> list[A
     rank (``"rank 3 ready"``) are not counted as differences. Lines come
     out in the order their group first appeared.
     """
-    groups: dict[tuple, list[tuple[LogItem, tuple[str, ...]]]] = {}
+    groups: dict[tuple, list[tuple[LogLine, tuple[str, ...]]]] = {}
     for raw in items:
-        item = raw if isinstance(raw, LogItem) else LogItem.from_record(raw)
+        item = raw if isinstance(raw, LogLine) else LogLine.from_record(raw)
         template, values = split_template(item.message)
-        key = (template, item.level, item.name, item.step if by_step else None)
+        key = (template, item.level or "INFO", item.name, item.step if by_step else None)
         groups.setdefault(key, []).append((item, values))
     lines: list[AggregatedLine] = []
     ordered_groups = sorted(groups.items(), key=lambda entry: min(item.time for item, _ in entry[1]))
@@ -161,7 +194,7 @@ def aggregate(items: Iterable[LogItem | Any], *, by_step: bool = True) -> list[A
                 if all(position < len(values) and _same_number(values[position], item.rank)
                        for item, values in ranked):
                     rank_positions.add(position)
-        by_signature: dict[tuple, list[tuple[LogItem, tuple[str, ...]]]] = {}
+        by_signature: dict[tuple, list[tuple[LogLine, tuple[str, ...]]]] = {}
         for item, values in members:
             signature = tuple(v for i, v in enumerate(values) if i not in rank_positions)
             by_signature.setdefault(signature, []).append((item, values))

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from raysleuth import runtime
-from raysleuth.logs.aggregate import AggregatedLine, LogItem, aggregate
+from raysleuth.logs.aggregate import AggregatedLine, LogLine, aggregate
 from raysleuth.logs.loggers import get_logger
 from raysleuth.memory.sampling import MemoryReading, read_memory
 from raysleuth.modes import mode_config
@@ -124,7 +124,7 @@ class DistributedLogger:
             self._last_id = records[-1].id if self._last_id is None else max(self._last_id, max(r.id for r in records))
         if not all_loggers:
             records = [r for r in records if r.name == self.name or (r.name or "").startswith(self.name + ".")]
-        return aggregate(LogItem.from_record(r) for r in records)
+        return aggregate(LogLine.from_record(r) for r in records)
 
     def start_aggregation(self, *, run: str | None = None, home: Any = None) -> None:
         """Print the aggregated lines every ``aggregation_interval`` s (``<name>.aggregate`` logger)."""

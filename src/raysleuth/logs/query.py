@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from raysleuth.logs.aggregate import LogLine
 from raysleuth.errors import UsageError, WorkerNotFound
 from raysleuth.options import parse_since, parse_steps
 
@@ -43,57 +44,6 @@ def levels_at_or_above(level: str | None) -> list[str] | None:
     if name not in LEVELS:
         raise UsageError(f"--level {level!r} is not a logging level", fix=f"use one of {', '.join(LEVELS)}")
     return list(LEVELS[LEVELS.index(name):])
-
-
-@dataclasses.dataclass
-class LogLine:
-    """One shipped log record, with everything known about who wrote it."""
-
-    id: int
-    time: float
-    level: str | None
-    name: str | None
-    message: str
-    rank: int | None
-    world_size: int | None
-    step: int | None
-    phase: str | None
-    node_ip: str | None
-    node_id: str | None
-    hostname: str | None
-    pid: int | None
-    actor_id: str | None
-    actor_name: str | None
-    actor_class: str | None
-    module: str | None = None
-    job_id: str | None = None
-    lineno: int | None = None
-    funcName: str | None = None  # noqa: N815 (the LogRecord field's name)
-    exc_text: str | None = None
-    fields: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    @classmethod
-    def from_record(cls, record: Any) -> "LogLine":
-        """From a store :class:`~raysleuth.recorder.Record` of kind ``log``."""
-        data = record.data if isinstance(record.data, dict) else {}
-        return cls(
-            id=record.id, time=record.time, level=record.level, name=record.name,
-            message=str(data.get("message", "")), rank=record.rank, world_size=record.world_size,
-            step=record.step, phase=record.phase, node_ip=record.node_ip, node_id=record.node_id,
-            hostname=record.hostname, pid=record.pid, actor_id=record.actor_id, actor_name=record.actor_name,
-            actor_class=record.actor_class, module=data.get("module"), lineno=data.get("lineno"),
-            funcName=data.get("funcName"), exc_text=data.get("exc_text"), fields=data.get("fields") or {},
-            job_id=getattr(record, "job_id", None),
-        )
-
-    @property
-    def label(self) -> str:
-        """``rank 3`` or ``pid 123@10.0.0.2``."""
-        return f"rank {self.rank}" if self.rank is not None else f"pid {self.pid}@{self.node_ip or self.hostname}"
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields."""
-        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass
@@ -191,7 +141,7 @@ def follow_logs(query: LogQuery, *, run: str | None = None, home: Path | str | N
                 after_id = newest[0].id if newest else 0
         lines = query_logs(query, after_id=after_id, store=store)
         if lines:
-            after_id = max(after_id or 0, max(line.id for line in lines))
+            after_id = max(after_id or 0, max(line.id or 0 for line in lines))
         for line in lines:
             yield line
             seen += 1

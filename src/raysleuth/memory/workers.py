@@ -23,6 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from raysleuth import evidence
 from raysleuth.cluster import own
 from raysleuth.memory.trend import LeakPolicy, detect_leak, leaks
 
@@ -199,10 +200,10 @@ def summarise(records: list, policy: LeakPolicy | None = None) -> WorkerMemory:
     series = _Series()
     rows = []
     for r in records:
-        data = r.data
-        rows.append((r.time, r.id, r.rank, r.step, data.get("pid", r.pid), data.get("node_ip", r.node_ip), r.node_id,
-                     r.actor_class, r.actor_name, data.get("source"), None, None,
-                     *(data.get(metric) for metric in METRICS)))
+        m = evidence.Memory.from_record(r)
+        rows.append((r.time, r.id, r.rank, r.step, m.pid if "pid" in m.raw else r.pid,
+                     m.node_ip if "node_ip" in m.raw else r.node_ip, r.node_id, r.actor_class, r.actor_name,
+                     m.source if "source" in m.raw else None, None, None, *(getattr(m, metric) for metric in METRICS)))
     series.add(rows)
     return _summarise_series(series, policy)
 

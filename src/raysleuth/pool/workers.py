@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from raysleuth import cluster, runtime
+from raysleuth import cluster, evidence, runtime
 from raysleuth.errors import CaptureTimeout, UsageError, WorkerNotFound
 from raysleuth.pool.allocator import AllocationPlan, SmartResourceAllocator, check_starts_together
 from raysleuth.pool.instrument import InstrumentOptions, InstrumentedWorker, install_here, instrument
@@ -242,10 +242,10 @@ class RayResourcePool:
 
         get_client().flush(timeout=10)
         store = open_store()
-        rows = store.query("pool_call")
-        return [{"call_id": r.data.get("call_id"), "state": r.data.get("state"), "time": r.time, "rank": r.rank,
-                 "function": r.data.get("function"), **{k: v for k, v in r.data.items() if k not in ("call_id", "state", "function")}}
-                for r in rows if call_id is None or r.data.get("call_id") == call_id]
+        rows = evidence.read(store, evidence.PoolCall)
+        return [{"call_id": r.call_id, "state": r.state, "time": r.row.time, "rank": r.row.rank, "function": r.function,
+                 **{k: v for k, v in r.to_data().items() if k in r.raw and k not in ("call_id", "state", "function")}}
+                for r in rows if call_id is None or r.call_id == call_id]
 
     def shutdown(self) -> None:
         """Kill the pool's workers (and the actors it created)."""

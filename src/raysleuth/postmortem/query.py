@@ -5,6 +5,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from raysleuth import evidence
+from raysleuth.evidence import Crash
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CrashSummary:
@@ -40,28 +43,22 @@ def list_crashes(run: str | None = None, *, home: Any = None, rank: int | list[i
 
     store = open_store(run, home=home)
     try:
-        records = store.query("crash", rank=rank, job=job, limit=limit, newest_first=limit is not None)
+        capsules = evidence.read(store, Crash, rank=rank, job=job, limit=limit, newest_first=limit is not None)
     finally:
         store.close()
     if limit is not None:
-        records.reverse()
-    summaries = []
-    for record in records:
-        data = record.data or {}
-        explanations = data.get("explanations") or []
-        summaries.append(CrashSummary(
-            id=record.id, time=record.time, rank=record.rank, node_ip=record.node_ip or data.get("node_ip"),
-            hostname=record.hostname or data.get("hostname"), pid=record.pid or data.get("pid"),
-            actor=data.get("actor_name") or data.get("actor_class") or record.actor_class,
-            method=data.get("method"), exception_type=str(data.get("exception_type", "?")),
-            message=_first_line(str(data.get("message", ""))),
-            cause=explanations[0]["title"] if explanations else None,
-        ))
-    return summaries
+        capsules.reverse()
+    return [CrashSummary(
+        id=capsule.row.id or 0, time=capsule.row.time, rank=capsule.row.rank,
+        node_ip=capsule.row.node_ip or capsule.node_ip, hostname=capsule.row.hostname or capsule.hostname,
+        pid=capsule.row.pid or capsule.pid, actor=capsule.actor_name or capsule.actor_class or capsule.row.actor_class,
+        method=capsule.method, exception_type=capsule.exception_type, message=_first_line(capsule.message),
+        cause=capsule.explanations[0].title if capsule.explanations else None,
+    ) for capsule in capsules]
 
 
-def get_crash(capsule_id: int, run: str | None = None, *, home: Any = None) -> dict[str, Any]:
-    """One capsule in full: the record's identity columns plus the capsule (``data``)."""
+def get_crash(capsule_id: int, run: str | None = None, *, home: Any = None) -> Crash:
+    """One capsule in full, as stored: its data fields and its record's columns (``row``)."""
     from raysleuth.errors import UsageError
     from raysleuth.recorder import open_store
 
@@ -69,10 +66,10 @@ def get_crash(capsule_id: int, run: str | None = None, *, home: Any = None) -> d
         raise UsageError(f"no crash capsule with id {capsule_id}", fix="ids are the positive numbers `raysleuth crashes` lists")
     store = open_store(run, home=home)
     try:
-        records = store.query("crash", after_id=int(capsule_id) - 1, limit=1)
+        capsules = evidence.read(store, Crash, after_id=int(capsule_id) - 1, limit=1)
     finally:
         store.close()
-    if not records or records[0].id != int(capsule_id):
+    if not capsules or capsules[0].row.id != int(capsule_id):
         raise UsageError(f"no crash capsule with id {capsule_id} in this run",
                          fix="list them with `raysleuth crashes` (and pass the same --run/--home)")
-    return records[0].to_dict()
+    return capsules[0]

@@ -31,12 +31,16 @@ import os
 import statistics
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+from raysleuth import evidence
 from raysleuth.errors import UsageError
 from raysleuth.collectives.report import read_collectives
+from raysleuth.memory import memory_report
 from raysleuth.options import format_ranks
 from raysleuth.recorder import open_store
+from raysleuth.recorder.reading import identities
 from raysleuth.report import overview, sections
 from raysleuth.report.weights import weights_section
 from raysleuth.report.stragglers import straggler_section
@@ -45,19 +49,18 @@ __all__ = ["MAX_RECORDS", "ReportResult", "build_report_data", "generate_report"
 
 MAX_RECORDS = 50_000
 
-#: Kinds each section reads.
-SECTION_KINDS = {
-    "doctor": ("doctor",),
-    "stacks": ("stack_report", "stacks"),
-    "tasks": ("tasks", "task", "pending_tasks"),
-    "collectives": (),  # the newest dump of each worker (collectives.read_collectives)
-    "consistency": ("consistency",),
-    "memory": ("memory_verdict", "leak"),  # samples of kind "memory": read as aggregates (overview.memory_curves)
-    "crashes": ("crash", "death"),
-    "logs": ("log",),
-    "weights": ("weight_sync", "logprob_gap"),
-    "stragglers": ("straggler",),
+#: The evidence kinds each section reads.
+SECTION_KINDS: dict[str, tuple[type[evidence.Evidence], ...]] = {
+    "doctor": (evidence.DoctorRun,),
+    "stacks": (evidence.StackRun,),
+    "tasks": (evidence.TasksRun,),
+    "consistency": (evidence.Consistency,),
+    "crashes": (evidence.Crash, evidence.Death),
+    "logs": (evidence.Log,),
+    "stragglers": (evidence.StragglerRun,),
 }
+#: Kinds read as records by the feature that owns them (``raysleuth weights``'s reader).
+RECORD_KINDS = {"weights": ("weight_sync", "logprob_gap")}
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -79,23 +82,21 @@ class ReportResult:
         return {key: str(value) if isinstance(value, Path) else value for key, value in dataclasses.asdict(self).items()}
 
 
-def _query(store, kinds: tuple[str, ...]) -> list:
-    if not kinds:
-        return []
-    records = store.query(list(kinds), limit=MAX_RECORDS, newest_first=True)
+def _newest(store, kinds: tuple) -> list:
+    """At most :data:`MAX_RECORDS` of ``kinds`` (evidence classes, or kind names read as records), oldest first."""
+    if kinds and isinstance(kinds[0], str):
+        records = store.query(list(kinds), limit=MAX_RECORDS, newest_first=True)
+    else:
+        records = evidence.read(store, kinds, limit=MAX_RECORDS, newest_first=True)
     records.reverse()
     return records
 
 
 def build_report_data(store) -> dict[str, Any]:
     """Every section's data from an open :class:`~raysleuth.recorder.EvidenceStore` (no charts yet)."""
-    from types import SimpleNamespace
-
-    from raysleuth.recorder.reading import identities
-
     kinds = store.kinds()
     meta = store.meta()
-    fetched = {section: _query(store, names) for section, names in SECTION_KINDS.items()}
+    fetched = {section: _newest(store, names) for section, names in {**SECTION_KINDS, **RECORD_KINDS}.items()}
     sample = [SimpleNamespace(rank=rank, node_ip=ip, hostname=host, actor_class=actor, time=when)
               for rank, ip, host, actor, first, last in identities(store) for when in (first, last)]
     return {
@@ -106,13 +107,12 @@ def build_report_data(store) -> dict[str, Any]:
         "tasks": _robust(sections.task_section, fetched["tasks"]),
         "collectives": _robust(sections.collective_section, read_collectives(store)),
         "consistency": _robust(sections.consistency_section, fetched["consistency"]),
-        "memory": _robust(lambda records: _memory(store, records), fetched["memory"]),
+        "memory": _memory(store),
         "crashes": _robust(sections.crash_section, fetched["crashes"]),
         "logs": _robust(sections.log_section, fetched["logs"]),
         "spans": overview.span_overview(store),
         "weights": _robust(weights_section, fetched["weights"]),
-        "stragglers": _robust(lambda records: straggler_section(records, fetched["collectives"]),
-                              fetched["stragglers"]),
+        "stragglers": straggler_section(fetched["stragglers"]),  # the verdict: `raysleuth stragglers`
     }
 
 
@@ -132,11 +132,8 @@ def _robust(build, records: list) -> dict[str, Any]:
     return build(kept)
 
 
-def _memory(store, records: list) -> dict[str, Any]:
-    """Curves from SQL aggregates; leak verdicts from :func:`raysleuth.memory.memory_report`, leaks first."""
-    from raysleuth.memory import memory_report
-
-    section = sections.memory_section(records)
+def _memory(store) -> dict[str, Any]:
+    """Leak verdicts from :func:`raysleuth.memory.memory_report` (leaks first); curves from SQL aggregates."""
     try:
         report = memory_report(store)
     except Exception:
@@ -146,15 +143,14 @@ def _memory(store, records: list) -> dict[str, Any]:
                  "slope": None if worker.slope_bytes_per_s is None else f"{worker.slope_bytes_per_s / 2**20:.2f} MiB/s",
                  "reason": f"pid {worker.pid}, {worker.samples} samples: {worker.reason}"}
                 for worker in workers]
-    section["verdicts"] = sorted(section["verdicts"] + verdicts, key=lambda v: not v["leak"])
-    section["leaking_ranks"] = sorted({v["rank"] for v in section["verdicts"] if v["leak"] and v["rank"] is not None})
-    drawn = overview.memory_curves(store, set(section["leaking_ranks"]))
-    section["curves"] = {**section["curves"], **drawn["curves"]}
-    section["band"], section["grouped"] = drawn["band"], drawn["grouped"]
-    quiet = [v for v in section["verdicts"] if not v["leak"]]
-    section["quiet"] = (f"{len(quiet)} workers without a leak (ranks "
-                        f"{format_ranks(v['rank'] for v in quiet if v['rank'] is not None)})") if quiet else ""
-    return section
+    verdicts.sort(key=lambda v: not v["leak"])
+    leaking = sorted({v["rank"] for v in verdicts if v["leak"] and v["rank"] is not None})
+    drawn = overview.memory_curves(store, set(leaking))
+    quiet = [v for v in verdicts if not v["leak"]]
+    return {"curves": drawn["curves"], "verdicts": verdicts, "leaking_ranks": leaking, "band": drawn["band"],
+            "grouped": drawn["grouped"],
+            "quiet": (f"{len(quiet)} workers without a leak (ranks "
+                      f"{format_ranks(int(v['rank']) for v in quiet if v['rank'] is not None)})") if quiet else ""}
 
 
 # ------------------------------------------------------------------ charts
@@ -203,7 +199,7 @@ def _charts(data: dict[str, Any]) -> dict[str, str]:
             figure.add_trace(go.Scatter(x=spans["steps"], y=spans["totals"][rank], mode="lines+markers",
                                         name=sections.rank_label(rank)))
         for straggler in spans["stragglers"][:500]:
-            figure.add_trace(go.Scatter(x=[straggler["step"]], y=[straggler["seconds"]], mode="markers",
+            figure.add_trace(go.Scatter(x=[straggler["step"]], y=[straggler["step_seconds"]], mode="markers",
                                         marker={"size": 14, "symbol": "x", "color": "red"}, showlegend=False,
                                         name=f"straggler rank {straggler['rank']}"))
         figure.update_layout(title="Step time per rank (top-level spans)", xaxis_title="step", yaxis_title="seconds")
@@ -294,9 +290,9 @@ def generate_report(output: Path | str = "report.html", *, run: str | None = Non
         store_path = store.path
     finally:
         store.close()
-    trace = Path(trace_path).expanduser() if trace_path else output.parent / "trace.json"
+    trace: Path | None = Path(trace_path).expanduser() if trace_path else output.parent / "trace.json"
     trace_href = None
-    if trace.is_file():
+    if trace is not None and trace.is_file():
         try:
             trace_href = os.path.relpath(trace.resolve(), output.parent.resolve())
         except ValueError:  # another drive (Windows)

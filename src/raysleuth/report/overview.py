@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from types import SimpleNamespace
 from typing import Any
 
 from raysleuth.options import format_ranks
@@ -28,7 +27,7 @@ BUCKETS = 120
 """Time buckets of a memory curve."""
 
 
-def _band(series: dict[Any, dict[Any, float]]) -> dict[str, list]:
+def _band(series: dict[Any, dict[Any, float]]) -> dict[str, Any]:
     """Lowest, median and highest across series, per shared x."""
     by_x: dict[Any, list[float]] = defaultdict(list)
     for points in series.values():
@@ -43,7 +42,7 @@ def memory_curves(store, leaking: set) -> dict[str, Any]:
     """``curves`` (label -> x, y) drawn alone, and ``band`` for the rest when there are many workers."""
     first = next(store.select("memory", ("time",), limit=1), None)
     last = next(store.select("memory", ("time",), limit=1, newest_first=True), None)
-    if first is None:
+    if first is None or last is None:
         return {"curves": {}, "band": None, "grouped": ""}
     start, width = first[0], max(1.0, (last[0] - first[0]) / BUCKETS)
     curves: dict[str, dict[str, list]] = {}
@@ -72,9 +71,7 @@ def memory_curves(store, leaking: set) -> dict[str, Any]:
 
 def span_overview(store) -> dict[str, Any]:
     """:func:`sections.span_section` from per-step totals summed in SQL, with a band when there are many ranks."""
-    totals = [SimpleNamespace(step=step, rank=rank, name=phase, phase=None, data={"duration_s": seconds})
-              for step, rank, phase, seconds in span_totals(store)]
-    section = sections.span_section(totals)
+    section = sections.span_section(span_totals(store))
     section["band"], section["alone"], section["grouped"] = None, section["ranks"], ""
     if len(section["ranks"]) <= ALONE:
         return section

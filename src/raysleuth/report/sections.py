@@ -1,13 +1,11 @@
-"""Turn a run's records into the report's sections: pure functions over :class:`Record` lists.
+"""Turn a run's evidence into the report's sections: pure functions over :mod:`raysleuth.evidence` objects.
 
-Each builder takes the records of one kind (as read from the evidence store)
-and returns plain data (dicts, lists, numbers) that the template renders and
-the charts plot. Nothing here touches Ray, SQLite or the file system, so the
-builders are unit tested on hand-made records.
-
-The evidence kinds are written by other features; their ``data`` layouts may
-grow. Builders read the fields they know and keep the rest as JSON, so a new
-field never breaks a report.
+Each builder takes the typed records of its kinds (``evidence.read``) and
+returns plain data (dicts, lists, numbers) that the template renders and
+the charts plot. Nothing here touches Ray, SQLite or the file system, so
+the builders are unit tested on hand-made evidence. A stored row another
+writer left reads with defaults (:mod:`raysleuth.evidence.base`), so a new
+or missing field never breaks a report.
 """
 
 from __future__ import annotations
@@ -18,7 +16,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from raysleuth.recorder.store import Record
+from raysleuth.evidence import Consistency, Crash, Death, DoctorRun, Log, StackRun, TasksRun
+from raysleuth.timeline.summary import phases_from_totals, stragglers_of
 
 __all__ = [
     "collective_section",
@@ -26,36 +25,12 @@ __all__ = [
     "crash_section",
     "doctor_section",
     "log_section",
-    "memory_section",
-    "pick",
     "rank_label",
     "span_section",
     "stack_section",
     "summary_section",
     "task_section",
 ]
-
-#: How much longer than the median a rank's step must take to count as a straggler.
-STRAGGLER_RATIO = 1.5
-#: Steps shorter than this are never called straggling (noise on tiny steps).
-STRAGGLER_MIN_SECONDS = 0.05
-
-
-def pick(data: dict[str, Any] | None, *keys: str, default: Any = None) -> Any:
-    """The first of ``keys`` present (and not ``None``) in ``data``; dotted keys descend."""
-    if not isinstance(data, dict):
-        return default
-    for key in keys:
-        value: Any = data
-        for part in key.split("."):
-            if isinstance(value, dict) and part in value:
-                value = value[part]
-            else:
-                value = None
-                break
-        if value is not None:
-            return value
-    return default
 
 
 def rank_label(rank: int | None) -> str:
@@ -68,7 +43,7 @@ def _pretty(value: Any, limit: int = 4000) -> str:
     return text if len(text) <= limit else text[:limit] + "\n… (cut)"
 
 
-def summary_section(records_by_kind: dict[str, int], meta: dict[str, Any], sample: Sequence[Record]) -> dict[str, Any]:
+def summary_section(records_by_kind: dict[str, int], meta: dict[str, Any], sample: Sequence[Any]) -> dict[str, Any]:
     """The run at a glance: id, time span, ranks, nodes, how much evidence of each kind."""
     ranks = sorted({r.rank for r in sample if r.rank is not None})
     nodes = sorted({r.node_ip or r.hostname or "?" for r in sample if (r.node_ip or r.hostname)})
@@ -86,91 +61,52 @@ def summary_section(records_by_kind: dict[str, int], meta: dict[str, Any], sampl
     }
 
 
-def doctor_section(records: Sequence[Record]) -> dict[str, Any] | None:
+def doctor_section(records: Sequence[DoctorRun]) -> dict[str, Any] | None:
     """The newest doctor report: its checks (status, name, node, detail, fix) and verdict."""
     if not records:
         return None
-    newest = max(records, key=lambda r: r.time)
-    data = newest.data
-    checks = [
-        {"status": c.get("status", "?"), "name": c.get("name", "?"), "node": c.get("node") or "",
-         "detail": c.get("detail") or "", "fix": c.get("fix") or ""}
-        for c in data.get("checks", []) if isinstance(c, dict)
-    ]
-    return {"time": newest.time, "ok": bool(data.get("ok", True)), "counts": data.get("counts", {}),
-            "checks": checks, "reports": len(records)}
+    newest = max(records, key=lambda r: r.row.time)
+    checks = [{"status": c.status, "name": c.name, "node": c.node or "", "detail": c.detail or "", "fix": c.fix or ""}
+              for c in newest.checks]
+    return {"time": newest.row.time, "ok": newest.ok, "counts": newest.counts, "checks": checks,
+            "reports": len(records)}
 
 
-def _culprits(data: dict[str, Any]) -> list[dict[str, Any]]:
-    verdict = pick(data, "verdict", default={}) or {}
-    culprits = verdict.get("culprits", []) if isinstance(verdict, dict) else []
-    out = []
-    for culprit in culprits or []:
-        if isinstance(culprit, dict):
-            out.append({"rank": culprit.get("rank"), "pid": culprit.get("pid"),
-                        "reason": culprit.get("reason") or culprit.get("why") or ""})
-    return out
-
-
-def stack_section(records: Sequence[Record]) -> list[dict[str, Any]]:
+def stack_section(records: Sequence[StackRun]) -> list[dict[str, Any]]:
     """Each stack report (newest first): its verdict, culprits and stack groups."""
     out = []
-    for record in sorted(records, key=lambda r: r.time, reverse=True):
-        data = record.data
-        verdict = pick(data, "verdict", default={}) or {}
+    for record in sorted(records, key=lambda r: r.row.time, reverse=True):
         groups = []
-        for group in pick(data, "groups", default=[]) or []:
-            if not isinstance(group, dict):
-                continue
-            frames = group.get("frames") or group.get("stack") or []
-            lines = []
-            for frame in frames if isinstance(frames, list) else []:
-                if isinstance(frame, dict):
-                    where = f"{frame.get('filename') or frame.get('file') or '?'}:{frame.get('line') or frame.get('lineno') or '?'}"
-                    lines.append(f"{frame.get('function') or frame.get('name') or '?'}  ({where})")
-                else:
-                    lines.append(str(frame))
-            members = group.get("ranks") or group.get("pids") or group.get("members") or []
-            if group.get("ranks"):
-                members = [f"rank {rank}" for rank in members]
-            groups.append({
-                "count": group.get("count") or (len(members) if isinstance(members, list) else None),
-                "members": members if isinstance(members, list) else [members],
-                "summary": group.get("headline") or group.get("summary") or group.get("signature") or "",
-                "frames": lines[-12:],
-            })
+        for group in record.groups:
+            lines = [f"{frame.function or '?'}  ({frame.file or '?'}:{frame.line or '?'})"
+                     if not isinstance(frame, str) else frame for frame in group.frames]
+            members: list[Any] = [f"rank {rank}" for rank in group.ranks] if group.ranks else \
+                list(group.pids or group.members)
+            groups.append({"count": group.count or len(members), "members": members, "summary": group.headline or "",
+                           "frames": lines[-12:]})
         out.append({
-            "time": record.time,
-            "summary": (verdict.get("summary") or verdict.get("text") or "") if isinstance(verdict, dict) else str(verdict),
-            "culprits": _culprits(data),
+            "time": record.row.time,
+            "summary": record.verdict.summary,
+            "culprits": [{"rank": c.rank, "pid": c.pid, "reason": c.reason} for c in record.verdict.culprits],
             "groups": groups,
-            "missing": pick(data, "missing", "errors", default=[]) or [],
-            "raw": _pretty(data) if not groups else None,
+            "missing": list(record.missing),
+            "raw": _pretty(record.raw) if not groups else None,
         })
     return out
 
 
-def task_section(records: Sequence[Record]) -> list[dict[str, Any]]:
-    """Task evidence: one row per task (name, state, reason, resources), newest report first."""
+def task_section(records: Sequence[TasksRun]) -> list[dict[str, Any]]:
+    """Task evidence: one row per pending task (name, state, reason, resources), newest report first."""
     rows = []
-    for record in sorted(records, key=lambda r: r.time, reverse=True):
-        data = record.data
-        items = pick(data, "tasks", "pending", default=None)
-        for item in (items if isinstance(items, list) else [data]):
-            if not isinstance(item, dict):
-                continue
-            rows.append({
-                "time": record.time,
-                "name": item.get("name") or item.get("func_or_class_name") or record.name or "?",
-                "state": item.get("state") or "",
-                "reason": item.get("reason") or "",
-                "detail": item.get("detail") or item.get("explanation") or item.get("message") or "",
-                "resources": item.get("required_resources") or item.get("resources") or {},
-            })
+    for record in sorted(records, key=lambda r: r.row.time, reverse=True):
+        for item in record.pending:
+            rows.append({"time": record.row.time, "name": item.name or record.row.name or "?", "state": item.state or "",
+                         "reason": item.reason or "", "detail": item.detail or "",
+                         "resources": item.required_resources})
     return rows[:200]
 
 
-def collective_section(records: Sequence[Record]) -> dict[str, Any] | None:
+def collective_section(records: Sequence[Any]) -> dict[str, Any] | None:
     """Collective positions of the newest job: every rank's last collectives aligned, and the culprits."""
     if not records:
         return None
@@ -182,30 +118,19 @@ def collective_section(records: Sequence[Record]) -> dict[str, Any] | None:
             "groups": [{"label": g.label, "name": g.name, "ranks": g.ranks, "rows": g.rows} for g in verdict.groups]}
 
 
-def consistency_section(records: Sequence[Record]) -> list[dict[str, Any]]:
+def consistency_section(records: Sequence[Consistency]) -> list[dict[str, Any]]:
     """Consistency checks: key, step, verdict, and each mismatching tensor with its outlier ranks."""
-    out = []
-    for record in sorted(records, key=lambda r: (r.step if r.step is not None else -1, r.time)):
-        data = record.data
-        mismatches = []
-        for mismatch in pick(data, "mismatches", default=[]) or []:
-            if isinstance(mismatch, dict):
-                mismatches.append({
-                    "name": mismatch.get("name") or mismatch.get("tensor") or "?",
-                    "outlier_ranks": mismatch.get("outlier_ranks") or [],
-                    "first_index": mismatch.get("first_index"),
-                    "detail": mismatch.get("detail") or mismatch.get("reason") or mismatch.get("kind") or "",
-                    "max_abs_diff": mismatch.get("max_abs_diff"),
-                })
-        consistent = pick(data, "consistent")
+    out: list[dict[str, Any]] = []
+    for record in sorted(records, key=lambda r: (r.row.step if r.row.step is not None else -1, r.row.time)):
+        mismatches = [{"name": m.name, "outlier_ranks": list(m.outlier_ranks), "first_index": m.first_index,
+                       "detail": m.detail or m.kind, "max_abs_diff": m.max_abs_diff} for m in record.mismatches]
         out.append({
-            "time": record.time,
-            "key": pick(data, "key", default=record.name) or "",
-            "step": record.step if record.step is not None else pick(data, "step"),
-            "rank": record.rank,
-            "consistent": bool(consistent) if consistent is not None else not mismatches,
-            "ranks": pick(data, "ranks", "members", default=[]) or [],
-            "missing": pick(data, "missing_ranks", "missing", default=[]) or [],
+            "time": record.row.time,
+            "key": record.key or record.row.name or "",
+            "step": record.row.step if record.row.step is not None else record.step,
+            "rank": record.row.rank,
+            "consistent": record.consistent if record.consistent is not None else not mismatches,
+            "missing": list(record.missing_ranks),
             "mismatches": mismatches,
         })
     # Every rank may record the same check: keep one row per (key, step, verdict), preferring the lowest rank.
@@ -218,180 +143,105 @@ def consistency_section(records: Sequence[Record]) -> list[dict[str, Any]]:
     return list(seen.values())
 
 
-_RSS_KEYS = ("rss_bytes", "rss", "uss_bytes", "uss", "memory_bytes", "bytes", "rss_mb")
-
-
-def _rss_mb(data: dict[str, Any]) -> float | None:
-    for key in _RSS_KEYS:
-        value = pick(data, key, f"process.{key}", f"sample.{key}")
-        if isinstance(value, (int, float)):
-            return float(value) if key.endswith("_mb") else float(value) / 2**20
-    return None
-
-
-def memory_section(records: Sequence[Record]) -> dict[str, Any]:
-    """Per-rank memory curves (seconds since the first sample → MiB) and the leak verdicts."""
-    curves: dict[str, dict[str, list[float]]] = {}
-    verdicts = []
-    start = min((r.time for r in records), default=0.0)
-    for record in sorted(records, key=lambda r: r.time):
-        data = record.data
-        is_verdict = "leak" in data or "leaking" in data or "verdict" in data or (record.name or "").endswith("verdict")
-        if is_verdict:
-            leak = pick(data, "leak", "leaking", "verdict.leak")
-            verdicts.append({
-                "time": record.time,
-                "rank": record.rank if record.rank is not None else pick(data, "rank"),
-                "leak": bool(leak),
-                "slope": pick(data, "slope_mb_per_min", "slope_bytes_per_s", "slope", "verdict.slope"),
-                "reason": pick(data, "reason", "detail", "verdict.reason", default="") or "",
-            })
-            if _rss_mb(data) is None:
-                continue
-        samples = pick(data, "samples")
-        points = samples if isinstance(samples, list) else [data]
-        for point in points:
-            if not isinstance(point, dict):
-                continue
-            mb = _rss_mb(point)
-            if mb is None:
-                continue
-            when = point.get("time") if isinstance(point.get("time"), (int, float)) else record.time
-            label = rank_label(record.rank if record.rank is not None else point.get("rank"))
-            if record.pid:
-                label += f" · pid {record.pid}"
-            curve = curves.setdefault(label, {"x": [], "y": []})
-            curve["x"].append(round(when - start, 3))
-            curve["y"].append(round(mb, 2))
-    return {"curves": dict(sorted(curves.items())), "verdicts": verdicts,
-            "leaking_ranks": sorted({v["rank"] for v in verdicts if v["leak"] and v["rank"] is not None})}
-
-
-def crash_section(records: Sequence[Record]) -> list[dict[str, Any]]:
-    """Crash capsules: rank, exception, message, where, traceback, locals, explanation."""
+def crash_section(records: Sequence[Crash | Death]) -> list[dict[str, Any]]:
+    """Crash capsules and classified deaths: rank, exception, message, where, traceback, locals, explanation."""
     out = []
-    for record in sorted(records, key=lambda r: r.time):
-        data = record.data
-        if record.kind == "death":
+    for record in sorted(records, key=lambda r: r.row.time):
+        if isinstance(record, Death):
             out.append(_death_entry(record))
             continue
-        traceback = pick(data, "traceback", "formatted", "stack", default="")
-        if isinstance(traceback, list):
-            traceback = "".join(str(line) for line in traceback)
-        frames = pick(data, "frames", default=[]) or []
-        locals_ = pick(data, "locals", default=None)
-        if locals_ is None and frames and isinstance(frames[-1], dict):
-            locals_ = frames[-1].get("locals")
+        row = record.row
+        locals_ = record.frames[-1].locals if record.frames else None
         out.append({
-            "time": record.time,
-            "rank": record.rank,
-            "actor": record.actor_class or record.actor_name or "",
-            "pid": record.pid,
-            "node": record.node_ip or record.hostname or "",
-            "exception": pick(data, "exception_type", "type", "exc_type", "error_type", default=record.name or "?"),
-            "message": str(pick(data, "message", "exception_message", "error", default="")),
-            "where": pick(data, "where", "method", "function", "location", default=""),
-            "traceback": str(traceback)[-6000:],
+            "time": row.time,
+            "rank": row.rank,
+            "actor": row.actor_class or row.actor_name or "",
+            "pid": row.pid,
+            "node": row.node_ip or row.hostname or "",
+            "exception": record.exception_type if "exception_type" in record.raw else (row.name or "?"),
+            "message": record.message,
+            "where": record.method or "",
+            "traceback": record.traceback[-6000:],
             "locals": _pretty(locals_, 2000) if locals_ else "",
-            "explanation": _explanation(data),
-            "method": pick(data, "method", default="") or "",
-            "capsule": pick(data, "capsule", "capsule_path", "path", default="") or "",
+            "explanation": _explanation(record),
+            "method": record.method or "",
+            "capsule": "",
         })
     return out
 
 
-def _death_entry(record: Record) -> dict[str, Any]:
+def _death_entry(death: Death) -> dict[str, Any]:
     """A classified worker death (``raysleuth.deaths``) beside the capsules: cause, evidence, last moments."""
-    data = record.data
-    frames = "\n".join(f"  {frame.get('file')}:{frame.get('line')} in {frame.get('function')}"
-                       for frame in data.get("stack") or [])
-    lines = ["evidence:"] + [f"  · {line}" for line in data.get("evidence") or []]
+    frames = "\n".join(f"  {frame.file}:{frame.line} in {frame.function}" for frame in death.stack)
+    lines = ["evidence:"] + [f"  · {line}" for line in death.evidence]
     if frames:
         lines += ["Python stack (most recent call first):", frames]
-    for name in ("last_stdout", "last_stderr"):
-        if data.get(name):
-            lines += [f"{name.removeprefix('last_')} (last lines):"] + [f"  {line}" for line in data[name][-5:]]
+    for name, said in (("stdout", death.last_stdout), ("stderr", death.last_stderr)):
+        if said:
+            lines += [f"{name} (last lines):"] + [f"  {line}" for line in said[-5:]]
     return {
-        "time": record.time, "rank": record.rank, "actor": data.get("actor_name") or data.get("actor_class") or "",
-        "pid": record.pid, "node": record.node_ip or "", "exception": f"died: {data.get('cause', '?')}",
-        "message": str(data.get("summary", "")), "where": data.get("function") or data.get("task") or "",
-        "traceback": "\n".join(lines)[-6000:], "locals": "", "explanation": str(data.get("fix") or ""),
-        "method": data.get("task") or "", "capsule": "", "kind": "death",
+        "time": death.row.time, "rank": death.row.rank, "actor": death.actor_name or death.actor_class or "",
+        "pid": death.row.pid, "node": death.row.node_ip or "", "exception": f"died: {death.cause}",
+        "message": death.summary, "where": death.function or death.task or "",
+        "traceback": "\n".join(lines)[-6000:], "locals": "", "explanation": death.fix or "",
+        "method": death.task or "", "capsule": "", "kind": "death",
     }
 
 
-def _explanation(data: dict[str, Any]) -> str:
-    explanations = data.get("explanations")
-    if isinstance(explanations, list) and explanations and isinstance(explanations[0], dict):
-        first = explanations[0]
-        text = f"{first.get('title', '')}: {first.get('cause', '')}"
-        return text + (f" Fix: {first['fix']}" if first.get("fix") else "")
-    return str(pick(data, "cause", "explanation", "hint", default="") or "")
+def _explanation(crash: Crash) -> str:
+    if crash.explanations:
+        first = crash.explanations[0]
+        text = f"{first.title or ''}: {first.cause or ''}"
+        return text + (f" Fix: {first.fix}" if first.fix else "")
+    return crash.cause or ""
 
 
-def log_section(records: Sequence[Record], *, per_rank: int = 50) -> dict[str, list[dict[str, Any]]]:
+def log_section(records: Sequence[Log], *, per_rank: int = 50) -> dict[str, list[dict[str, Any]]]:
     """Warning and error log lines, grouped by rank (the newest ``per_rank`` of each)."""
     by_rank: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for record in sorted(records, key=lambda r: r.time):
-        level = (record.level or record.data.get("level") or "").upper()
+    for record in sorted(records, key=lambda r: r.row.time):
+        level = record.level
         if level not in {"WARNING", "ERROR", "CRITICAL"}:
             continue
-        by_rank[rank_label(record.rank)].append({
-            "time": record.time, "level": level, "logger": record.name or record.data.get("logger") or "",
-            "message": str(pick(record.data, "message", "msg", "text", default=""))[:2000],
-            "step": record.step,
+        by_rank[rank_label(record.row.rank)].append({
+            "time": record.row.time, "level": level, "logger": record.logger,
+            "message": record.message[:2000], "step": record.row.step,
         })
     return {rank: lines[-per_rank:] for rank, lines in sorted(by_rank.items())}
 
 
-def span_section(records: Sequence[Record]) -> dict[str, Any]:
-    """Per-step phase durations per rank, and the stragglers.
+def span_section(totals: Iterable[tuple[int, int, str, float]]) -> dict[str, Any]:
+    """Per-step phase durations per rank, and the stragglers, from (step, rank, phase, seconds) totals.
 
-    Only top-level spans with a step count (nested spans would count their
-    time twice). For each step, a rank whose total is more than
-    :data:`STRAGGLER_RATIO` times the median of the ranks (and above
-    :data:`STRAGGLER_MIN_SECONDS`) is a straggler.
+    The totals are of top-level spans (nested spans would count their time
+    twice), summed per step, rank and phase. The stragglers are the
+    timeline's (:func:`raysleuth.timeline.summary.stragglers_of`, the rule
+    ``raysleuth timeline --summary`` marks): per step and phase, the slowest
+    rank when it took at least 1.5× the median of the ranks.
     """
     # step -> rank -> phase -> seconds
     table: dict[int, dict[int, dict[str, float]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))
     phases: set[str] = set()
-    for record in records:
-        if record.step is None or record.rank is None:
+    for step, rank, phase, seconds in totals:
+        if step is None or rank is None or type(seconds) not in (int, float):
             continue
-        if record.data.get("parent_id"):
-            continue
-        duration = record.data.get("duration_s")
-        if not isinstance(duration, (int, float)):
-            continue
-        phase = record.name or record.phase or "?"
         phases.add(phase)
-        table[record.step][record.rank][phase] += float(duration)
+        table[step][rank][phase] += float(seconds)
     steps = sorted(table)
     ranks = sorted({rank for step in table.values() for rank in step})
-    totals = {rank: [round(sum(table[step][rank].values()), 4) if rank in table[step] else None for step in steps]
-              for rank in ranks}
+    step_totals = {rank: [round(sum(table[step][rank].values()), 4) if rank in table[step] else None for step in steps]
+                   for rank in ranks}
     mean_phase = {
         rank: {phase: round(statistics.fmean([table[s][rank][phase] for s in steps if rank in table[s]] or [0.0]), 4)
                for phase in sorted(phases)}
         for rank in ranks
     }
-    stragglers = []
-    for index, step in enumerate(steps):
-        values = {rank: totals[rank][index] for rank in ranks if totals[rank][index] is not None}
-        if len(values) < 2:
-            continue
-        median = statistics.median(values.values())
-        for rank, value in values.items():
-            if value > STRAGGLER_MIN_SECONDS and median > 0 and value > STRAGGLER_RATIO * median:
-                stragglers.append({"step": step, "rank": rank, "seconds": value, "median": round(median, 4),
-                                   "ratio": round(value / median, 2)})
-    return {"steps": steps, "ranks": ranks, "phases": sorted(phases), "totals": totals,
+    rows = phases_from_totals((step, phase, rank, seconds) for step, by_rank in table.items()
+                                 for rank, by_phase in by_rank.items() for phase, seconds in by_phase.items())
+    index = {step: number for number, step in enumerate(steps)}
+    stragglers = [{"step": row.step, "rank": int(row.slowest), "phase": row.phase, "seconds": round(row.slowest_s, 4),
+                   "median": round(row.median_s, 4), "ratio": round(row.lag_ratio, 2),
+                   "step_seconds": step_totals[int(row.slowest)][index[row.step]]}
+                  for row in stragglers_of(rows)]
+    return {"steps": steps, "ranks": ranks, "phases": sorted(phases), "totals": step_totals,
             "mean_phase": mean_phase, "stragglers": stragglers}
-
-
-def group_by_kind(records: Iterable[Record]) -> dict[str, list[Record]]:
-    """Records grouped by kind."""
-    out: dict[str, list[Record]] = defaultdict(list)
-    for record in records:
-        out[record.kind].append(record)
-    return out

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from raysleuth.recorder.store import Record
+from raysleuth.evidence import StragglerRun
 
 
-def straggler_section(straggler_records: Sequence[Record], collective_records: Sequence[Record] = ()
+def straggler_section(reported: Sequence[StragglerRun], collective_records: Sequence[Any] = ()
                       ) -> dict[str, Any] | None:
-    """The section's data, or None when the run holds neither kind."""
-    if not straggler_records and not collective_records:
+    """The section's data, or None when the run holds neither kind (``collective_records``: stored records)."""
+    if not reported and not collective_records:
         return None
     verdict = None
     if collective_records:
@@ -29,20 +29,19 @@ def straggler_section(straggler_records: Sequence[Record], collective_records: S
                        "ranks": [{"rank": t.rank, "median_ms": round(t.median_lateness_s * 1000, 1),
                                   "late_share": t.late_share, "share_of_step": t.share_of_step}
                                  for t in report.ranks]}
-    return {"verdict": verdict, "reported": [_reported(record) for record in straggler_records][-50:]}
+    return {"verdict": verdict, "reported": [_reported(record) for record in reported][-50:]}
 
 
-def _reported(record: Record) -> dict[str, Any]:
-    data = record.data if isinstance(record.data, dict) else {}
+def _where(site: dict[str, Any]) -> str:
+    return f"{str(site.get('file') or '').rsplit('/', 1)[-1]}:{site.get('line')}"
+
+
+def _reported(record: StragglerRun) -> dict[str, Any]:
     rows = []
-    for straggler in data.get("stragglers") if isinstance(data.get("stragglers"), list) else []:
-        if not isinstance(straggler, dict):
-            continue
-        phase = straggler.get("phase") if isinstance(straggler.get("phase"), dict) else {}
-        wait = phase.get("peers_wait") if isinstance(phase.get("peers_wait"), dict) else {}
+    for straggler in record.stragglers:
+        phase: dict[str, Any] = straggler["phase"] if isinstance(straggler.get("phase"), dict) else {}
+        wait: dict[str, Any] = phase["peers_wait"] if isinstance(phase.get("peers_wait"), dict) else {}
         rows.append({"rank": straggler.get("rank"), "function": phase.get("function") or "",
-                     "where": f"{str(phase.get('file') or '').rsplit('/', 1)[-1]}:{phase.get('line')}" if phase else "",
-                     "peers_wait": f"{wait.get('function')} ({str(wait.get('file') or '').rsplit('/', 1)[-1]}:"
-                                   f"{wait.get('line')})" if wait else ""})
-    return {"time": record.time, "job_id": data.get("job_id"), "summary": str(data.get("summary") or ""),
-            "stragglers": rows}
+                     "where": _where(phase) if phase else "",
+                     "peers_wait": f"{wait.get('function')} ({_where(wait)})" if wait else ""})
+    return {"time": record.row.time, "job_id": record.job_id, "summary": record.summary, "stragglers": rows}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from raysleuth import agents, cluster
+from raysleuth import agents, cluster, evidence
 from raysleuth.labels.dead import dead_worker_labels
 from raysleuth.stacks.model import ProcessStack
 
@@ -42,31 +42,31 @@ def recorded_calls(run: str | None = None, *, home: Any = None) -> list[dict[str
 
     store = open_store(run, home=home)
     try:
-        verl_rows, pool_rows = store.query("verl_call"), store.query("pool_call")
+        verl_rows, pool_rows = evidence.read(store, evidence.VerlCall), evidence.read(store, evidence.PoolCall)
     finally:
         store.close()
     calls: dict[Any, dict[str, Any]] = {}
-    for row in verl_rows:
-        task_id = row.data.get("task_id")
+    for verl in verl_rows:
+        row, task_id = verl.row, verl.task_id
         key = ("verl", task_id or (row.rank, row.name, row.pid))  # both rows come from the same driver
-        if row.data.get("state") == "submitted":
-            calls[key] = {"kind": "verl_call", "method": row.data.get("method") or row.name, "rank": row.rank,
-                          "returned": False, "submitted": row.time, "worker_pid": row.data.get("worker_pid"),
-                          "job_id": row.job_id, "task_id": task_id, "worker_name": row.data.get("worker_name")}
-        elif row.data.get("state") == "returned" and key in calls:
+        if verl.state == "submitted":
+            calls[key] = {"kind": "verl_call", "method": verl.method or row.name, "rank": row.rank,
+                          "returned": False, "submitted": row.time, "worker_pid": verl.worker_pid,
+                          "job_id": row.job_id, "task_id": task_id, "worker_name": verl.worker_name}
+        elif verl.state == "returned" and key in calls:
             calls[key]["returned"] = True
-    for row in pool_rows:
-        call_id = row.data.get("call_id")
+    for pool in pool_rows:
+        row, call_id = pool.row, pool.call_id
         if not call_id:
             continue
-        entry = calls.setdefault(("pool", call_id), {"kind": "pool_call", "method": row.data.get("function") or row.name,
+        entry = calls.setdefault(("pool", call_id), {"kind": "pool_call", "method": pool.function or row.name,
                                                      "rank": None, "returned": False, "submitted": row.time,
                                                      "worker_pid": None, "job_id": row.job_id, "task_id": call_id,
                                                      "worker_name": None})
-        state = row.data.get("state")
+        state = pool.state
         if state == "submitted":
             entry["submitted"] = row.time
-            entry["rank"] = row.data.get("worker_rank", entry["rank"])
+            entry["rank"] = pool.worker_rank if "worker_rank" in pool.raw else entry["rank"]
         elif state == "running":
             entry["worker_pid"], entry["rank"] = row.pid, entry["rank"] if entry["rank"] is not None else row.rank
         elif state in ("finished", "failed"):
@@ -124,19 +124,20 @@ def progress_records(since: float) -> dict[tuple, list[str]]:
 
     store = open_store()
     try:
-        rows = store.query("heartbeat", since=since - 30.0)
+        beats = evidence.read(store, evidence.Heartbeat, since=since - 30.0)
     finally:
         store.close()
     best: dict[tuple, float] = {}
     found: dict[tuple, list[str]] = {}
-    for row in rows:
-        step = row.step if row.step is not None else (row.data or {}).get("step")
+    for beat in beats:
+        row = beat.row
+        step = row.step if row.step is not None else beat.step
         key = (row.node_ip, row.pid)
         if row.pid is None or step is None:
             continue
         previous = best.get(key)
         if row.time >= since and previous is not None and step > previous:
-            source = (row.data or {}).get("source")
+            source = beat.source
             what = "collectives" if source == "collectives" else "heartbeat step"
             found[key] = [f"{what} {previous:g} → {step:g}"]
         best[key] = max(step, previous if previous is not None else step)
@@ -168,12 +169,12 @@ def read_coroutines(request_id: str | None) -> dict[tuple[str | None, int], list
 
     store = open_store()
     try:
-        rows = store.query("coroutines", since=time.time() - 120)
+        dumps = evidence.read(store, evidence.Coroutines, since=time.time() - 120)
     finally:
         store.close()
     # The longest waits are the ones that matter (a worker lists them longest first); 50 keep a report small.
-    return {(row.node_ip, row.pid): list((row.data or {}).get("tasks") or [])[:50] for row in rows
-            if ((row.data or {}).get("request") or {}).get("id") == request_id}
+    return {(dump.row.node_ip, dump.row.pid): list(dump.tasks)[:50] for dump in dumps
+            if dump.row.pid is not None and (dump.request or {}).get("id") == request_id}
 
 
 def failed_calls(job_ids: set[str]) -> dict[tuple, str]:

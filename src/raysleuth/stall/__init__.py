@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from raysleuth import evidence
 from raysleuth.stall.detect import (
     RankProgress, StallEvent, StallTracker, describe, describe_finish, runs_own_code,
 )
@@ -89,14 +90,14 @@ class Watchdog:
         except Exception as error:  # no run yet: nothing has heart-beaten
             self.error = str(error)
             return 0
-        rows = store.query("heartbeat", after_id=self._after_id, limit=100_000, job=self.job)
-        if rows:
-            self._after_id = max(row.id for row in rows)
-            self.tracker.update({"rank": row.rank, "step": row.step if row.step is not None else row.data.get("step"),
-                                 "time": row.time, "pid": row.pid, "node_ip": row.node_ip,
-                                 "actor_class": row.actor_class, "job_id": row.job_id,
-                                 "source": (row.data or {}).get("source")} for row in rows)
-        return len(rows)
+        beats = evidence.read(store, evidence.Heartbeat, after_id=self._after_id, limit=100_000, job=self.job)
+        if beats:
+            self._after_id = max(beat.row.id or 0 for beat in beats)
+            self.tracker.update({"rank": b.row.rank, "step": b.row.step if b.row.step is not None else b.step,
+                                 "time": b.row.time, "pid": b.row.pid, "node_ip": b.row.node_ip,
+                                 "actor_class": b.row.actor_class, "job_id": b.row.job_id,
+                                 "source": b.source} for b in beats)
+        return len(beats)
 
     # -- one round
     def poll(self, now: float | None = None) -> StallEvent | None:

@@ -17,13 +17,16 @@ import statistics
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from raysleuth import evidence
 from raysleuth.errors import UsageError
 from raysleuth.stragglers import sampling
 from raysleuth.stragglers.analysis import MIN_COLLECTIVES, MIN_SHARE, THRESHOLD, StragglerReport, find_stragglers
 from raysleuth.stragglers.phase import SlowPhase, parse_raw, slow_phase
 from raysleuth.stragglers.sources import calls_from_records
+
+E = TypeVar("E", bound=evidence.Evidence)
 
 RECORD_LIMIT = 5_000
 """Newest ``collectives`` rows read (each holds a rank's newest 256 calls per group). Scaling note: at
@@ -54,9 +57,9 @@ class Options:
     """Seconds to wait for the workers' dumps."""
 
 
-def _records(store, kind: str, job: str | None, since: float | None) -> list[dict[str, Any]]:
-    rows = store.query(kind, job=job, limit=RECORD_LIMIT, newest_first=True, since=since)
-    return [row.to_dict() for row in reversed(rows)]
+def _records(store, kind: type[E], job: str | None, since: float | None) -> list[E]:
+    """The newest :data:`RECORD_LIMIT` records of ``kind`` since ``since``, oldest first."""
+    return list(reversed(evidence.read(store, kind, job=job, limit=RECORD_LIMIT, newest_first=True, since=since)))
 
 
 def _request(store, job: str | None, wait: float, home) -> None:
@@ -66,24 +69,24 @@ def _request(store, job: str | None, wait: float, home) -> None:
     request_id, asked_at = request_dump(wait, home=home)
     if request_id is None:
         return
-    before = {(r.get("node_ip"), r.get("pid")) for r in _records(store, "collectives", job, time.time() - 600)}
+    before = {(r.row.node_ip, r.row.pid) for r in _records(store, evidence.Collectives, job, time.time() - 600)}
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
-        got = {(r.get("node_ip"), r.get("pid")) for r in _records(store, "collectives", job, asked_at - 1)
-               if ((r.get("data") or {}).get("request") or {}).get("id") == request_id}
+        got = {(r.row.node_ip, r.row.pid) for r in _records(store, evidence.Collectives, job, asked_at - 1)
+               if (r.request or {}).get("id") == request_id}
         if before and before <= got:
             return
         time.sleep(0.3)
 
 
-def step_seconds(heartbeats: list[dict[str, Any]]) -> dict[int, float]:
+def step_seconds(heartbeats: list[evidence.Heartbeat]) -> dict[int, float]:
     """Per rank, the median time between two ``rs.step`` heartbeats (per step), from the job's own steps."""
     times: dict[int, dict[int, float]] = defaultdict(dict)
     for beat in heartbeats:
-        data = beat.get("data") if isinstance(beat.get("data"), dict) else {}
-        if data.get("source") == "collectives" or beat.get("rank") is None or beat.get("step") is None:
+        rank, step = beat.row.rank, beat.row.step
+        if beat.source == "collectives" or rank is None or step is None:
             continue
-        times[beat["rank"]].setdefault(int(beat["step"]), float(beat.get("time") or 0))
+        times[rank].setdefault(int(step), float(beat.row.time or 0))
     result = {}
     for rank, by_step in times.items():
         steps = sorted(by_step)
@@ -114,9 +117,9 @@ def collect_stragglers(address: str | None = None, *, run: str | None = None, ho
         newest = store.query("collectives", job=job, limit=1, newest_first=True)
         end = time.time() if live or not newest else newest[0].time
         since = end - options.window
-        records = _records(store, "collectives", job, since - 5.0)
-        beats = _records(store, "heartbeat", job, since)
-        stored = [] if live else _records(store, "straggler", None, since)  # written by the CLI: not the job's id
+        records = _records(store, evidence.Collectives, job, since - 5.0)
+        beats = _records(store, evidence.Heartbeat, job, since)
+        stored = [] if live else _records(store, evidence.StragglerRun, None, since)  # the CLI's: not the job's id
     finally:
         store.close()
     report = judge(records, beats, job=job, options=options, since=since)
@@ -129,12 +132,12 @@ def collect_stragglers(address: str | None = None, *, run: str | None = None, ho
     return report
 
 
-def judge(records: list[dict[str, Any]], beats: list[dict[str, Any]], *, job: str | None, options: Options,
-          since: float) -> StragglerReport:
-    """The verdict from stored rows (dicts): pure apart from the clock."""
+def judge(records: list[evidence.Collectives], beats: list[evidence.Heartbeat], *, job: str | None,
+          options: Options, since: float) -> StragglerReport:
+    """The verdict from stored records: pure apart from the clock."""
     calls = calls_from_records(records, job)
     pids = set(calls.pids.values())
-    beats = [beat for beat in beats if beat.get("pid") in pids]
+    beats = [beat for beat in beats if beat.row.pid in pids]
     report = find_stragglers(calls.calls, threshold=options.threshold, min_collectives=options.min_collectives,
                              min_share=options.min_share, since_ns=int(since * 1e9), nodes=calls.nodes,
                              pids=calls.pids, step_seconds=step_seconds(beats), source=calls.source)
@@ -189,17 +192,14 @@ def sample_phases(report: StragglerReport, options: Options) -> None:
         report.notes.append(f"rank {rank} not sampled: {error}")
 
 
-def _stored_phases(report: StragglerReport, stored: list[dict[str, Any]]) -> None:
+def _stored_phases(report: StragglerReport, stored: list[evidence.StragglerRun]) -> None:
     """A stored run: the slow phase from the newest ``straggler`` record of each rank, where there is one."""
     for straggler in report.stragglers:
         for row in reversed(stored):
-            data = row.get("data") if isinstance(row.get("data"), dict) else {}
-            if report.job_id and data.get("job_id") not in (None, report.job_id):
+            if report.job_id and row.job_id not in (None, report.job_id):
                 continue
-            named = data.get("stragglers") if isinstance(data.get("stragglers"), list) else []
-            phase = next((s.get("phase") for s in named
-                          if isinstance(s, dict) and s.get("rank") == straggler.rank and isinstance(s.get("phase"), dict)),
-                         None)
+            phase = next((s["phase"] for s in row.stragglers
+                          if s.get("rank") == straggler.rank and isinstance(s.get("phase"), dict)), None)
             straggler.phase = phase_from(phase)
             if straggler.phase is not None:
                 break

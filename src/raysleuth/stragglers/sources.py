@@ -20,6 +20,7 @@ import dataclasses
 from collections import defaultdict
 from typing import Any, Iterable
 
+from raysleuth import evidence
 from raysleuth.stragglers.analysis import Call, StragglerReport, complete_collectives, find_stragglers
 
 WRAPPER, FLIGHT_RECORDER = "wrapper", "flight recorder"
@@ -76,58 +77,54 @@ def _flight_call(entry: Any) -> Call | None:
     return Call(group=name, seq=seq, enter_ns=created, op=op, site=(op, str(entry.get("input_sizes"))))
 
 
-def _time(record: dict[str, Any]) -> float:
+def _time(dump: evidence.Collectives) -> float:
     """When a record was dumped (its data's time, else the row's); 0 when neither is a number."""
-    for value in (record["data"].get("time"), record.get("time")):
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    return 0.0
+    return dump.time if dump.time is not None else float(dump.row.time or 0.0)
 
 
 def _list(value: Any) -> list:
     return value if isinstance(value, list) else []
 
 
-def newest_job(records: list[dict[str, Any]]) -> str | None:
+def _dumps(records: Iterable[Any]) -> list[evidence.Collectives]:
+    """``collectives`` records (evidence, or store rows as dicts) as :class:`evidence.Collectives`."""
+    dumps = [r if isinstance(r, evidence.Collectives) else evidence.Collectives.from_record_dict(r)
+             for r in records if isinstance(r, evidence.Collectives | dict)]
+    return [dump for dump in dumps if dump.raw]  # a row whose data is not an object is no dump
+
+
+def newest_job(records: Iterable[Any]) -> str | None:
     """The job of the newest record (a run may hold several jobs' collectives)."""
-    newest = max(records, key=_time, default=None)
-    job = newest["data"].get("job_id") if newest else None
-    return job if isinstance(job, str) else None
+    newest = max(_dumps(records), key=_time, default=None)
+    return newest.job_id if newest else None
 
 
-def _rank_of(record: dict[str, Any]) -> int | None:
-    data = record.get("data")
-    rank = _int(data.get("rank")) if isinstance(data, dict) else None
-    return rank if rank is not None else _int(record.get("rank"))
-
-
-def calls_from_records(records: Iterable[dict[str, Any]], job: str | None = None) -> RankCalls:
-    """Every rank's collective calls from ``collectives`` records (store rows as dicts), for one job."""
-    records = [r for r in records if isinstance(r, dict) and isinstance(r.get("data"), dict)]
-    job = job if job is not None else newest_job(records)
-    records = [r for r in records if job is None or r["data"].get("job_id") in (None, job)]
+def calls_from_records(records: Iterable[Any], job: str | None = None) -> RankCalls:
+    """Every rank's collective calls from ``collectives`` records (evidence, or store rows as dicts), for one job."""
+    dumps = _dumps(records)
+    job = job if job is not None else newest_job(dumps)
+    dumps = [d for d in dumps if job is None or d.job_id in (None, job)]
     merged: dict[str, dict[int, dict[tuple, Call]]] = {WRAPPER: defaultdict(dict), FLIGHT_RECORDER: defaultdict(dict)}
     nodes, pids, node_ids = {}, {}, {}
-    for record in sorted(records, key=_time):
-        rank = _rank_of(record)
+    for dump in sorted(dumps, key=_time):
+        rank = dump.rank if dump.rank is not None else dump.row.rank
         if rank is None:
             continue
-        nodes[rank], node_ids[rank] = record.get("node_ip"), record.get("node_id")
-        pid = _int(record["data"].get("pid")) or _int(record.get("pid"))
+        nodes[rank], node_ids[rank] = dump.row.node_ip, dump.row.node_id
+        pid = dump.pid or dump.row.pid
         if pid is not None:
             pids[rank] = pid
-        for entry in _list(record["data"].get("calls")):
+        for entry in dump.calls:
             call = _wrapper_call(entry)
             if call is not None:
                 merged[WRAPPER][rank][(call.group, call.seq)] = call
-        flight = record["data"].get("flight_recorder")
-        for entry in _list(flight.get("entries") if isinstance(flight, dict) else None):
+        for entry in _list(dump.flight_recorder.get("entries")) if dump.flight_recorder else []:
             call = _flight_call(entry)
             if call is not None:
                 merged[FLIGHT_RECORDER][rank][(call.group, call.seq)] = call
     calls, sources = _choose(merged)
     return RankCalls(calls=calls, sources=sources, nodes=nodes, pids=pids, node_ids=node_ids, job_id=job,
-                     records=len(records))
+                     records=len(dumps))
 
 
 def _choose(merged: dict[str, dict[int, dict[tuple, Call]]]) -> tuple[dict[int, list[Call]], dict[str, str]]:

@@ -69,3 +69,18 @@ def timeline_summary(*, run: str | None = None, home: Path | str | None = None,
                                             until=until))
     finally:
         store.close()
+
+
+#: The straggler rule of the timeline and the report: the slowest rank of a step's phase took this many times the
+#: median of the ranks (``raysleuth timeline --summary`` marks it, the report lists it).
+STRAGGLER_RATIO = 1.5
+
+
+def phases_from_totals(totals: Iterable[tuple[int, str, Any, float]]) -> list[StepPhase]:
+    """:func:`summarize_steps` over (step, phase, rank, seconds) totals (pure)."""
+    return _summarize_rows((step, phase, rank, None, seconds) for step, phase, rank, seconds in totals)
+
+
+def stragglers_of(rows: Iterable[StepPhase], ratio: float = STRAGGLER_RATIO) -> list[StepPhase]:
+    """The step phases whose slowest rank took at least ``ratio`` times the median of two or more ranks."""
+    return [row for row in rows if len(row.durations) > 1 and row.lag_ratio >= ratio]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from raysleuth import evidence
 from raysleuth.weights.compare import SideRecord, SyncCheck, compare_syncs
 from raysleuth.weights.drift import GAP_KIND, Gap, find_jumps
 from raysleuth.weights.stream import KIND
@@ -93,11 +94,13 @@ def build_weights_report(records: list, *, steps: Any = None) -> WeightsReport:
     for rec in records:
         try:
             if rec.kind == KIND:
-                sides.append(SideRecord.from_data(rec.data, time_=rec.time, rank=rec.rank, pid=rec.pid))
+                sides.append(SideRecord.from_data(evidence.WeightSync.from_record(rec).raw, time_=rec.time, rank=rec.rank,
+                                                  pid=rec.pid))
             elif rec.kind == GAP_KIND:
-                data = rec.data
-                gaps.append(Gap(step=int(data["step"]), mean_abs=float(data["mean_abs"]),
-                                max_abs=float(data["max_abs"]), tokens=int(data.get("tokens", 0))))
+                gap = evidence.LogprobGap.from_record(rec)
+                if gap.step is None or gap.mean_abs is None or gap.max_abs is None:
+                    raise ValueError("not a stored logprob gap (needs step, mean_abs, max_abs)")
+                gaps.append(Gap(step=gap.step, mean_abs=gap.mean_abs, max_abs=gap.max_abs, tokens=gap.tokens or 0))
         except (TypeError, ValueError, KeyError, AttributeError):
             skipped += 1
     gaps.sort(key=lambda g: g.step)
