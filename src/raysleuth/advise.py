@@ -73,7 +73,7 @@ def advise(problem: str, *, nodes: int | None = None, reproducible: bool | None 
         raise UsageError(f"unknown problem {problem!r}", fix=f"use one of: {', '.join(sorted(tree))}")
     if nodes is not None and nodes < 1:
         raise UsageError(f"--nodes must be at least 1, got {nodes}")
-    steps = []
+    steps: list[Step] = []
     for item in tree[key]["steps"]:
         if nodes is not None and nodes < item.get("min_nodes", 1):
             continue

@@ -245,7 +245,7 @@ def get_agents(*, timeout: float = 30.0) -> dict[str, Any]:
     if not ray.is_initialized():
         raise ClusterUnreachable("not connected to Ray", fix="connect first (raysleuth.cluster.connect)")
     session = cluster.session_name() or "?"
-    nodes = {node.node_id: node.node_ip for node in cluster.nodes(alive_only=True)}
+    nodes = {node.node_id: node.node_ip for node in cluster.nodes(alive_only=True) if node.node_id}
     existing = set(_agent_names())
     for key in [key for key in _handles if key[0] == session and (key[1] not in nodes
                                                                  or AGENT_PREFIX + key[1][:16] not in existing)]:

@@ -250,8 +250,10 @@ def worker_logs(pids: list[int], lines: int = 200, logs_dir: str | None = None) 
     folder = logs_dir or cluster.local_logs_dir()
     wanted = {int(pid) for pid in pids}
     files: dict[int, dict[str, str]] = {}
+    if not folder:  # not in a Ray process and no logs_dir given
+        return {pid: {"error": "no Ray session logs folder in this process: pass logs_dir"} for pid in wanted}
     try:
-        names = os.listdir(folder) if folder else []
+        names = os.listdir(folder)
     except OSError as error:
         return {pid: {"error": f"cannot list {folder}: {error.strerror}"} for pid in wanted}
     try:  # Ray's log monitor moves dead workers' logs to old/ once it has many files open
@@ -262,13 +264,13 @@ def worker_logs(pids: list[int], lines: int = 200, logs_dir: str | None = None) 
         name = os.path.basename(path)
         stem, _, suffix = name.rpartition(".")
         if name.startswith("worker-") and suffix in ("err", "out"):
-            pid = stem.rsplit("-", 1)[-1]
-            if pid.isdigit() and int(pid) in wanted:
-                files.setdefault(int(pid), {})[suffix] = os.path.join(folder, path)
+            digits = stem.rsplit("-", 1)[-1]
+            if digits.isdigit() and int(digits) in wanted:
+                files.setdefault(int(digits), {})[suffix] = os.path.join(folder, path)
         elif name.startswith("raysleuth-fatal-") and suffix == "log":
-            pid = stem.removeprefix("raysleuth-fatal-")
-            if pid.isdigit() and int(pid) in wanted:
-                files.setdefault(int(pid), {})["fatal"] = os.path.join(folder, path)
+            digits = stem.removeprefix("raysleuth-fatal-")
+            if digits.isdigit() and int(digits) in wanted:
+                files.setdefault(int(digits), {})["fatal"] = os.path.join(folder, path)
     result: dict[int, dict[str, Any]] = {}
     for pid in wanted:
         found = files.get(pid)

@@ -22,7 +22,7 @@ import socket
 import time
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any, Callable
+from typing import IO, Any, Callable, cast
 
 from raysleuth.breakpoints._sessions import DebugSession
 
@@ -91,7 +91,8 @@ class SocketPdb(pdb.Pdb):
     """pdb over a socket: ``c``, ``q`` and a closed connection all let the worker run on."""
 
     def __init__(self, stream: _SocketIO, on_release: Callable[[str], None]) -> None:
-        super().__init__(stdin=stream, stdout=stream, nosigint=True, readrc=False,
+        text_stream = cast(IO[str], stream)  # duck-typed: pdb calls only readline, write and flush
+        super().__init__(stdin=text_stream, stdout=text_stream, nosigint=True, readrc=False,
                          skip=["raysleuth.breakpoints", "raysleuth.breakpoints.*"])
         self.stream = stream
         self.prompt = "(rs-pdb) "

@@ -94,6 +94,8 @@ def _ray_debugger_endpoint() -> tuple[str, int] | None:
         from raysleuth.ray_private import global_worker
 
         worker = global_worker() if ray is not None else None
+        if worker is None:
+            return None
         port = worker.debugger_port
         if port:
             return worker.node_ip_address, int(port)

@@ -146,7 +146,7 @@ def attach_instructions(session: DebugSession, *, local_ips: set[str] | None = N
     local_ips = local_addresses() if local_ips is None else local_ips
     remote = bool(session.node_ip) and session.node_ip not in local_ips
     tunnel = None
-    connect_host = session.host
+    connect_host: str | None = session.host
     if remote and _is_loopback(session.host):
         tunnel = f"ssh -N -L {session.port}:127.0.0.1:{session.port} {session.node_ip}"
         connect_host = "127.0.0.1"

@@ -20,7 +20,7 @@ def list_sessions(*, run: str | None = None, home: Any = None, include_released:
     rows: list[dict[str, Any]] = []
     ray = sys.modules.get("ray")
     connected = ray is not None and ray.is_initialized()
-    if live is not False and connected:
+    if live is not False and ray is not None and connected:
         from raysleuth.recorder import get_writer
 
         try:

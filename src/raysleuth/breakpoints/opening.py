@@ -47,7 +47,8 @@ def post_mortem_session(traceback_or_frame: Any, name: str = "post-mortem") -> D
     (its final state) or ``None`` when none could be opened.
     """
     try:
-        exc_info = None
+        exc_info: tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None] | None = None
+        error: BaseException | None
         frame = None
         if isinstance(traceback_or_frame, BaseException):
             error = traceback_or_frame

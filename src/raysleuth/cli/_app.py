@@ -40,14 +40,14 @@ PIPE_WIDTH = 4096
 class _Console(Console):
     """A rich console that, when stdout is not a terminal (a file, ``less``, ``grep``), does not wrap at 80."""
 
-    @property
-    def size(self):  # type: ignore[override]
+    @property  # type: ignore[misc]  # rich's size is read-write; this console only reads it
+    def size(self):
         size = super().size
         if not self.is_terminal and self._width is None and not os.environ.get("COLUMNS"):
             return size._replace(width=PIPE_WIDTH)
         return size
 
-    def print(self, *objects: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def print(self, *objects: Any, **kwargs: Any) -> None:
         """Print; a renderer that forgot to escape foreign text prints it plain instead of crashing."""
         from rich.errors import MarkupError
 

@@ -230,7 +230,7 @@ def trace(
     if json_:
         emit_json(result.to_dict())
         finish(1 if result.state == "FAILED" else 0)
-    console.print(f"[bold]{escape(result.name)}[/bold] ({escape(result.type)}, {escape(result.function)}) "
+    console.print(f"[bold]{escape(result.name)}[/bold] ({escape(result.type or '?')}, {escape(result.function or '?')}) "
                   f"[dim]{escape(result.task_id)}[/dim]", soft_wrap=True)
     console.print(f"state [bold]{result.state}[/bold], {len(result.attempts)} attempt(s), "
                   f"waited {_age(result.waiting_s)}, ran {_age(result.running_s)}, total {_age(result.total_s)}")

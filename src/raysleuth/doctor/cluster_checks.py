@@ -34,7 +34,7 @@ def _cluster_checks(address: str | None, *, ports: bool, per_node: bool, timeout
     alive = [node for node in all_nodes if node.alive]
     dead = [node for node in all_nodes if not node.alive]
     checks.append(Check(name="nodes alive", category="cluster", status="ok" if not dead else "warn",
-                        detail=f"{len(alive)} alive" + (f", {len(dead)} dead: {', '.join(n.node_ip for n in dead)}" if dead else ""),
+                        detail=f"{len(alive)} alive" + (f", {len(dead)} dead: {', '.join(n.node_ip or n.node_id or '?' for n in dead)}" if dead else ""),
                         fix=None if not dead else "dead nodes take their workers with them: see `raysleuth tasks --dead`"))
     if info.auth_mode == "token" and info.token_mode_switched_here:
         checks.append(Check(name="token authentication", category="security", status="warn",
@@ -118,7 +118,7 @@ def _node_checks(alive: list[Any], *, timeout: float) -> list[Check]:
     for result in version_results:
         if not result.ok:
             checks.append(Check(name="node agent", category="nodes", status="fail", node=_node_label(result),
-                                detail=result.error, fix="the node may be overloaded or dying: `ray status`"))
+                                detail=result.error or "", fix="the node may be overloaded or dying: `ray status`"))
             continue
         found = result.value
         for key in keys:
@@ -137,7 +137,7 @@ def _node_checks(alive: list[Any], *, timeout: float) -> list[Check]:
     for result in spy_results:
         if not result.ok:
             checks.append(Check(name="py-spy on node", category="nodes", status="fail", node=_node_label(result),
-                                detail=result.error))
+                                detail=result.error or ""))
             continue
         spy = result.value
         good = spy["available"] and spy["can_dump"]

@@ -65,10 +65,10 @@ def ray_train_ranks(lines: Iterable[str]) -> dict[str, dict[str, Any]]:
     return found
 
 
-def store_ranks(records: Iterable[Any]) -> tuple[dict[str, int], dict[tuple[str | None, int], int]]:
+def store_ranks(records: Iterable[Any]) -> tuple[dict[str, int], dict[tuple[str | None, int | None], int]]:
     """Ranks the store's records carry: ``(by actor id, by (node_ip, pid))`` (newest record wins)."""
     by_actor: dict[str, int] = {}
-    by_pid: dict[tuple[str | None, int], int] = {}
+    by_pid: dict[tuple[str | None, int | None], int] = {}
     for record in records:
         if getattr(record, "rank", None) is None:
             continue

@@ -88,7 +88,7 @@ def merge_hints(labels: dict[tuple[str | None, int], dict[str, Any]],
     """Pure: labels with every process's rank resolved; ``hints`` per node ip, per pid."""
     drivers = drivers or set()
     for node_ip, per_pid in hints.items():
-        for pid, hint in per_pid.items():
+        for pid in per_pid:
             labels.setdefault((node_ip, int(pid)), {"pid": int(pid), "node_ip": node_ip})
     for key, label in labels.items():
         if key in drivers:

@@ -134,7 +134,7 @@ def _decide_ranks(probes: list[dict[str, Any]], ranks: Sequence[int] | None) -> 
     env_ranks = [probe.get("env_rank") for probe in probes]
     if all(value not in (None, "") for value in env_ranks):
         try:
-            values = [int(value) for value in env_ranks]
+            values = [int(value) for value in env_ranks if value is not None]  # none is None (checked above)
             if len(set(values)) == len(values):
                 return [(value, "RANK env") for value in values]
         except ValueError:

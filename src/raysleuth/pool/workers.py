@@ -201,6 +201,7 @@ class RayResourcePool:
         """Create one ``actor_class`` actor per rank (same placement, env and instruments as the pool)."""
         import ray
 
+        remote_class: Any
         if hasattr(actor_class, "remote") and hasattr(actor_class, "options"):
             remote_class = actor_class
         else:

@@ -134,7 +134,8 @@ def _message(exc: BaseException) -> str:
 
 
 def _chain(exc: BaseException) -> list[dict[str, Any]]:
-    chain, seen = [], set()
+    chain: list[dict[str, Any]] = []
+    seen: set[int] = set()
     current: BaseException | None = exc
     relation = "raised"
     while current is not None and id(current) not in seen and len(chain) < _MAX_CHAIN:

@@ -167,7 +167,7 @@ def capture_crashes(target: T | None = None) -> T:
                         target)
         return target
     if callable(target):
-        return _wrap_function(target)  # type: ignore[arg-type, return-value]
+        return _wrap_function(target)  # type: ignore[return-value]  # the same callable, wrapped
     raise TypeError(f"capture_crashes needs a function, method or class, got {type(target).__name__}")
 
 
@@ -217,7 +217,7 @@ def _rewrap_ray_executors(cls: type, names: set[str]) -> None:
             executor = getattr(info, "function", None)
             name = getattr(executor, "name", None)
             method = getattr(executor, "method", None)
-            if name not in names or method is None or getattr(method, _MARK, False):
+            if executor is None or name not in names or method is None or getattr(method, _MARK, False):
                 continue
             if getattr(method, "__qualname__", "").split(".")[0] not in class_names:
                 continue

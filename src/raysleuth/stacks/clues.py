@@ -152,7 +152,7 @@ def request_coroutines() -> str | None:
     from raysleuth.coroutines import CONTROL_KEY
     from raysleuth.recorder import get_writer
 
-    request = {"id": uuid.uuid4().hex[:12], "time": time.time()}
+    request: dict[str, Any] = {"id": uuid.uuid4().hex[:12], "time": time.time()}
     try:
         ray.get(get_writer(create=False).set_control.remote(CONTROL_KEY, request), timeout=5)
     except Exception:
@@ -160,7 +160,7 @@ def request_coroutines() -> str | None:
     return request["id"]
 
 
-def read_coroutines(request_id: str | None) -> dict[tuple[str | None, int], list[dict[str, Any]]]:
+def read_coroutines(request_id: str | None) -> dict[tuple[str | None, int | None], list[dict[str, Any]]]:
     """``(node_ip, pid) -> pending tasks`` from the workers that answered ``request_id``."""
     if request_id is None:
         return {}

@@ -140,8 +140,8 @@ def build_verdict(processes: list[ProcessStack], tasks: list[RayTask] | None = N
 
 def _peer_text(graph: WaitGraph, key: str, processes: list[ProcessStack]) -> str:
     """``2 of 3 DDPRank peers (ranks [0, 2]) wait in all_reduce (torch.distributed)`` for a collective sink."""
-    waiters = [graph.nodes[e.source].process for e in graph.into(key) if e.kind in ("collective", "peers", "dead peer")]
-    waiters = [w for w in waiters if w is not None]
+    waiters = [process for e in graph.into(key) if e.kind in ("collective", "peers", "dead peer")
+               if (process := graph.nodes[e.source].process) is not None]
     if not waiters:
         return ""
     group = waiters[0].group
@@ -325,7 +325,7 @@ def _consequences(verdict: Verdict, graph: WaitGraph, processes: list[ProcessSta
                  and (node.process.node_ip, node.process.pid) in roots]
     root_keys += [key for key in graph.nodes if key.startswith("dead:") and any(
         key == f"dead:{ip}:{pid}" for ip, pid in roots)]
-    root_groups = {graph.nodes[key].process.group for key in root_keys if graph.nodes[key].process is not None}
+    root_groups = {process.group for key in root_keys if (process := graph.nodes[key].process) is not None}
     for key, node in graph.nodes.items():
         if key in root_keys or node.state in ("working", "active", "coroutine", "pending", None):
             continue

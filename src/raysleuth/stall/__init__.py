@@ -108,6 +108,7 @@ class Watchdog:
             self.tracker.mark_reported(stalled)
             stalled = self._alive(stalled)
         report = None
+        event: StallEvent | None
         if stalled:
             event = StallEvent(time=now, stalled=stalled, peers=peers, all_stopped=all_stopped,
                                summary=describe(stalled, peers, all_stopped, now))

@@ -80,7 +80,9 @@ def step_seconds(heartbeats: list[dict[str, Any]]) -> dict[int, float]:
     """Per rank, the median time between two ``rs.step`` heartbeats (per step), from the job's own steps."""
     times: dict[int, dict[int, float]] = defaultdict(dict)
     for beat in heartbeats:
-        data = beat.get("data") if isinstance(beat.get("data"), dict) else {}
+        data = beat.get("data")
+        if not isinstance(data, dict):
+            data = {}
         if data.get("source") == "collectives" or beat.get("rank") is None or beat.get("step") is None:
             continue
         times[beat["rank"]].setdefault(int(beat["step"]), float(beat.get("time") or 0))
@@ -171,7 +173,8 @@ def sample_phases(report: StragglerReport, options: Options) -> None:
         return
     by_lateness = sorted(report.ranks, key=lambda t: t.median_lateness_s)
     peers = [t.rank for t in by_lateness if t.rank not in suspects][:max(1, options.peers)]
-    targets = {rank: (node_ids.get(rank), pids[rank]) for rank in suspects + peers if rank in pids and node_ids.get(rank)}
+    targets = {rank: (node_id, pids[rank]) for rank in suspects + peers
+               if rank in pids and (node_id := node_ids.get(rank))}
     texts, errors, cost = sampling.sample_processes(targets, rate=options.rate, seconds=options.sample)
     cost["errors"] = {str(k): v for k, v in errors.items()}
     report.sampling = {**(report.sampling or {}), **cost, "suspects": suspects, "peers": peers}
@@ -193,10 +196,14 @@ def _stored_phases(report: StragglerReport, stored: list[dict[str, Any]]) -> Non
     """A stored run: the slow phase from the newest ``straggler`` record of each rank, where there is one."""
     for straggler in report.stragglers:
         for row in reversed(stored):
-            data = row.get("data") if isinstance(row.get("data"), dict) else {}
+            data = row.get("data")
+            if not isinstance(data, dict):
+                data = {}
             if report.job_id and data.get("job_id") not in (None, report.job_id):
                 continue
-            named = data.get("stragglers") if isinstance(data.get("stragglers"), list) else []
+            named = data.get("stragglers")
+            if not isinstance(named, list):
+                named = []
             phase = next((s.get("phase") for s in named
                           if isinstance(s, dict) and s.get("rank") == straggler.rank and isinstance(s.get("phase"), dict)),
                          None)

@@ -96,8 +96,8 @@ def newest_job(records: list[dict[str, Any]]) -> str | None:
 
 
 def _rank_of(record: dict[str, Any]) -> int | None:
-    data = record.get("data") if isinstance(record.get("data"), dict) else {}
-    rank = _int(data.get("rank"))
+    data = record.get("data")
+    rank = _int(data.get("rank")) if isinstance(data, dict) else None
     return rank if rank is not None else _int(record.get("rank"))
 
 
@@ -137,15 +137,15 @@ def _choose(merged: dict[str, dict[int, dict[tuple, Call]]]) -> tuple[dict[int, 
         for rank, calls in ranks.items():
             for call in calls.values():
                 by_group[call.group][source][rank].append(call)
-    calls: dict[int, list[Call]] = defaultdict(list)
+    chosen_calls: dict[int, list[Call]] = defaultdict(list)
     sources = {}
     for group, per_source in by_group.items():
         counts = {source: len(complete_collectives(ranks)) for source, ranks in per_source.items()}
         chosen = max((WRAPPER, FLIGHT_RECORDER), key=lambda s: (counts.get(s, -1), s == WRAPPER))
         sources[group] = chosen
         for rank, rank_calls in per_source.get(chosen, {}).items():
-            calls[rank].extend(sorted(rank_calls, key=lambda c: c.seq))
-    return dict(calls), sources
+            chosen_calls[rank].extend(sorted(rank_calls, key=lambda c: c.seq))
+    return dict(chosen_calls), sources
 
 
 def stragglers_from_records(records: Iterable[dict[str, Any]], job: str | None = None, **rule: Any) -> StragglerReport:

@@ -154,7 +154,7 @@ def _classify_deaths(report: TaskReport, job_id: str | None) -> None:
 
 
 def _stuck(tasks, now, factor, floor_s, node_ips, actors_by_id, rank_of) -> list[StuckTask]:
-    durations: dict[str, list[tuple[str, float]]] = defaultdict(list)
+    durations: dict[str | None, list[tuple[str, float]]] = defaultdict(list)
     running: list[tuple[RayTask, float]] = []
     for task in tasks:
         function = task.function or task.name
@@ -179,7 +179,7 @@ def _stuck(tasks, now, factor, floor_s, node_ips, actors_by_id, rank_of) -> list
         actor = actors_by_id.get(task.actor_id)
         pid = task.worker_pid or (actor.pid if actor else None)
         result.append(StuckTask(
-            task_id=task.task_id, name=short_name(task), state=task.state, running_s=elapsed,
+            task_id=task.task_id, name=short_name(task), state=task.state or "", running_s=elapsed,
             peer_median_s=median, peers=len(peers), ratio=elapsed / median if median > 0 else float("inf"),
             node_id=task.node_id, node_ip=node_ips.get(task.node_id), pid=pid,
             rank=rank_of(task.node_id, pid, actor.name if actor else None), actor_id=task.actor_id,
@@ -201,7 +201,8 @@ def _attach_stacks(report: TaskReport) -> None:
     by_pid = {getattr(process, "pid", None): process for process in processes}
     for item in report.stuck:
         found = by_pid.get(item.pid)
-        item.stack = dataclasses.asdict(found) if dataclasses.is_dataclass(found) else found
+        item.stack = dataclasses.asdict(found) if dataclasses.is_dataclass(found) and not isinstance(found, type) \
+            else found
 
 
 def _explain(text: str) -> tuple[str | None, str | None]:
