@@ -5,6 +5,10 @@ of raysleuth itself. Every top-level unit of ``src/raysleuth`` has a layer in
 ``LAYERS``; an import may point to its own layer or below, never above, and no
 two modules may import each other, directly or around a loop.
 
+Its height is counted in floors: the longest chain of imports between
+top-level units, units that import each other counted as one floor
+(``FLOORS``, issue 28 wants 12 or fewer).
+
 What the house already owes is listed in ``DEBT`` (issue 13), each entry
 exactly as measured. The test is a ratchet both ways: anything not in the
 list fails, and an entry that no longer holds fails too, so paying a debt
@@ -41,6 +45,12 @@ LAYERS: dict[str, int] = {
     "stall": ORCHESTRATION, "worker_setup": ORCHESTRATION,
     "cli": FACES, "demo": FACES, "report": FACES, "__init__": FACES, "__main__": FACES,
 }
+
+# The house's height: the longest chain of imports between top-level units (units that import each other,
+# such as agents and recorder, are one floor). Measured, exact both ways: lower it when a floor goes.
+# Issue 28 wants 12 or fewer; today's chain is __main__ cli worker_setup integrations pool logs memory
+# breakpoints control (agents, recorder) runtime ray_private errors.
+FLOORS = 13
 
 # What the house owes today (issue 13). Delete a line when its debt is paid.
 DEBT_CYCLES: set[frozenset[str]] = set()
@@ -193,3 +203,33 @@ def test_modules_and_functions_stay_small_beyond_the_listed_debt():
         f"functions over {MAX_FUNCTION_LINES} lines: {sorted(big_functions - DEBT_FUNCTIONS)}")
     paid = (DEBT_MODULES - big_modules) | (DEBT_FUNCTIONS - big_functions)
     assert not paid, f"these are small now: delete them from the DEBT lists: {sorted(paid)}"
+
+
+def _floors(graph: dict[str, set[str]]) -> tuple[int, list[str]]:
+    """The longest import chain between top-level units, a strongly connected group of units being one floor."""
+    units: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        units.setdefault(_unit(name), set()).update(_unit(t) for t in targets if _unit(t) != _unit(name))
+    floor_of = {unit: unit for unit in units}
+    for group in _cycles(units):
+        label = "(" + ", ".join(sorted(group)) + ")"
+        floor_of.update({unit: label for unit in group})
+    condensed: dict[str, set[str]] = {}
+    for unit, targets in units.items():
+        condensed.setdefault(floor_of[unit], set()).update(floor_of[t] for t in targets if floor_of[t] != floor_of[unit])
+    height: dict[str, list[str]] = {}
+
+    def chain(node: str) -> list[str]:
+        if node not in height:
+            below = max((chain(t) for t in sorted(condensed.get(node, ()))), key=len, default=[])
+            height[node] = [node] + below
+        return height[node]
+
+    tallest = max((chain(node) for node in sorted(condensed)), key=len)
+    return len(tallest), tallest
+
+
+def test_the_house_keeps_its_floors():
+    floors, tallest = _floors(_graph())
+    assert floors <= FLOORS, f"the house grew to {floors} floors (FLOORS = {FLOORS}): {' -> '.join(tallest)}"
+    assert floors == FLOORS, f"the house has {floors} floors now: lower FLOORS to {floors} ({' -> '.join(tallest)})"
