@@ -11,7 +11,7 @@ from typing import Any
 
 from raysleuth import agents
 from raysleuth.cluster import tcp_problem
-from raysleuth.doctor.checks import MIN_DEBUGPY, MIN_FREE_DISK, MIN_FREE_DISK_FAIL, Check, _at_least
+from raysleuth.doctor.checks import MIN_DEBUGPY, MIN_FREE_DISK, MIN_FREE_DISK_FAIL, Check, CheckStatus, _at_least
 from raysleuth.errors import RaySleuthError
 
 
@@ -151,7 +151,7 @@ def _node_checks(alive: list[Any], *, timeout: float) -> list[Check]:
                                 detail=result.error or result.value.get("error")))
             continue
         free = result.value["free"]
-        status = "fail" if free < MIN_FREE_DISK_FAIL else "warn" if free < MIN_FREE_DISK else "ok"
+        status: CheckStatus = "fail" if free < MIN_FREE_DISK_FAIL else "warn" if free < MIN_FREE_DISK else "ok"
         checks.append(Check(name="spill disk", category="nodes", status=status, node=_node_label(result),
                             detail=f"{free / 1024**3:.1f} GiB free at {result.value['path']} (object spilling, logs)",
                             fix=None if status == "ok" else "free disk space or point Ray's --temp-dir at a larger disk"))

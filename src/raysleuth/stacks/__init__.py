@@ -23,8 +23,8 @@ from raysleuth.stacks.model import (
     ProcessStack,
     StackGroup,
     StackReport,
+    StackVerdict,
     ThreadStack,
-    Verdict,
     WaitLink,
 )
 from raysleuth.stacks.rules import stalled_ranks_rule
@@ -38,8 +38,8 @@ __all__ = [
     "ProcessStack",
     "StackGroup",
     "StackReport",
+    "StackVerdict",
     "ThreadStack",
-    "Verdict",
     "VerdictContext",
     "WaitLink",
     "build_verdict",

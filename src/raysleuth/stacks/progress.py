@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from raysleuth.stacks.analysis import is_ray_idle, key_thread, wait_point
-from raysleuth.stacks.model import ProcessStack
+from raysleuth.stacks.model import Activity, ProcessStack
 
 __all__ = ["IO_BYTES", "WAKEUPS_PER_SECOND", "WORKING_CPU_SECONDS", "classify", "thread_deltas"]
 
@@ -80,7 +80,7 @@ def _is_active(counters: dict[str, Any] | None) -> list[str]:
     return found
 
 
-def classify(process: ProcessStack, samples: int = 2) -> str | None:
+def classify(process: ProcessStack, samples: int = 2) -> Activity | None:
     """Decide ``process.activity`` from its evidence (and ``process.wait``); returns the activity."""
     thread = key_thread(process)
     if thread is None:
@@ -99,6 +99,7 @@ def classify(process: ProcessStack, samples: int = 2) -> str | None:
     if samples < 2 and not thread.idle:
         active.append("on CPU in the one sample")
     process.progress = progress + active
+    activity: Activity
     if progress:
         activity = "working"
     elif idle_loop and not async_call:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections import defaultdict
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Literal, Mapping
 
 THRESHOLD = 0.10
 """Lateness, as a share of the step time, that counts as late in one collective."""
@@ -113,11 +113,15 @@ class Straggler:
     pid: int | None = None
 
 
+StragglerState = Literal["straggler", "even", "unread"]
+"""``straggler`` (exit 1), ``even`` (exit 0), ``unread`` (not enough data: exit 2)."""
+
+
 @dataclasses.dataclass
 class StragglerReport:
     """Who is slow, by how much, what it costs, and (once sampled) where."""
 
-    state: str
+    state: StragglerState
     """``straggler`` (exit 1) | ``even`` (exit 0) | ``unread`` (not enough data: exit 2)"""
     summary: str
     ranks: list[RankTiming]
