@@ -13,6 +13,8 @@ import sys
 import time
 from typing import Any
 
+from raysleuth import cluster
+
 
 def find_tool(name: str) -> str | None:
     """Path of an executable: on PATH, else beside this Python (a venv's bin)."""
@@ -245,7 +247,6 @@ def worker_logs(pids: list[int], lines: int = 200, logs_dir: str | None = None) 
     """Per pid: ``err``/``out`` (last ``lines`` lines of ``worker-*-<pid>.err/.out``) and ``fatal``
     (``raysleuth-fatal-<pid>.log``), from this node's Ray session logs (and ``old/``, where Ray's log
     monitor moves dead workers' files); ``error`` when none was found."""
-    from raysleuth import cluster
 
     folder = logs_dir or cluster.local_logs_dir()
     wanted = {int(pid) for pid in pids}
@@ -290,7 +291,6 @@ def worker_logs(pids: list[int], lines: int = 200, logs_dir: str | None = None) 
 
 def ray_train_lines(lines: int = 50, logs_dir: str | None = None) -> list[str]:
     """The last ``lines`` lines with a ``world_rank`` of each ``ray-train-sys-worker-*.log`` (JSON lines)."""
-    from raysleuth import cluster
 
     folder = os.path.join(logs_dir or cluster.local_logs_dir() or "", "train")
     try:

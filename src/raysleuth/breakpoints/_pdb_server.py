@@ -24,6 +24,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO, Any, Callable, cast
 
+from raysleuth import runtime
 from raysleuth.breakpoints._sessions import DebugSession
 
 __all__ = ["AUTH_TIMEOUT_S", "DISARMED", "SocketPdb", "pdb_session"]
@@ -136,7 +137,7 @@ class SocketPdb(pdb.Pdb):
 
 def _secret_file(session: DebugSession) -> tuple[Path, str]:
     """A new secret for ``session``, in a 0600 file under ``$RAYSLEUTH_HOME/debug/``."""
-    from raysleuth import runtime
+    # lazy: rs.breakpoint stays light to import: this loads when a session opens
     from raysleuth.recorder.files import write_private
 
     secret = secrets.token_urlsafe(32)

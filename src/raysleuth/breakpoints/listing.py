@@ -6,6 +6,7 @@ import sys
 from typing import Any
 
 from raysleuth.breakpoints._sessions import TOPIC, DebugSession, latest_states
+from raysleuth.errors import UsageError, WorkerNotFound
 
 __all__ = ["find_session", "list_sessions"]
 
@@ -21,6 +22,7 @@ def list_sessions(*, run: str | None = None, home: Any = None, include_released:
     ray = sys.modules.get("ray")
     connected = ray is not None and ray.is_initialized()
     if live is not False and ray is not None and connected:
+        # lazy: rs.breakpoint stays light to import: this loads when a session opens
         from raysleuth.recorder import get_writer
 
         try:
@@ -28,6 +30,7 @@ def list_sessions(*, run: str | None = None, home: Any = None, include_released:
         except ValueError:
             rows = []  # no writer yet: nothing recorded
     else:
+        # lazy: rs.breakpoint stays light to import: this loads when a session opens
         from raysleuth.recorder import open_store
 
         store = open_store(run, home=home)
@@ -43,7 +46,6 @@ def list_sessions(*, run: str | None = None, home: Any = None, include_released:
 
 def find_session(session_id: str, sessions: list[DebugSession]) -> DebugSession:
     """The session whose id is (or starts with) ``session_id``; raises ``WorkerNotFound``/``UsageError``."""
-    from raysleuth.errors import UsageError, WorkerNotFound
 
     matches = [session for session in sessions if session.id == session_id]
     if not matches:

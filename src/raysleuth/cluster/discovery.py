@@ -19,6 +19,8 @@ import dataclasses
 import os
 from collections.abc import Mapping
 
+from raysleuth import ray_private
+
 __all__ = ["AddressChoice", "LocalCluster", "choose_address", "local_clusters"]
 
 
@@ -135,7 +137,6 @@ def choose_address(address: str | None, *, env: dict[str, str] | None = None,
 
 def _current_cluster_address() -> str | None:
     """The address in Ray's ``ray_current_cluster`` file (written by ``ray start``), or ``None``."""
-    from raysleuth import ray_private
 
     try:
         found = ray_private.services().find_bootstrap_address(None)

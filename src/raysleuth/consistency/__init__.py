@@ -28,6 +28,7 @@ from raysleuth.consistency.checks import (
 from raysleuth.consistency.driver import SeedReport, compare, seed_everything, set_random_seed
 from raysleuth.consistency.inspect import ShardInfo, TensorInspection, inspect_distributed_tensor
 from raysleuth.consistency.report import ConsistencyReport, Mismatch
+from raysleuth.recorder import open_store
 
 check_consistency = check_distributed_consistency
 """Short name for :func:`check_distributed_consistency`."""
@@ -58,7 +59,6 @@ __all__ = [
 def latest_checks(run: str | None = None, *, home=None, key: str | None = None, limit: int = 50,
                   jobs: list[str] | None = None):
     """Stored checks of a run (of ``jobs`` only, when given), newest first, as ``(record, ConsistencyReport)`` pairs."""
-    from raysleuth.recorder import open_store
 
     store = open_store(run, home=home)
     try:

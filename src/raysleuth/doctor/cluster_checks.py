@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from raysleuth import agents
+from raysleuth import agents, breakpoints, cluster
 from raysleuth.cluster import tcp_problem
 from raysleuth.doctor.checks import MIN_DEBUGPY, MIN_FREE_DISK, MIN_FREE_DISK_FAIL, Check, CheckStatus, _at_least
 from raysleuth.errors import RaySleuthError
@@ -17,8 +17,6 @@ from raysleuth.errors import RaySleuthError
 
 def _cluster_checks(address: str | None, *, ports: bool, per_node: bool, timeout: float,
                     info_out: dict[str, Any]) -> list[Check]:
-    from raysleuth import cluster
-
     checks: list[Check] = []
     try:
         info = cluster.connect(address)
@@ -175,8 +173,6 @@ def _debug_cluster_checks(*, timeout: float) -> list[Check]:
                             detail=f"debugpy {found}" if found else "debugpy is not installed: breakpoints there fall back to pdb",
                             fix=None if good else f'add it to the job\'s runtime_env, e.g. {{"pip": ["debugpy>={MIN_DEBUGPY}"]}}'))
     try:
-        from raysleuth import breakpoints
-
         sessions = breakpoints.list_sessions(live=True)
     except Exception as error:
         checks.append(Check(name="debug sessions", category="debug", status="skip", detail=f"not readable: {error}"))

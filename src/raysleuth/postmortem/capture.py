@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from raysleuth.postmortem.capsule import SKIPPED_TYPES, capture_exception
+from raysleuth.ray_private import function_execution_table, remote_function_body, set_remote_function_body
 
 log = logging.getLogger("raysleuth.postmortem")
 
@@ -158,7 +159,6 @@ def capture_crashes(target: T | None = None) -> T:
     if modified is not None:
         _wrap_class(modified)
         return target
-    from raysleuth.ray_private import remote_function_body, set_remote_function_body
 
     remote_function = remote_function_body(target)
     if remote_function is not None:
@@ -209,8 +209,6 @@ def _rewrap_ray_executors(cls: type, names: set[str]) -> None:
     if ray is None or not names:
         return
     try:
-        from raysleuth.ray_private import function_execution_table
-
         table = function_execution_table()
         class_names = {base.__name__ for base in cls.__mro__}
         for info in list(table.values()):

@@ -19,7 +19,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from raysleuth import cluster
+from raysleuth.collectives.report import request_dump
 from raysleuth.errors import UsageError
+from raysleuth.recorder import open_store
 from raysleuth.stragglers import sampling
 from raysleuth.stragglers.analysis import MIN_COLLECTIVES, MIN_SHARE, THRESHOLD, StragglerReport, find_stragglers
 from raysleuth.stragglers.phase import SlowPhase, parse_raw, slow_phase
@@ -61,7 +64,6 @@ def _records(store, kind: str, job: str | None, since: float | None) -> list[dic
 
 def _request(store, job: str | None, wait: float, home) -> None:
     """Ask for a dump and wait until every rank that dumped before has answered (or ``wait`` passes)."""
-    from raysleuth.collectives.report import request_dump
 
     request_id, asked_at = request_dump(wait, home=home)
     if request_id is None:
@@ -98,15 +100,12 @@ def step_seconds(heartbeats: list[dict[str, Any]]) -> dict[int, float]:
 def collect_stragglers(address: str | None = None, *, run: str | None = None, home: Path | str | None = None,
                        job: str | None = None, options: Options | None = None) -> StragglerReport:
     """Which rank is slow, by how much, and (live) where: see the module doc."""
-    from raysleuth.recorder import open_store
 
     options = options or Options()
     if options.window <= 0:
         raise UsageError(f"--window must be > 0 (got {options.window:g})", fix="e.g. --window 30s")
     live = run is None
     if live:
-        from raysleuth import cluster
-
         cluster.connect(address)
         run = cluster.session_name()
     store = open_store(run, home=home)

@@ -10,7 +10,11 @@ from typing import Any
 from raysleuth import cluster
 from raysleuth.cluster import own
 from raysleuth.cluster.records import RayActor, RayTask
+from raysleuth.deaths import find_deaths
+from raysleuth.explain import explain
+from raysleuth.labels.live import registered_labels
 from raysleuth.redaction import redact_text
+from raysleuth.stacks import dump_stacks
 from raysleuth.tasks.classify import RUNNING_STATES, TERMINAL_STATES, death_cause, is_stuck, seconds, short_name, started_at
 from raysleuth.tasks.model import DeadActor, FailedTask, StuckTask, TaskReport
 from raysleuth.tasks.pending import find_pending
@@ -76,8 +80,6 @@ def find_tasks(
             return rank
         if labels is None:
             try:
-                from raysleuth.labels.live import registered_labels
-
                 labels = registered_labels()
             except Exception:
                 labels = {}
@@ -134,8 +136,6 @@ def _listed_tasks(listing, *, unfinished: bool, failed: bool, peers: bool) -> li
 def _classify_deaths(report: TaskReport, job_id: str | None) -> None:
     """Replace Ray's generic death reasons by the classified cause, rank and evidence (raysleuth.deaths)."""
     try:
-        from raysleuth.deaths import find_deaths
-
         found = find_deaths(job_id=job_id)
     except Exception as error:
         report.warnings.append(f"death forensics failed, showing Ray's own reasons: {type(error).__name__}: {error}")
@@ -189,8 +189,6 @@ def _stuck(tasks, now, factor, floor_s, node_ips, actors_by_id, rank_of) -> list
 
 
 def _attach_stacks(report: TaskReport) -> None:
-    from raysleuth.stacks import dump_stacks
-
     pids = sorted({item.pid for item in report.stuck if item.pid})
     try:
         stacks = dump_stacks(pids=pids, timeout=30.0)
@@ -206,8 +204,6 @@ def _attach_stacks(report: TaskReport) -> None:
 
 
 def _explain(text: str) -> tuple[str | None, str | None]:
-    from raysleuth.explain import explain
-
     try:
         matches = explain(text)
     except Exception:
