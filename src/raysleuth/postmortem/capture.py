@@ -50,7 +50,7 @@ def _crashed(error: BaseException, label: str, outermost: int) -> None:
 def _wrap_function(fn: Callable[..., Any], label: str | None = None) -> Callable[..., Any]:
     if getattr(fn, _MARK, False):
         return fn
-    label = label or getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn)))
+    name = str(label or getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn))))
 
     # The wrappers reference module-level functions only: Ray pickles them by value (their
     # __module__/__qualname__ are the user's), and module functions travel by reference.
@@ -61,7 +61,7 @@ def _wrap_function(fn: Callable[..., Any], label: str | None = None) -> Callable
                 async for item in fn(*args, **kwargs):
                     yield item
             except BaseException as error:
-                _crashed(error, label, 0)
+                _crashed(error, name, 0)
                 raise
     elif inspect.iscoroutinefunction(fn):
         @functools.wraps(fn)
@@ -70,7 +70,7 @@ def _wrap_function(fn: Callable[..., Any], label: str | None = None) -> Callable
             try:
                 return await fn(*args, **kwargs)
             except BaseException as error:
-                _crashed(error, label, 1)
+                _crashed(error, name, 1)
                 raise
             finally:
                 _leave(token)
@@ -80,7 +80,7 @@ def _wrap_function(fn: Callable[..., Any], label: str | None = None) -> Callable
             try:
                 return (yield from fn(*args, **kwargs))
             except BaseException as error:
-                _crashed(error, label, 0)
+                _crashed(error, name, 0)
                 raise
     else:
         @functools.wraps(fn)
@@ -89,7 +89,7 @@ def _wrap_function(fn: Callable[..., Any], label: str | None = None) -> Callable
             try:
                 return fn(*args, **kwargs)
             except BaseException as error:
-                _crashed(error, label, 1)
+                _crashed(error, name, 1)
                 raise
             finally:
                 _leave(token)

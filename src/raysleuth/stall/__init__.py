@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from raysleuth import cluster
-from raysleuth.recorder import open_store, record
+from raysleuth.recorder import EvidenceStore, open_store, record
 from raysleuth.stacks import dump_stacks, record_report, stalled_ranks_rule
 from raysleuth.stacks.clues import recorded_calls, unreturned
 from raysleuth.stall.detect import (
@@ -66,7 +66,7 @@ class Watchdog:
         """Set when every rank stopped because the training loop finished (not a stall): why we think so."""
         self.error: str | None = None
         self._after_id = 0
-        self._store = None
+        self._store: EvidenceStore | None = None
         self._run_id: str | None = run
         self._reported_calls: set[tuple[Any, int]] = set()
         self._stop = threading.Event()
