@@ -11,7 +11,7 @@ from raysleuth import cluster
 from raysleuth.cluster import own
 from raysleuth.cluster.records import RayActor, RayTask
 from raysleuth.deaths import find_deaths
-from raysleuth.explain import explain
+from raysleuth.explain import explain as explain_text  # the functions below take a flag named explain
 from raysleuth.labels.live import registered_labels
 from raysleuth.redaction import redact_text
 from raysleuth.stacks import dump_stacks
@@ -205,7 +205,7 @@ def _attach_stacks(report: TaskReport) -> None:
 
 def _explain(text: str) -> tuple[str | None, str | None]:
     try:
-        matches = explain(text)
+        matches = explain_text(text)
     except Exception:
         return None, None
     if not matches:
