@@ -90,7 +90,6 @@ def apply_mode(mode: str, *, log_level: str | None = None) -> list[str]:
     except Exception:
         pass
     # memory sampler
-
     try:
         if config.memory_interval_s is not None:
             sampler = memory.watch(interval=config.memory_interval_s)
@@ -103,7 +102,6 @@ def apply_mode(mode: str, *, log_level: str | None = None) -> list[str]:
     except Exception as error:
         log.debug("memory sampler switch failed: %r", error)
     # detailed Ray-call tracing
-
     try:
         if config.detailed_tracing and _tracing_context is None:
             _tracing_context = tracing.enable_detailed_tracing()
