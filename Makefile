@@ -1,5 +1,5 @@
 # make demo   fresh machine: creates .venv, installs, runs the demo on an embedded local Ray
-# make test   same set-up, runs the whole test suite
+# make test   same set-up, type-checks src/ (mypy, [tool.mypy] in pyproject.toml), then runs the whole test suite
 # make bench  runs the benchmarks in bench/ (not part of the tests)
 
 PYTHON ?= python3.11
@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench install clean browser
+.PHONY: demo test typecheck bench install clean browser
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/raysleuth demo
 
-test: $(STAMP) browser
+typecheck: $(STAMP)
+	$(PY) -m mypy
+
+test: $(STAMP) browser typecheck
 	$(PY) -m pytest -q
 
 # The report's browser test needs Chromium; install it where we may (root or sudo, apt),

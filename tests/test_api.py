@@ -36,3 +36,16 @@ def test_import_is_cheap():
     code = "import sys, raysleuth; print('ray' in sys.modules, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_no_module_imports_ray_or_torch_when_it_is_imported():
+    """Every raysleuth module imports Ray and torch inside the functions that use them (CONTRIBUTING: lazy imports)."""
+    code = ("import importlib, pkgutil, sys, raysleuth\n"
+            "names = [m.name for m in pkgutil.walk_packages(raysleuth.__path__, 'raysleuth.')"
+            " if not m.name.endswith('__main__')]\n"
+            "for name in sorted(names):\n"
+            "    importlib.import_module(name)\n"
+            "print(len(names), 'ray' in sys.modules, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    count, ray, torch = out.split()
+    assert int(count) > 150 and (ray, torch) == ("False", "False"), out

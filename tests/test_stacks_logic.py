@@ -537,9 +537,9 @@ def test_two_verl_groups_are_two_groups_and_an_idle_one_is_not_blamed():
 
 
 def test_exit_codes_follow_the_state():
-    from raysleuth.stacks import Verdict
+    from raysleuth.stacks import StackVerdict
 
-    assert [Verdict(state=state).exit_code for state in ("ok", "busy", "hung", "unsure", "unread")] == [0, 0, 1, 2, 2]
+    assert [StackVerdict(state=state).exit_code for state in ("ok", "busy", "hung", "unsure", "unread")] == [0, 0, 1, 2, 2]
     assert build_verdict([]).state == "unread" and build_verdict([]).exit_code == 2
 
 

@@ -13,6 +13,7 @@ import json
 from importlib import resources
 from typing import Any
 
+from raysleuth.deaths.classify import CAUSES
 from raysleuth.errors import UsageError
 
 __all__ = ["PROBLEMS", "Advice", "Step", "advise", "get_advice"]
@@ -61,7 +62,6 @@ def advise(problem: str, *, nodes: int | None = None, reproducible: bool | None 
     ``oom_killer``, ``memory_monitor``, ``sigkill``...); steps written for other causes are left out, and
     without one, every cause-specific step is.
     """
-    from raysleuth.deaths.classify import CAUSES
 
     causes = [cause] if isinstance(cause, str) else list(cause or [])
     unknown = [item for item in causes if item not in CAUSES]
@@ -73,7 +73,7 @@ def advise(problem: str, *, nodes: int | None = None, reproducible: bool | None 
         raise UsageError(f"unknown problem {problem!r}", fix=f"use one of: {', '.join(sorted(tree))}")
     if nodes is not None and nodes < 1:
         raise UsageError(f"--nodes must be at least 1, got {nodes}")
-    steps = []
+    steps: list[Step] = []
     for item in tree[key]["steps"]:
         if nodes is not None and nodes < item.get("min_nodes", 1):
             continue

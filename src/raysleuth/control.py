@@ -118,6 +118,7 @@ def _poll(handle: Any, seen: dict[str, Any]) -> Any:
         ray = sys.modules.get("ray")
         if handlers and ray is not None and ray.is_initialized():
             if handle is None:
+                # lazy: every instrument imports the control thread: the writer's client loads when it polls
                 from raysleuth.recorder import get_writer
 
                 handle = get_writer(create=False)

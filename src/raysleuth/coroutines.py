@@ -186,6 +186,7 @@ def _on_request(value: Any) -> None:
     if value is None:
         return
     try:
+        # lazy: installed in every worker: the recorder and control thread load on install or request
         from raysleuth.recorder import record
 
         data = snapshot()
@@ -200,6 +201,7 @@ def install() -> bool:
     global _installed, _started
     if _installed:
         return True
+    # lazy: installed in every worker: the recorder and control thread load on install or request
     from raysleuth import control
 
     _installed, _started = True, time.time()

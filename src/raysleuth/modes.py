@@ -23,6 +23,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from raysleuth.errors import UsageError
+
 __all__ = ["MODES", "ModeConfig", "mode_config", "read_mode"]
 
 
@@ -66,8 +68,6 @@ def mode_config(mode: str) -> ModeConfig:
     try:
         return _CONFIGS[mode]
     except KeyError:
-        from raysleuth.errors import UsageError
-
         raise UsageError(f"monitoring mode {mode!r} is unknown", fix="use off, light or full") from None
 
 

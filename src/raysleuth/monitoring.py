@@ -20,7 +20,8 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from raysleuth import modes, runtime
+from raysleuth import memory, modes, runtime, tracing
+from raysleuth.logs import refresh_levels
 from raysleuth.modes import ModeConfig
 from raysleuth.ray_private import actor_id_hex, ray_call
 
@@ -85,14 +86,10 @@ def apply_mode(mode: str, *, log_level: str | None = None) -> list[str]:
     runtime.reload_settings(**keep)
     applied = [f"mode {mode}", f"log level {level}" if mode != "off" else "log shipping off"]
     try:
-        from raysleuth.logs import refresh_levels
-
         refresh_levels()
     except Exception:
         pass
     # memory sampler
-    from raysleuth import memory
-
     try:
         if config.memory_interval_s is not None:
             sampler = memory.watch(interval=config.memory_interval_s)
@@ -105,8 +102,6 @@ def apply_mode(mode: str, *, log_level: str | None = None) -> list[str]:
     except Exception as error:
         log.debug("memory sampler switch failed: %r", error)
     # detailed Ray-call tracing
-    from raysleuth import tracing
-
     try:
         if config.detailed_tracing and _tracing_context is None:
             _tracing_context = tracing.enable_detailed_tracing()

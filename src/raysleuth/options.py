@@ -158,8 +158,9 @@ def parse_since(text: str | float | None, *, now: float | None = None, option: s
     """
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         return float(text)
-    if text is None or not text.strip():
+    if text is None or not str(text).strip():
         return None
+    text = str(text)
     if _DURATION.match(text):
         return (time.time() if now is None else now) - parse_duration(text, option=option)
     try:

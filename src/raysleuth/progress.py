@@ -27,6 +27,7 @@ def heartbeat(step: int | None = None) -> None:
             runtime.set_step(step)
         else:
             step = runtime.current_step()
+        # lazy: rs.heartbeat stays light to import; the recorder loads at the first beat
         from raysleuth.recorder import record
 
         record("heartbeat", {"step": step}, step=step)

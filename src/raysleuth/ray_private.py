@@ -223,7 +223,7 @@ def submission_label(kind: str, target: Any) -> str:
                 if descriptor.function_name else "task"
         return f"{actor_class_name(actor_of_method(target))}.{target._method_name}"
     except Exception:
-        return getattr(target, "_method_name", None) or getattr(target, "__name__", kind)
+        return str(getattr(target, "_method_name", None) or getattr(target, "__name__", kind))
 
 
 def submission_classes() -> tuple[Any, Any]:

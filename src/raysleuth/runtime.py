@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from raysleuth.modes import MODES, read_mode
+from raysleuth.ray_private import actor_class_name
 
 __all__ = [
     "ENV_ALIASES",
@@ -335,8 +336,6 @@ def forget_identity() -> None:
 
 def _actor_class_name(context) -> str | None:
     try:
-        from raysleuth.ray_private import actor_class_name
-
         return actor_class_name(context.current_actor)
     except Exception:
         return None

@@ -29,10 +29,11 @@ import sys
 import time
 from typing import Any
 
+from raysleuth import cluster
+from raysleuth.agents.guard import check_paths, check_tool
 from raysleuth.agents.host import (
     find_tool, gpus, oom_evidence, process_memory, py_spy_check, ray_train_lines, read_files, run_tool, worker_logs,
 )
-from raysleuth.agents.guard import check_paths, check_tool
 from raysleuth.agents.ranks import is_ray_worker, rank_hints, read_train_logs, thread_times
 from raysleuth.agents.spools import SpoolForwarder
 from raysleuth.cluster.own import AGENT_PREFIX, NAMESPACE, WRITER_NAME
@@ -141,7 +142,6 @@ class NodeAgent:
 
     def rank_hints(self, pids: list[int] | None = None) -> dict[str, Any]:
         """Ranks of this node's Ray workers from outside: start-up environment and Ray Train's logs."""
-        from raysleuth import cluster
 
         self._train_cache = getattr(self, "_train_cache", {})
         # This node's workers are the children of its raylet, which is the agent's own parent.
@@ -240,12 +240,10 @@ def get_agents(*, timeout: float = 30.0) -> dict[str, Any]:
     """
     import ray
 
-    from raysleuth import cluster
-
     if not ray.is_initialized():
         raise ClusterUnreachable("not connected to Ray", fix="connect first (raysleuth.cluster.connect)")
     session = cluster.session_name() or "?"
-    nodes = {node.node_id: node.node_ip for node in cluster.nodes(alive_only=True)}
+    nodes = {node.node_id: node.node_ip for node in cluster.nodes(alive_only=True) if node.node_id}
     existing = set(_agent_names())
     for key in [key for key in _handles if key[0] == session and (key[1] not in nodes
                                                                  or AGENT_PREFIX + key[1][:16] not in existing)]:

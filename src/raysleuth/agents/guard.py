@@ -19,7 +19,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from raysleuth import cluster, runtime
 from raysleuth.agents.host import find_tool
+from raysleuth.agents.ranks import is_ray_worker
 from raysleuth.errors import PermissionDenied
 
 __all__ = ["TOOLS", "check_paths", "check_tool"]
@@ -60,8 +62,6 @@ def _output_of(argv: list[str]) -> str | None:
 
 
 def _roots() -> list[Path]:
-    from raysleuth import cluster, runtime
-
     roots = [Path(runtime.settings().home)]
     logs = cluster.local_logs_dir()
     if logs:
@@ -70,8 +70,6 @@ def _roots() -> list[Path]:
 
 
 def _ray_worker_pid(pid: int) -> bool:
-    from raysleuth.agents.ranks import is_ray_worker
-
     try:
         import psutil
 

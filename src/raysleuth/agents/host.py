@@ -13,6 +13,8 @@ import sys
 import time
 from typing import Any
 
+from raysleuth import cluster
+
 
 def find_tool(name: str) -> str | None:
     """Path of an executable: on PATH, else beside this Python (a venv's bin)."""
@@ -245,13 +247,14 @@ def worker_logs(pids: list[int], lines: int = 200, logs_dir: str | None = None) 
     """Per pid: ``err``/``out`` (last ``lines`` lines of ``worker-*-<pid>.err/.out``) and ``fatal``
     (``raysleuth-fatal-<pid>.log``), from this node's Ray session logs (and ``old/``, where Ray's log
     monitor moves dead workers' files); ``error`` when none was found."""
-    from raysleuth import cluster
 
     folder = logs_dir or cluster.local_logs_dir()
     wanted = {int(pid) for pid in pids}
     files: dict[int, dict[str, str]] = {}
+    if not folder:  # not in a Ray process and no logs_dir given
+        return {pid: {"error": "no Ray session logs folder in this process: pass logs_dir"} for pid in wanted}
     try:
-        names = os.listdir(folder) if folder else []
+        names = os.listdir(folder)
     except OSError as error:
         return {pid: {"error": f"cannot list {folder}: {error.strerror}"} for pid in wanted}
     try:  # Ray's log monitor moves dead workers' logs to old/ once it has many files open
@@ -262,13 +265,13 @@ def worker_logs(pids: list[int], lines: int = 200, logs_dir: str | None = None) 
         name = os.path.basename(path)
         stem, _, suffix = name.rpartition(".")
         if name.startswith("worker-") and suffix in ("err", "out"):
-            pid = stem.rsplit("-", 1)[-1]
-            if pid.isdigit() and int(pid) in wanted:
-                files.setdefault(int(pid), {})[suffix] = os.path.join(folder, path)
+            digits = stem.rsplit("-", 1)[-1]
+            if digits.isdigit() and int(digits) in wanted:
+                files.setdefault(int(digits), {})[suffix] = os.path.join(folder, path)
         elif name.startswith("raysleuth-fatal-") and suffix == "log":
-            pid = stem.removeprefix("raysleuth-fatal-")
-            if pid.isdigit() and int(pid) in wanted:
-                files.setdefault(int(pid), {})["fatal"] = os.path.join(folder, path)
+            digits = stem.removeprefix("raysleuth-fatal-")
+            if digits.isdigit() and int(digits) in wanted:
+                files.setdefault(int(digits), {})["fatal"] = os.path.join(folder, path)
     result: dict[int, dict[str, Any]] = {}
     for pid in wanted:
         found = files.get(pid)
@@ -288,7 +291,6 @@ def worker_logs(pids: list[int], lines: int = 200, logs_dir: str | None = None) 
 
 def ray_train_lines(lines: int = 50, logs_dir: str | None = None) -> list[str]:
     """The last ``lines`` lines with a ``world_rank`` of each ``ray-train-sys-worker-*.log`` (JSON lines)."""
-    from raysleuth import cluster
 
     folder = os.path.join(logs_dir or cluster.local_logs_dir() or "", "train")
     try:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from raysleuth import cluster, runtime
+
 __all__ = ["SpoolForwarder"]
 
 #: How long one batch may wait for the writer (seconds).
@@ -38,7 +40,7 @@ class SpoolForwarder:
         """Send this node's abandoned spool files of the connected run to ``writer`` (its actor handle)."""
         import ray
 
-        from raysleuth import cluster, runtime
+        # lazy: every CLI command loads agents: the recorder loads when a spool is forwarded
         from raysleuth.recorder import spool
 
         with self._lock:  # one round at a time: a file is never sent by two threads at once

@@ -22,8 +22,9 @@ import socket
 import time
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any, Callable
+from typing import IO, Any, Callable, cast
 
+from raysleuth import runtime
 from raysleuth.breakpoints._sessions import DebugSession
 
 __all__ = ["AUTH_TIMEOUT_S", "DISARMED", "SocketPdb", "pdb_session"]
@@ -91,7 +92,8 @@ class SocketPdb(pdb.Pdb):
     """pdb over a socket: ``c``, ``q`` and a closed connection all let the worker run on."""
 
     def __init__(self, stream: _SocketIO, on_release: Callable[[str], None]) -> None:
-        super().__init__(stdin=stream, stdout=stream, nosigint=True, readrc=False,
+        text_stream = cast(IO[str], stream)  # duck-typed: pdb calls only readline, write and flush
+        super().__init__(stdin=text_stream, stdout=text_stream, nosigint=True, readrc=False,
                          skip=["raysleuth.breakpoints", "raysleuth.breakpoints.*"])
         self.stream = stream
         self.prompt = "(rs-pdb) "
@@ -135,7 +137,7 @@ class SocketPdb(pdb.Pdb):
 
 def _secret_file(session: DebugSession) -> tuple[Path, str]:
     """A new secret for ``session``, in a 0600 file under ``$RAYSLEUTH_HOME/debug/``."""
-    from raysleuth import runtime
+    # lazy: rs.breakpoint stays light to import: this loads when a session opens
     from raysleuth.recorder.files import write_private
 
     secret = secrets.token_urlsafe(32)

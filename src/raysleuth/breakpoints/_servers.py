@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from raysleuth.breakpoints._pdb_server import DISARMED, SocketPdb, pdb_session
 from raysleuth.breakpoints._sessions import DebugSession, now
+from raysleuth.ray_private import global_worker
 
 log = logging.getLogger("raysleuth.breakpoints")
 
@@ -91,9 +92,9 @@ def debugpy_endpoint(host: str) -> tuple[str, int]:
 def _ray_debugger_endpoint() -> tuple[str, int] | None:
     ray = sys.modules.get("ray")
     try:
-        from raysleuth.ray_private import global_worker
-
         worker = global_worker() if ray is not None else None
+        if worker is None:
+            return None
         port = worker.debugger_port
         if port:
             return worker.node_ip_address, int(port)

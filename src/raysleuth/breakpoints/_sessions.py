@@ -21,12 +21,14 @@ import re
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 __all__ = [
     "CONTROL_KEY",
     "DEBUGPY_NOTE",
     "DebugSession",
+    "STATES",
+    "SessionState",
     "TOPIC",
     "attach_instructions",
     "local_addresses",
@@ -45,7 +47,9 @@ DEBUGPY_NOTE = ("debugpy has no authentication: any local user of that node who 
 #: Name prefix of the launch.json configurations raysleuth owns.
 VSCODE_PREFIX = "raysleuth: "
 
-STATES = ("waiting", "attached", "released")
+SessionState = Literal["waiting", "attached", "released"]
+"""A debug session: ``waiting`` for a client, ``attached``, ``released`` (the worker ran on)."""
+STATES: tuple[SessionState, ...] = get_args(SessionState)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -56,7 +60,7 @@ class DebugSession:
     """Short unique id (``debug attach ID``)."""
     kind: str
     """``debugpy`` (attach with VS Code / any DAP client) or ``pdb`` (``debug attach``)."""
-    state: str
+    state: SessionState
     """``waiting`` for a client, ``attached``, or ``released`` (the worker ran on)."""
     host: str
     """Interface the server listens on (127.0.0.1 unless the user chose another)."""
@@ -146,7 +150,7 @@ def attach_instructions(session: DebugSession, *, local_ips: set[str] | None = N
     local_ips = local_addresses() if local_ips is None else local_ips
     remote = bool(session.node_ip) and session.node_ip not in local_ips
     tunnel = None
-    connect_host = session.host
+    connect_host: str | None = session.host
     if remote and _is_loopback(session.host):
         tunnel = f"ssh -N -L {session.port}:127.0.0.1:{session.port} {session.node_ip}"
         connect_host = "127.0.0.1"

@@ -20,6 +20,7 @@ from typing import Any
 from raysleuth import runtime
 from raysleuth.breakpoints._sessions import CONTROL_KEY
 from raysleuth.breakpoints.opening import _open_session, _warn_once
+from raysleuth.errors import CaptureTimeout
 
 __all__ = [
     "ArmState",
@@ -93,7 +94,7 @@ def _initialise() -> None:
             return
         _initialised_pid = os.getpid()
         _set(runtime.settings().debug, None, None, "env")
-        from raysleuth import control
+        from raysleuth import control  # lazy: rs.breakpoint stays light to import: this loads when a session opens
 
         control.register(CONTROL_KEY, apply_control)
         _poller = control.thread()
@@ -130,14 +131,13 @@ def arm_state() -> ArmState:
 
 def _set_control(value: Any, timeout: float) -> None:
     """Post the arming ``value`` to the writer; a writer that does not answer is a clear error, not a traceback."""
+    # lazy: rs.breakpoint stays light to import: this loads when a session opens
     from raysleuth.recorder import get_writer
     import ray
 
     try:
         ray.get(get_writer().set_control.remote(CONTROL_KEY, value), timeout=timeout)
     except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as error:
-        from raysleuth.errors import CaptureTimeout
-
         raise CaptureTimeout(f"the evidence writer did not take the breakpoint arming within {timeout:g}s "
                              f"({type(error).__name__})",
                              fix="check `raysleuth doctor`; retry when the writer answers") from None

@@ -7,6 +7,7 @@ from typing import Any
 
 from raysleuth import evidence
 from raysleuth.breakpoints._sessions import TOPIC, DebugSession, latest_states
+from raysleuth.errors import UsageError, WorkerNotFound
 
 __all__ = ["find_session", "list_sessions"]
 
@@ -21,7 +22,8 @@ def list_sessions(*, run: str | None = None, home: Any = None, include_released:
     rows: list[dict[str, Any]] = []
     ray = sys.modules.get("ray")
     connected = ray is not None and ray.is_initialized()
-    if live is not False and connected and ray is not None:
+    if live is not False and ray is not None and connected:
+        # lazy: rs.breakpoint stays light to import: this loads when a session opens
         from raysleuth.recorder import get_writer
 
         try:
@@ -29,6 +31,7 @@ def list_sessions(*, run: str | None = None, home: Any = None, include_released:
         except ValueError:
             rows = []  # no writer yet: nothing recorded
     else:
+        # lazy: rs.breakpoint stays light to import: this loads when a session opens
         from raysleuth.recorder import open_store
 
         store = open_store(run, home=home)
@@ -44,7 +47,6 @@ def list_sessions(*, run: str | None = None, home: Any = None, include_released:
 
 def find_session(session_id: str, sessions: list[DebugSession]) -> DebugSession:
     """The session whose id is (or starts with) ``session_id``; raises ``WorkerNotFound``/``UsageError``."""
-    from raysleuth.errors import UsageError, WorkerNotFound
 
     matches = [session for session in sessions if session.id == session_id]
     if not matches:

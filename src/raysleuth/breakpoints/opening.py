@@ -20,6 +20,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from raysleuth import runtime
+from raysleuth.breakpoints import _servers
 from raysleuth.breakpoints._sessions import TOPIC, DebugSession
 
 __all__ = ["post_mortem_session"]
@@ -47,7 +48,8 @@ def post_mortem_session(traceback_or_frame: Any, name: str = "post-mortem") -> D
     (its final state) or ``None`` when none could be opened.
     """
     try:
-        exc_info = None
+        exc_info: tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None] | None = None
+        error: BaseException | None
         frame = None
         if isinstance(traceback_or_frame, BaseException):
             error = traceback_or_frame
@@ -97,6 +99,7 @@ def _publish(session: DebugSession) -> None:
     data = session.to_dict()
     level = "WARNING" if session.reason and "no client" in session.reason else "INFO"
     try:
+        # lazy: rs.breakpoint stays light to import: this loads when a session opens
         from raysleuth.recorder import get_client, record
 
         record("debug_session", data, name=session.name, level=level)
@@ -106,6 +109,7 @@ def _publish(session: DebugSession) -> None:
     ray = sys.modules.get("ray")
     try:
         if ray is not None and ray.is_initialized():
+            # lazy: rs.breakpoint stays light to import: this loads when a session opens
             from raysleuth.recorder import get_writer
 
             ray.get(get_writer(create=False).post.remote(TOPIC, session.id, data), timeout=5)
@@ -132,7 +136,6 @@ def _open_session(frame: FrameType | None, name: str | None, *, key: tuple | Non
     Nothing may run after the pdb ``set_trace`` call: the next traced line
     must be the caller's.
     """
-    from raysleuth.breakpoints import _servers
 
     settings = runtime.settings()
     wait = max(0.0, float(settings.debug_wait))

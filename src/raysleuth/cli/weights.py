@@ -14,6 +14,7 @@ _STYLE = {"intact": "green", "stale": "red", "differs": "red", "unreceived": "re
 
 
 def _ranges(versions: list[int]) -> str:
+    # lazy: a command loads its feature when it runs (the CLI starts in 0.25 s, not 0.9 s)
     from raysleuth.logs.aggregate import format_ranks
 
     return format_ranks(versions) or "none"
@@ -68,6 +69,7 @@ def weights(
     json_: JsonOption = False,
 ) -> None:
     """Check every recorded weight sync (trainer -> rollout) and the logprob gap beside it; exit 1 on any difference."""
+    # lazy: a command loads its feature when it runs (the CLI starts in 0.25 s, not 0.9 s)
     from raysleuth.weights import HOW_TO_RECORD, weights_report
 
     path = name_run(run, home)

@@ -240,7 +240,7 @@ def connect(
                 f"no running Ray cluster found for address {wanted!r}",
                 fix="start one (`ray start --head`), pass --address ip:port, or set RAY_ADDRESS",
             )
-        return start_local(num_cpus=num_cpus, namespace=namespace, runtime_env=runtime_env)
+        return _start_local(num_cpus=num_cpus, namespace=namespace, runtime_env=runtime_env)
     problem = tcp_problem(resolved)
     if problem:
         raise ClusterUnreachable(
@@ -270,6 +270,9 @@ def start_local(*, num_cpus: int | None = None, namespace: str | None = None,
     ray.init(address="local", num_cpus=num_cpus, namespace=namespace, include_dashboard=True,
              log_to_driver=log_to_driver, logging_level=logging.WARNING, runtime_env=runtime_env)
     return _info(started_here=True, seconds=time.monotonic() - started)
+
+
+_start_local = start_local  # connect()'s flag of the same name hides the function inside connect()
 
 
 def _info(*, started_here: bool, seconds: float) -> ClusterInfo:

@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
+
+from raysleuth import ray_private
 
 __all__ = ["AddressChoice", "LocalCluster", "choose_address", "local_clusters"]
 
@@ -105,11 +108,11 @@ def choose_address(address: str | None, *, env: dict[str, str] | None = None,
     ``env``, ``current`` (the address in ``ray_current_cluster``) and
     ``clusters`` default to this machine's; tests pass them in.
     """
-    env = os.environ if env is None else env
+    environ: Mapping[str, str] = os.environ if env is None else env
     explicit = address if address not in (None, "", "auto", "local") else None
     reason = "--address"
-    if explicit is None and env.get("RAY_ADDRESS") not in (None, "", "auto", "local"):
-        explicit, reason = env["RAY_ADDRESS"], "RAY_ADDRESS"
+    if explicit is None and environ.get("RAY_ADDRESS") not in (None, "", "auto", "local"):
+        explicit, reason = environ["RAY_ADDRESS"], "RAY_ADDRESS"
     alive = local_clusters() if clusters is None else clusters
     if explicit is not None:
         chosen = next((item for item in alive if _same(item.address, explicit)), None)
@@ -134,7 +137,6 @@ def choose_address(address: str | None, *, env: dict[str, str] | None = None,
 
 def _current_cluster_address() -> str | None:
     """The address in Ray's ``ray_current_cluster`` file (written by ``ray start``), or ``None``."""
-    from raysleuth import ray_private
 
     try:
         found = ray_private.services().find_bootstrap_address(None)

@@ -54,7 +54,7 @@ def _state():
 def _to_dict(item: Any) -> dict[str, Any]:
     if isinstance(item, dict):
         return item
-    if dataclasses.is_dataclass(item):
+    if dataclasses.is_dataclass(item) and not isinstance(item, type):
         return dataclasses.asdict(item)
     return dict(item)
 

@@ -27,6 +27,7 @@ __all__ = ["CollectivesReport", "collect_collectives", "collective_culprits", "d
 def install() -> None:
     """Prepare collective recording in this worker (usable as Ray's worker_process_setup_hook); never raises."""
     try:
+        # lazy: the face the setup hook imports in every worker: each part loads when called
         from raysleuth.collectives.record import install as _install
 
         _install()
@@ -37,6 +38,7 @@ def install() -> None:
 def dump(reason: str = "request") -> dict[str, Any] | None:
     """Write this process's collective records to the evidence store; returns what was written."""
     try:
+        # lazy: the face the setup hook imports in every worker: each part loads when called
         from raysleuth.collectives.record import dump as _dump
 
         return _dump(reason)
@@ -46,10 +48,12 @@ def dump(reason: str = "request") -> dict[str, Any] | None:
 
 def __getattr__(name: str) -> Any:
     if name in ("collective_culprits", "match"):
+        # lazy: the face the setup hook imports in every worker: each part loads when called
         from raysleuth.collectives import matcher
 
         return getattr(matcher, name)
     if name in ("CollectivesReport", "collect_collectives"):
+        # lazy: the face the setup hook imports in every worker: each part loads when called
         from raysleuth.collectives import report
 
         return getattr(report, name)

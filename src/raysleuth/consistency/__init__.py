@@ -29,6 +29,7 @@ from raysleuth.consistency.checks import (
 from raysleuth.consistency.driver import SeedReport, compare, seed_everything, set_random_seed
 from raysleuth.consistency.inspect import ShardInfo, TensorInspection, inspect_distributed_tensor
 from raysleuth.consistency.report import ConsistencyReport, Mismatch
+from raysleuth.recorder import open_store
 
 check_consistency = check_distributed_consistency
 """Short name for :func:`check_distributed_consistency`."""
@@ -62,7 +63,6 @@ def latest_checks(run: str | None = None, *, home=None, key: str | None = None, 
 
     ``row``: the record's columns (:class:`raysleuth.evidence.Row`).
     """
-    from raysleuth.recorder import open_store
 
     store = open_store(run, home=home)
     try:

@@ -19,6 +19,7 @@ from raysleuth.consistency.exchange import Exchange, open_exchange
 from raysleuth.consistency.report import ConsistencyReport, algorithms_of, compare_fingerprints, localize
 from raysleuth.errors import UsageError
 from raysleuth.fingerprints import Fingerprint, chunk_bytes, fingerprint, named_items
+from raysleuth.recorder import record as store
 
 __all__ = [
     "check_data_consistency",
@@ -156,8 +157,6 @@ def _finish(report: ConsistencyReport, started: float, record: bool) -> Consiste
     reporter = min(report.arrived_ranks) if report.arrived_ranks else report.rank
     if record and report.rank == reporter:
         try:
-            from raysleuth.recorder import record as store
-
             store("consistency", report.to_dict(), name=report.key, step=report.step, level=report.level)
         except Exception:  # the recorder never blocks or raises, but be sure
             log.debug("could not record consistency report", exc_info=True)

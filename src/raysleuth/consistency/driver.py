@@ -17,9 +17,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from raysleuth import runtime
 from raysleuth.consistency.report import ConsistencyReport, algorithms_of, compare_fingerprints, localize
 from raysleuth.fingerprints import chunk_bytes, fingerprint, named_items
 from raysleuth.ray_private import ray_call
+from raysleuth.recorder import record as store
 
 __all__ = ["SeedReport", "compare", "set_random_seed"]
 
@@ -171,8 +173,6 @@ def compare(actor_handles: list[Any], fn: Callable[[Any], Any], atol: float = 0,
     report.seconds = round(time.monotonic() - started, 4)
     (log.info if report.consistent else log.warning)(report.summary())
     if record:
-        from raysleuth.recorder import record as store
-
         store("consistency", report.to_dict(), name=key, level=report.level)
     return report
 
@@ -211,8 +211,6 @@ def seed_everything(seed: int) -> int:
 
 
 def _seed_worker(actor: Any, seed: int, position: int) -> tuple[int, int]:
-    from raysleuth import runtime
-
     rank = runtime.get_rank()
     rank = position if rank is None else rank
     return rank, seed_everything(seed + rank)

@@ -23,6 +23,9 @@ import threading
 import time
 from typing import Any
 
+from raysleuth.errors import UsageError
+from raysleuth.recorder import get_writer
+
 __all__ = ["Exchange", "LocalExchange", "MailboxExchange", "TorchExchange", "open_exchange"]
 
 _counters: dict[tuple[str, Any], itertools.count] = {}
@@ -172,7 +175,6 @@ def open_exchange(key: str, step: int | None, rank: int, world_size: int, timeou
     process's checks with that key and step: every rank calls the check the
     same number of times, so the ranks agree on it without talking.
     """
-    from raysleuth.errors import UsageError
 
     if transport not in ("auto", "store", "torch", "local"):
         raise UsageError(f"unknown transport {transport!r}", fix="use 'auto', 'store', 'torch' or 'local'")
@@ -180,8 +182,6 @@ def open_exchange(key: str, step: int | None, rank: int, world_size: int, timeou
         return LocalExchange(rank, max(1, world_size), timeout)
     ray_up = _ray_initialized()
     if transport == "store" or (transport == "auto" and ray_up):
-        from raysleuth.recorder import get_writer
-
         with _counter_lock:
             counter = _counters.setdefault((key, step), itertools.count())
             sequence = next(counter)

@@ -126,7 +126,7 @@ def inspect_distributed_tensor(
         rank, world_size = resolve_rank(rank, world_size)
     except Exception:
         rank, world_size = 0, 1
-    mine = {"checksum": fp.digest, "shape": list(fp.shape), "dtype": fp.dtype, "offset": offset,
+    mine: dict[str, Any] = {"checksum": fp.digest, "shape": list(fp.shape), "dtype": fp.dtype, "offset": offset,
             "node_ip": runtime.whoami().node_ip}
     result = TensorInspection(name=name, shape=list(fp.shape), dtype=fp.dtype, device=fp.device, rank=rank,
                               world_size=world_size, layout="local", shard_dim=shard_dim, placements=placements,
@@ -141,7 +141,7 @@ def inspect_distributed_tensor(
     result.missing_ranks = [r for r in range(world_size) if r not in posted]
     if world_size > 1:
         result.layout = "sharded" if shard_dim is not None else "replicated"
-    if result.layout == "sharded":
+    if result.layout == "sharded" and shard_dim is not None:  # sharded means shard_dim is set
         _fill_shards(result, posted, shard_dim, global_shape)
     else:
         groups: dict[str, list[int]] = {}

@@ -299,7 +299,7 @@ def localize(
     Returns True when every differing element is within ``atol + rtol*|reference|``
     (only possible with a tolerance and every differing chunk shipped).
     """
-    reference = mismatch.reference_rank
+    reference = mismatch.reference_rank if mismatch.reference_rank is not None else mismatch.groups[0][0]
     ref_fp = posted[reference][mismatch.name]
     first_flat: int | None = None
     max_abs = max_rel = 0.0

@@ -69,9 +69,10 @@ class Job:
         suffix = f"{os.getpid()}-{int(time.time() * 1000) % 10**8}"
         rollout_class = ray.remote(num_cpus=1)(RolloutWorker)
         trainer_class = ray.remote(num_cpus=1, max_restarts=0, max_task_retries=0)(GRPOTrainer)
-        self.score = ray.remote(num_cpus=1, max_retries=0)(score_group)
-        self.rollout = rollout_class.options(name=f"demo-{scenario}-rollout-{suffix}").remote(config.seed)
-        self.trainers = [
+        # Any: Ray's handle types give actor methods no .remote()
+        self.score: Any = ray.remote(num_cpus=1, max_retries=0)(score_group)
+        self.rollout: Any = rollout_class.options(name=f"demo-{scenario}-rollout-{suffix}").remote(config.seed)
+        self.trainers: list[Any] = [
             trainer_class.options(name=f"demo-{scenario}-{suffix}-trainer_rank{rank}").remote(
                 rank, config.world_size, config, fault)
             for rank in range(config.world_size)

@@ -26,6 +26,7 @@ import dataclasses
 import os
 import threading
 import time
+from typing import Any
 
 import raysleuth as rs
 
@@ -164,7 +165,7 @@ class GRPOTrainer:
         self.log = rs.get_logger("raysleuth.demo.trainer")
         self.kept_batches: list = []  # the leak fault keeps references here
         self.grads: list | None = None
-        self.watcher = None
+        self.watcher: Any = None  # the memory sampler; False once it could not start
         self.log.info("trainer rank %d of %d ready (seed %d)", rank, world_size, seed)
 
     def _watch_memory(self) -> None:
@@ -238,7 +239,7 @@ class GRPOTrainer:
                 for index, param in enumerate(self.policy.parameters()):
                     param.grad = torch.from_numpy(sum(grads[index] for grads in everyone) / len(everyone))
                 self.optimizer.step()
-            result = {"rank": self.rank, "step": step}
+            result: dict[str, Any] = {"rank": self.rank, "step": step}
             if self.config.consistency_every and step % self.config.consistency_every == 0:
                 result["consistency"] = self.check_weights(step)
         return result

@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import raysleuth as rs
-from raysleuth import runtime
+from raysleuth import cluster, runtime
 from raysleuth.demo import scenarios as catalogue
 from raysleuth.demo.harness import ScenarioResult, flush_evidence
 from raysleuth.demo.job import JobConfig
 from raysleuth.errors import ToolMissing, UsageError
+from raysleuth.recorder import get_writer
 
 __all__ = ["DemoResult", "connect_for_demo", "run_demo"]
 
@@ -61,8 +62,6 @@ def connect_for_demo(address: str | None = None, *, num_cpus: int = 8):
     """
     import ray
 
-    from raysleuth import cluster
-
     if ray.is_initialized():
         return cluster.connect(), False
     if address:
@@ -97,7 +96,6 @@ def run_demo(
     started = time.monotonic()
     say("connecting to Ray" if address else "starting Ray (or reusing this process's connection)")
     info, started_here = connect_for_demo(address)
-    from raysleuth.recorder import get_writer
 
     writer = get_writer()
     import ray

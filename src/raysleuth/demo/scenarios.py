@@ -293,7 +293,7 @@ def pending(config: JobConfig, say: Say) -> ScenarioResult:
     import ray
 
     worker_class = ray.remote(num_gpus=1, num_cpus=1)(RolloutWorker)
-    actor = worker_class.options(name=f"demo-pending-gpu-rollout-{int(time.time())}").remote(config.seed)
+    actor: Any = worker_class.options(name=f"demo-pending-gpu-rollout-{int(time.time())}").remote(config.seed)
     actor_id = actor_id_hex(actor)
     try:
         say("  raysleuth tasks --pending")

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
-__all__ = ["Check", "MIN_DEBUGPY", "MIN_FREE_DISK", "MIN_FREE_DISK_FAIL", "MIN_RAY"]
+__all__ = ["Check", "CheckStatus", "MIN_DEBUGPY", "MIN_FREE_DISK", "MIN_FREE_DISK_FAIL", "MIN_RAY"]
 
 MIN_RAY = "2.10"
 MIN_DEBUGPY = "1.8"
@@ -12,12 +13,16 @@ MIN_FREE_DISK = 5 * 1024**3
 MIN_FREE_DISK_FAIL = 1 * 1024**3
 
 
+CheckStatus = Literal["ok", "warn", "fail", "skip"]
+"""A check's outcome: ``fail`` makes the doctor exit 1; ``skip`` says what was not checked and why."""
+
+
 @dataclasses.dataclass(kw_only=True)
 class Check:
     """One finding of the doctor."""
 
     name: str
-    status: str
+    status: CheckStatus
     """``ok``, ``warn``, ``fail`` or ``skip``."""
     detail: str
     fix: str | None = None

@@ -9,16 +9,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from raysleuth import agents
+from raysleuth import agents, breakpoints, cluster
 from raysleuth.cluster import tcp_problem
-from raysleuth.doctor.checks import MIN_DEBUGPY, MIN_FREE_DISK, MIN_FREE_DISK_FAIL, Check, _at_least
+from raysleuth.doctor.checks import MIN_DEBUGPY, MIN_FREE_DISK, MIN_FREE_DISK_FAIL, Check, CheckStatus, _at_least
 from raysleuth.errors import RaySleuthError
 
 
 def _cluster_checks(address: str | None, *, ports: bool, per_node: bool, timeout: float,
                     info_out: dict[str, Any]) -> list[Check]:
-    from raysleuth import cluster
-
     checks: list[Check] = []
     try:
         info = cluster.connect(address)
@@ -34,7 +32,7 @@ def _cluster_checks(address: str | None, *, ports: bool, per_node: bool, timeout
     alive = [node for node in all_nodes if node.alive]
     dead = [node for node in all_nodes if not node.alive]
     checks.append(Check(name="nodes alive", category="cluster", status="ok" if not dead else "warn",
-                        detail=f"{len(alive)} alive" + (f", {len(dead)} dead: {', '.join(n.node_ip for n in dead)}" if dead else ""),
+                        detail=f"{len(alive)} alive" + (f", {len(dead)} dead: {', '.join(n.node_ip or n.node_id or '?' for n in dead)}" if dead else ""),
                         fix=None if not dead else "dead nodes take their workers with them: see `raysleuth tasks --dead`"))
     if info.auth_mode == "token" and info.token_mode_switched_here:
         checks.append(Check(name="token authentication", category="security", status="warn",
@@ -118,7 +116,7 @@ def _node_checks(alive: list[Any], *, timeout: float) -> list[Check]:
     for result in version_results:
         if not result.ok:
             checks.append(Check(name="node agent", category="nodes", status="fail", node=_node_label(result),
-                                detail=result.error, fix="the node may be overloaded or dying: `ray status`"))
+                                detail=result.error or "", fix="the node may be overloaded or dying: `ray status`"))
             continue
         found = result.value
         for key in keys:
@@ -137,7 +135,7 @@ def _node_checks(alive: list[Any], *, timeout: float) -> list[Check]:
     for result in spy_results:
         if not result.ok:
             checks.append(Check(name="py-spy on node", category="nodes", status="fail", node=_node_label(result),
-                                detail=result.error))
+                                detail=result.error or ""))
             continue
         spy = result.value
         good = spy["available"] and spy["can_dump"]
@@ -151,7 +149,7 @@ def _node_checks(alive: list[Any], *, timeout: float) -> list[Check]:
                                 detail=result.error or result.value.get("error")))
             continue
         free = result.value["free"]
-        status = "fail" if free < MIN_FREE_DISK_FAIL else "warn" if free < MIN_FREE_DISK else "ok"
+        status: CheckStatus = "fail" if free < MIN_FREE_DISK_FAIL else "warn" if free < MIN_FREE_DISK else "ok"
         checks.append(Check(name="spill disk", category="nodes", status=status, node=_node_label(result),
                             detail=f"{free / 1024**3:.1f} GiB free at {result.value['path']} (object spilling, logs)",
                             fix=None if status == "ok" else "free disk space or point Ray's --temp-dir at a larger disk"))
@@ -175,8 +173,6 @@ def _debug_cluster_checks(*, timeout: float) -> list[Check]:
                             detail=f"debugpy {found}" if found else "debugpy is not installed: breakpoints there fall back to pdb",
                             fix=None if good else f'add it to the job\'s runtime_env, e.g. {{"pip": ["debugpy>={MIN_DEBUGPY}"]}}'))
     try:
-        from raysleuth import breakpoints
-
         sessions = breakpoints.list_sessions(live=True)
     except Exception as error:
         checks.append(Check(name="debug sessions", category="debug", status="skip", detail=f"not readable: {error}"))

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Mapping
 
 from raysleuth import agents, runtime
-from raysleuth.doctor.checks import MIN_DEBUGPY, MIN_RAY, Check, _at_least
+from raysleuth.doctor.checks import MIN_DEBUGPY, MIN_RAY, Check, CheckStatus, _at_least
 
 
 def _local_checks(env: Mapping[str, str]) -> list[Check]:
@@ -75,7 +75,7 @@ def _debug_checks(env: Mapping[str, str]) -> list[Check]:
     settings = runtime.Settings.from_env(env)
     checks: list[Check] = []
     won = ", ".join(f"{name} from {source}" for name, source in settings.sources.items()) or "none set"
-    status = "ok" if settings.debug else "warn"
+    status: CheckStatus = "ok" if settings.debug else "warn"
     checks.append(Check(name="debug mode", category="debug", status=status,
                         detail=("Ray debug mode enabled" if settings.debug else "breakpoints are disarmed")
                         + f" (mode={settings.mode}; variables: {won})",

@@ -11,6 +11,7 @@ from typing import Any
 from raysleuth.doctor.checks import Check
 from raysleuth.doctor.cluster_checks import _cluster_checks, _debug_cluster_checks
 from raysleuth.doctor.local_checks import _debug_checks, _local_checks
+from raysleuth.recorder import get_client
 
 __all__ = ["DoctorReport", "run_doctor"]
 
@@ -70,8 +71,6 @@ def run_doctor(
             checks += _debug_cluster_checks(timeout=timeout)
     report = DoctorReport(checks=checks, cluster=cluster_info or None, seconds=time.monotonic() - started)
     if record and cluster_info:
-        from raysleuth.recorder import get_client
-
         try:
             client = get_client()
             client.record("doctor", report.to_dict(), name="doctor")

@@ -29,6 +29,8 @@ from typing import Any
 
 from raysleuth.errors import UsageError
 from raysleuth.pool.instrument import InstrumentedWorker, instrument as instrument_actors
+from raysleuth.recorder import record
+from raysleuth.stacks.clues import recorded_calls, unreturned
 
 __all__ = ["VerlCall", "VerlInstrumentation", "instrument", "parse_worker_name", "unreturned_calls"]
 
@@ -98,8 +100,6 @@ class VerlInstrumentation:
         group._execute_remote_single_worker = traced  # instance attribute shadows the class method
 
     def _submitted(self, worker: Any, method: str, ref: Any) -> None:
-        from raysleuth.recorder import record
-
         rank = self._rank_of.get(id(worker))
         name = self._names[rank] if rank is not None and rank < len(self._names) else None
         try:
@@ -116,8 +116,6 @@ class VerlInstrumentation:
 
     def _watch(self) -> None:
         import ray
-
-        from raysleuth.recorder import record
 
         while not self._stop.wait(0.2):
             with self._lock:
@@ -199,7 +197,6 @@ def unreturned_calls(run: str | None = None, *, home: Any = None, older_than: fl
     watchdog calls it on each poll; fine for thousands of calls, but a long
     run should follow new rows by id (as the heartbeat reader does).
     """
-    from raysleuth.stacks.clues import recorded_calls, unreturned  # lazy: stacks reads the store and Ray
 
     return [VerlCall(method=call["method"] or "?", rank=call["rank"] if call["rank"] is not None else -1,
                      worker_name=call["worker_name"], task_id=call["task_id"], submitted=call["submitted"],

@@ -36,6 +36,7 @@ _installed = False
 
 
 def _side(kind: str, version: Any, engine: Any):
+    # lazy: installed at every worker's start-up: loads only when verl's engine is wrapped
     from raysleuth.weights.stream import SyncSide
 
     return SyncSide(kind, version if isinstance(version, int) and not isinstance(version, bool) else None,
@@ -52,6 +53,7 @@ def _checked_stream(engine: Any, stream: Any, kind: str, args: tuple, kwargs: di
         if not _checked(engine) or not (hasattr(stream, "__aiter__") or isinstance(stream, Iterable)) \
                 or isinstance(stream, (str, bytes, dict)):
             return stream
+        # lazy: installed at every worker's start-up: loads only when verl's engine is wrapped
         from raysleuth.weights.stream import pass_through
 
         version = kwargs.get("global_steps", args[0] if args else None)
@@ -117,6 +119,7 @@ def install() -> bool:
         _installed = True
         if MODULE in sys.modules:
             return _wrap_loaded()
+        # lazy: installed at every worker's start-up: loads only when verl's engine is wrapped
         from raysleuth.collectives.hook import WrapOnImport
 
         sys.meta_path.insert(0, WrapOnImport(MODULE, _wrap_loaded))

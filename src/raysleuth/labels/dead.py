@@ -25,6 +25,10 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from raysleuth import cluster
+from raysleuth.agents import call_agents
+from raysleuth.recorder import open_store
+
 if TYPE_CHECKING:
     from raysleuth.cluster.records import RayActor
 
@@ -65,10 +69,10 @@ def ray_train_ranks(lines: Iterable[str]) -> dict[str, dict[str, Any]]:
     return found
 
 
-def store_ranks(records: Iterable[Any]) -> tuple[dict[str, int], dict[tuple[str | None, int], int]]:
+def store_ranks(records: Iterable[Any]) -> tuple[dict[str, int], dict[tuple[str | None, int | None], int]]:
     """Ranks the store's records carry: ``(by actor id, by (node_ip, pid))`` (newest record wins)."""
     by_actor: dict[str, int] = {}
-    by_pid: dict[tuple[str | None, int], int] = {}
+    by_pid: dict[tuple[str | None, int | None], int] = {}
     for record in records:
         if getattr(record, "rank", None) is None:
             continue
@@ -82,8 +86,6 @@ def store_ranks(records: Iterable[Any]) -> tuple[dict[str, int], dict[tuple[str 
 def _store_records(kinds: tuple[str, ...] = ("heartbeat", "crash", "log", "memory", "event"),
                    per_kind: int = 2000) -> list[Any]:
     try:
-        from raysleuth.recorder import open_store
-
         store = open_store()
     except Exception:
         return []
@@ -103,12 +105,9 @@ def _store_records(kinds: tuple[str, ...] = ("heartbeat", "crash", "log", "memor
 def _train_logs(node_ids: set[str]) -> dict[str, dict[str, Any]]:
     """Ray Train worker ranks from the train logs of the given nodes: through the node agents,
     else Ray's log API (nodes that answer neither are skipped)."""
-    from raysleuth import cluster
 
     found: dict[str, dict[str, Any]] = {}
     try:
-        from raysleuth.agents import call_agents
-
         for result in call_agents("ray_train_lines", timeout=20, nodes=sorted(node_ids)):
             if result.ok:
                 found.update(ray_train_ranks(result.value or []))
@@ -131,7 +130,6 @@ def _train_logs(node_ids: set[str]) -> dict[str, dict[str, Any]]:
 
 def dead_worker_labels(actors: list[RayActor] | None = None) -> dict[str, dict[str, Any]]:
     """Per dead actor id: rank and identity, from the most specific source that has it."""
-    from raysleuth import cluster
 
     if actors is None:
         actors = list(cluster.actors(state="DEAD"))

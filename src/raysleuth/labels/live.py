@@ -27,6 +27,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from raysleuth import agents, cluster
+from raysleuth.recorder import get_writer
+
 __all__ = ["SOURCES", "apply_notes", "collect_hints", "hints_from_results", "merge_hints", "registered_labels",
            "resolve_rank",
            "worker_labels"]
@@ -88,7 +91,7 @@ def merge_hints(labels: dict[tuple[str | None, int], dict[str, Any]],
     """Pure: labels with every process's rank resolved; ``hints`` per node ip, per pid."""
     drivers = drivers or set()
     for node_ip, per_pid in hints.items():
-        for pid, hint in per_pid.items():
+        for pid in per_pid:
             labels.setdefault((node_ip, int(pid)), {"pid": int(pid), "node_ip": node_ip})
     for key, label in labels.items():
         if key in drivers:
@@ -124,7 +127,6 @@ def hints_from_results(results: list[Any]) -> tuple[dict, dict[str | None, str],
 
 def collect_hints(timeout: float = 10.0) -> tuple[dict, dict[str | None, str], dict[str | None, float]]:
     """Every node agent's rank hints at once: (hints per node ip, notes per node ip, agent seconds per node ip)."""
-    from raysleuth import agents
 
     try:
         return hints_from_results(agents.call_agents("rank_hints", timeout=timeout))
@@ -150,7 +152,6 @@ def registered_labels() -> dict[tuple[str | None, int], dict[str, Any]]:
     :func:`worker_labels` adds Ray Train's records and the processes'
     start-up environment.
     """
-    from raysleuth import cluster
 
     labels: dict[tuple[str | None, int], dict[str, Any]] = {}
     node_ips = {node.node_id: node.node_ip for node in cluster.nodes()}
@@ -173,8 +174,6 @@ def registered_labels() -> dict[tuple[str | None, int], dict[str, Any]]:
         }
     try:
         import ray
-
-        from raysleuth.recorder import get_writer
 
         for client in ray.get(get_writer(create=False).clients.remote(), timeout=5):
             if client.get("role") == "driver":

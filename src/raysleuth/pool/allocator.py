@@ -13,6 +13,7 @@ import logging
 import math
 from typing import Any
 
+from raysleuth import agents, cluster
 from raysleuth.errors import UsageError
 
 __all__ = ["AllocationPlan", "Placement", "SmartResourceAllocator", "check_starts_together", "plan_placements"]
@@ -227,7 +228,6 @@ class SmartResourceAllocator:
 
     def cluster_nodes(self) -> list[dict[str, Any]]:
         """Alive nodes, with per-GPU memory read on GPU nodes through their agents."""
-        from raysleuth import agents, cluster
 
         nodes = [node.to_dict() for node in cluster.nodes(alive_only=True)]
         gpu_nodes = [node["node_id"] for node in nodes if node["resources_total"].get("GPU", 0) > 0]

@@ -16,8 +16,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from raysleuth import cluster, ray_private, runtime
+from raysleuth import cluster, memory, postmortem, ray_private, runtime
 from raysleuth.errors import CaptureTimeout, UsageError
+from raysleuth.logs import install_log_shipping
+from raysleuth.recorder import get_client, record
 
 __all__ = ["InstrumentOptions", "InstrumentedWorker", "install_here", "instrument"]
 
@@ -76,8 +78,6 @@ def install_here(rank: int | None, world_size: int | None, options: InstrumentOp
         errors.append(f"rank: {error!r}")
     if options.crash_capture:
         try:
-            from raysleuth import postmortem
-
             postmortem.install_crash_capture()
             if instance is not None:
                 postmortem.install_crash_capture_on_instance(instance)
@@ -86,16 +86,12 @@ def install_here(rank: int | None, world_size: int | None, options: InstrumentOp
             errors.append(f"crash_capture: {error!r}")
     if options.log_shipping:
         try:
-            from raysleuth.logs import install_log_shipping
-
             install_log_shipping()
             installed.append("log_shipping")
         except Exception as error:
             errors.append(f"log_shipping: {error!r}")
     if options.memory_watch:
         try:
-            from raysleuth import memory
-
             interval = options.memory_interval or (1.0 if runtime.settings().mode == "full" else 10.0)
             memory.watch(interval=interval)
             installed.append("memory_watch")
@@ -103,8 +99,6 @@ def install_here(rank: int | None, world_size: int | None, options: InstrumentOp
             errors.append(f"memory_watch: {error!r}")
     me = runtime.whoami(refresh=True)
     try:
-        from raysleuth.recorder import get_client, record
-
         record("event", {"installed": installed, "errors": errors}, name="instrumented")
         get_client().flush(timeout=10)
     except Exception as error:
@@ -134,7 +128,7 @@ def _decide_ranks(probes: list[dict[str, Any]], ranks: Sequence[int] | None) -> 
     env_ranks = [probe.get("env_rank") for probe in probes]
     if all(value not in (None, "") for value in env_ranks):
         try:
-            values = [int(value) for value in env_ranks]
+            values = [int(value) for value in env_ranks if value is not None]  # none is None (checked above)
             if len(set(values)) == len(values):
                 return [(value, "RANK env") for value in values]
         except ValueError:

@@ -14,7 +14,11 @@ from raysleuth import cluster, evidence, runtime
 from raysleuth.errors import CaptureTimeout, UsageError, WorkerNotFound
 from raysleuth.pool.allocator import AllocationPlan, SmartResourceAllocator, check_starts_together
 from raysleuth.pool.instrument import InstrumentOptions, InstrumentedWorker, install_here, instrument
+from raysleuth.postmortem import capture_exception
+from raysleuth.recorder import get_client, open_store, record
 from raysleuth.redaction import redact_text
+from raysleuth.stacks import dump_stacks
+from raysleuth.tracing import span
 
 __all__ = ["PoolWorker", "RayResourcePool"]
 
@@ -46,12 +50,10 @@ class PoolWorker:
         """Run ``fn(*args, **kwargs)``; with ``debug_hook`` record start, end and failure."""
         if not debug_hook:
             return fn(*args, **kwargs)
-        from raysleuth.recorder import record
 
         name = _function_name(fn)
         started = time.time()
         record("pool_call", {"call_id": call_id, "function": name, "state": "running"}, name=name)
-        from raysleuth.tracing import span
 
         try:
             with span(name, call_id=call_id):
@@ -62,8 +64,6 @@ class PoolWorker:
                    name=name, level="ERROR")
             if self.debug_mode:
                 try:
-                    from raysleuth.postmortem import capture_exception
-
                     capture_exception(error, method=name)
                 except Exception:
                     pass
@@ -178,8 +178,6 @@ class RayResourcePool:
         call_id = uuid.uuid4().hex[:12]
         ref = handle.run.remote(fn, args, kwargs, call_id, debug_hook)
         if debug_hook:
-            from raysleuth.recorder import record
-
             try:
                 task_id = ref.task_id().hex()
             except Exception:
@@ -201,6 +199,7 @@ class RayResourcePool:
         """Create one ``actor_class`` actor per rank (same placement, env and instruments as the pool)."""
         import ray
 
+        remote_class: Any
         if hasattr(actor_class, "remote") and hasattr(actor_class, "options"):
             remote_class = actor_class
         else:
@@ -226,19 +225,18 @@ class RayResourcePool:
 
     def stacks(self, **options: Any):
         """Grouped stacks of this pool's workers (see ``raysleuth.dump_stacks``)."""
-        from raysleuth.stacks import dump_stacks
 
         return dump_stacks(pids=self.pids(), **options)
 
     def compare(self, fn: Callable[[Any], Any], atol: float = 0, rtol: float = 0, **options: Any):
         """Run ``fn(worker)`` on every rank and compare the results (see ``raysleuth.compare``)."""
+        # lazy: keeps the pool's import free of numpy and xxhash (fingerprints)
         from raysleuth.consistency import compare
 
         return compare(self.workers, fn, atol, rtol, **options)
 
     def calls(self, call_id: str | None = None) -> list[dict[str, Any]]:
         """The recorded lifecycle of submitted calls (from the evidence store), oldest first."""
-        from raysleuth.recorder import get_client, open_store
 
         get_client().flush(timeout=10)
         store = open_store()

@@ -134,7 +134,8 @@ def _message(exc: BaseException) -> str:
 
 
 def _chain(exc: BaseException) -> list[dict[str, Any]]:
-    chain, seen = [], set()
+    chain: list[dict[str, Any]] = []
+    seen: set[int] = set()
     current: BaseException | None = exc
     relation = "raised"
     while current is not None and id(current) not in seen and len(chain) < _MAX_CHAIN:
@@ -188,6 +189,7 @@ def _frames(exc: BaseException, errors: list[str]) -> list[dict[str, Any]]:
 
 def _explain(capsule_text: str, errors: list[str]) -> list[dict[str, Any]]:
     try:
+        # lazy: rs.capture_crashes stays light to import: this loads when a crash is captured
         from raysleuth.explain import explain
 
         return [match.to_dict() for match in explain(capsule_text)]
@@ -333,6 +335,7 @@ def capture_exception(exc: BaseException, *, method: str | None = None, flush_ti
     try:
         if isinstance(exc, SKIPPED_TYPES) or runtime.settings().mode == "off" or _already_captured(exc):
             return None
+        # lazy: rs.capture_crashes stays light to import: this loads when a crash is captured
         from raysleuth.recorder import get_client, record
 
         admitted, skipped, first = _admit()
@@ -376,6 +379,7 @@ def _post_mortem_enabled() -> bool:
 
 def _open_post_mortem(exc: BaseException, method: str | None) -> None:
     try:
+        # lazy: rs.capture_crashes stays light to import: this loads when a crash is captured
         from raysleuth.breakpoints import post_mortem_session  # built by the breakpoints feature
 
         post_mortem_session(exc, name=f"post-mortem:{method or _type_name(exc)}")  # exception + its traceback

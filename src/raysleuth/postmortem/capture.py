@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from raysleuth.postmortem.capsule import SKIPPED_TYPES, capture_exception
+from raysleuth.ray_private import function_execution_table, remote_function_body, set_remote_function_body
 
 log = logging.getLogger("raysleuth.postmortem")
 
@@ -49,7 +50,7 @@ def _crashed(error: BaseException, label: str, outermost: int) -> None:
 def _wrap_function(fn: Callable[..., Any], label: str | None = None) -> Callable[..., Any]:
     if getattr(fn, _MARK, False):
         return fn
-    label = label or getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn)))
+    name = str(label or getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn))))
 
     # The wrappers reference module-level functions only: Ray pickles them by value (their
     # __module__/__qualname__ are the user's), and module functions travel by reference.
@@ -60,7 +61,7 @@ def _wrap_function(fn: Callable[..., Any], label: str | None = None) -> Callable
                 async for item in fn(*args, **kwargs):
                     yield item
             except BaseException as error:
-                _crashed(error, label, 0)
+                _crashed(error, name, 0)
                 raise
     elif inspect.iscoroutinefunction(fn):
         @functools.wraps(fn)
@@ -69,7 +70,7 @@ def _wrap_function(fn: Callable[..., Any], label: str | None = None) -> Callable
             try:
                 return await fn(*args, **kwargs)
             except BaseException as error:
-                _crashed(error, label, 1)
+                _crashed(error, name, 1)
                 raise
             finally:
                 _leave(token)
@@ -79,7 +80,7 @@ def _wrap_function(fn: Callable[..., Any], label: str | None = None) -> Callable
             try:
                 return (yield from fn(*args, **kwargs))
             except BaseException as error:
-                _crashed(error, label, 0)
+                _crashed(error, name, 0)
                 raise
     else:
         @functools.wraps(fn)
@@ -88,7 +89,7 @@ def _wrap_function(fn: Callable[..., Any], label: str | None = None) -> Callable
             try:
                 return fn(*args, **kwargs)
             except BaseException as error:
-                _crashed(error, label, 1)
+                _crashed(error, name, 1)
                 raise
             finally:
                 _leave(token)
@@ -158,7 +159,6 @@ def capture_crashes(target: T | None = None) -> T:
     if modified is not None:
         _wrap_class(modified)
         return target
-    from raysleuth.ray_private import remote_function_body, set_remote_function_body
 
     remote_function = remote_function_body(target)
     if remote_function is not None:
@@ -167,7 +167,7 @@ def capture_crashes(target: T | None = None) -> T:
                         target)
         return target
     if callable(target):
-        return _wrap_function(target)  # type: ignore[arg-type, return-value]
+        return _wrap_function(target)  # type: ignore[return-value]  # the same callable, wrapped
     raise TypeError(f"capture_crashes needs a function, method or class, got {type(target).__name__}")
 
 
@@ -209,15 +209,13 @@ def _rewrap_ray_executors(cls: type, names: set[str]) -> None:
     if ray is None or not names:
         return
     try:
-        from raysleuth.ray_private import function_execution_table
-
         table = function_execution_table()
         class_names = {base.__name__ for base in cls.__mro__}
         for info in list(table.values()):
             executor = getattr(info, "function", None)
             name = getattr(executor, "name", None)
             method = getattr(executor, "method", None)
-            if name not in names or method is None or getattr(method, _MARK, False):
+            if executor is None or name not in names or method is None or getattr(method, _MARK, False):
                 continue
             if getattr(method, "__qualname__", "").split(".")[0] not in class_names:
                 continue

@@ -7,6 +7,7 @@ from typing import Any
 
 from raysleuth import evidence
 from raysleuth.evidence import Crash
+from raysleuth.errors import UsageError
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -39,6 +40,7 @@ def _first_line(text: str, limit: int = 160) -> str:
 def list_crashes(run: str | None = None, *, home: Any = None, rank: int | list[int] | None = None,
                  limit: int | None = None, job: list[str] | str | None = None) -> list[CrashSummary]:
     """The crash capsules of a run (default: the latest), oldest first. Reads the store only."""
+    # lazy: rs.capture_crashes stays light to import: this loads when a crash is captured
     from raysleuth.recorder import open_store
 
     store = open_store(run, home=home)
@@ -59,7 +61,7 @@ def list_crashes(run: str | None = None, *, home: Any = None, rank: int | list[i
 
 def get_crash(capsule_id: int, run: str | None = None, *, home: Any = None) -> Crash:
     """One capsule in full, as stored: its data fields and its record's columns (``row``)."""
-    from raysleuth.errors import UsageError
+    # lazy: rs.capture_crashes stays light to import: this loads when a crash is captured
     from raysleuth.recorder import open_store
 
     if not 0 < int(capsule_id) < 2**63:

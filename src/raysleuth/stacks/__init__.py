@@ -14,6 +14,7 @@ ends of the driver's wait-for chains.
 
 from __future__ import annotations
 
+from raysleuth.recorder import record
 from raysleuth.stacks.analysis import group_processes, headline, parse_py_spy
 from raysleuth.stacks.capture import dump_stacks, is_own_actor
 from raysleuth.stacks.model import (
@@ -23,8 +24,8 @@ from raysleuth.stacks.model import (
     ProcessStack,
     StackGroup,
     StackReport,
+    StackVerdict,
     ThreadStack,
-    Verdict,
     WaitLink,
 )
 from raysleuth.stacks.rules import stalled_ranks_rule
@@ -38,8 +39,8 @@ __all__ = [
     "ProcessStack",
     "StackGroup",
     "StackReport",
+    "StackVerdict",
     "ThreadStack",
-    "Verdict",
     "VerdictContext",
     "WaitLink",
     "build_verdict",
@@ -56,8 +57,6 @@ __all__ = [
 def record_report(report: StackReport, *, name: str = "stacks") -> None:
     """Store a report as ``stack_report`` evidence (never raises)."""
     try:
-        from raysleuth.recorder import record
-
         level = "ERROR" if report.verdict.problem else "INFO"
         record("stack_report", report.to_dict(), name=name, level=level)
     except Exception:

@@ -152,7 +152,8 @@ def _discover(report: StackReport, timeout: float) -> dict[str, Any]:
     for what, error in (("actor labels", labels_error), ("running tasks", tasks_error)):
         if error:
             report.missing.append(Missing(reason=f"State API: no {what} ({error})"))
-    hints, notes, costs = hints or ({}, {None: "rank clues not read"}, {})
+    no_notes: dict[str | None, str] = {None: "rank clues not read"}
+    hints, notes, costs = hints or ({}, no_notes, {})
     merge_hints(labels, hints)
     apply_notes(labels, notes)
     report.timings["rank_hints_per_node"] = max(costs.values(), default=0.0)

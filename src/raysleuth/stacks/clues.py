@@ -10,7 +10,10 @@ import time
 from typing import Any
 
 from raysleuth import agents, cluster, evidence
+from raysleuth.collectives import collect_collectives
+from raysleuth.coroutines import CONTROL_KEY
 from raysleuth.labels.dead import dead_worker_labels
+from raysleuth.recorder import get_writer, open_store
 from raysleuth.stacks.model import ProcessStack
 
 __all__ = ["collective_positions", "dead_actors", "failed_calls", "progress_records", "read_coroutines", "recorded_calls",
@@ -38,7 +41,6 @@ def recorded_calls(run: str | None = None, *, home: Any = None) -> list[dict[str
     """verl and pool calls per rank from the evidence store (``run``: default the connected or newest one):
     submitted, and whether they returned. The one pairing of submitted and returned rows: the verdict, the
     stall watchdog and ``integrations.verl.unreturned_calls`` all read it here."""
-    from raysleuth.recorder import open_store
 
     store = open_store(run, home=home)
     try:
@@ -91,7 +93,6 @@ def collective_positions(*, request: bool = True, wait: float = 1.5) -> list[dic
     collective) and given up to ``wait`` seconds; without, stored dumps only.
     Jobs without raysleuth in the workers have no dumps: then nothing.
     """
-    from raysleuth.collectives import collect_collectives
 
     report = collect_collectives(request=request, wait=wait)
     return [culprit.to_dict() for culprit in report.culprits]
@@ -120,7 +121,6 @@ def progress_records(since: float) -> dict[tuple, list[str]]:
     collectives complete) whose step is above every earlier step of the same process is progress.
     Jobs without raysleuth inside write none: then nothing.
     """
-    from raysleuth.recorder import open_store
 
     store = open_store()
     try:
@@ -150,10 +150,7 @@ def request_coroutines() -> str | None:
 
     import ray
 
-    from raysleuth.coroutines import CONTROL_KEY
-    from raysleuth.recorder import get_writer
-
-    request = {"id": uuid.uuid4().hex[:12], "time": time.time()}
+    request: dict[str, Any] = {"id": uuid.uuid4().hex[:12], "time": time.time()}
     try:
         ray.get(get_writer(create=False).set_control.remote(CONTROL_KEY, request), timeout=5)
     except Exception:
@@ -161,11 +158,10 @@ def request_coroutines() -> str | None:
     return request["id"]
 
 
-def read_coroutines(request_id: str | None) -> dict[tuple[str | None, int], list[dict[str, Any]]]:
+def read_coroutines(request_id: str | None) -> dict[tuple[str | None, int | None], list[dict[str, Any]]]:
     """``(node_ip, pid) -> pending tasks`` from the workers that answered ``request_id``."""
     if request_id is None:
         return {}
-    from raysleuth.recorder import open_store
 
     store = open_store()
     try:

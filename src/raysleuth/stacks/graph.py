@@ -331,7 +331,8 @@ def _unreturned_edges(graph: WaitGraph, processes: list[ProcessStack], calls: li
     """A driver waits for the rank whose verl / pool call did not return while its peers' did."""
     drivers = [p for p in processes if p.role == "driver" and p.activity in WAITING]
     by_pid = {p.pid: p for p in processes}
-    by_rank = {(p.job_id, p.rank): p for p in processes if p.rank is not None and p.role != "driver"}
+    by_rank: dict[tuple[str | None, int | None], ProcessStack] = {
+        (p.job_id, p.rank): p for p in processes if p.rank is not None and p.role != "driver"}
     batches: dict[tuple, list[list[dict[str, Any]]]] = defaultdict(list)
     for call in sorted(calls, key=lambda c: c.get("submitted") or 0):
         group = batches[(call.get("kind"), call.get("method"))]
@@ -340,7 +341,7 @@ def _unreturned_edges(graph: WaitGraph, processes: list[ProcessStack], calls: li
         group[-1].append(call)
     for (kind, method), group in sorted(batches.items(), key=lambda item: str(item[0])):
         for batch in group:
-            done = sorted(c.get("rank") for c in batch if c.get("returned") and c.get("rank") is not None)
+            done = sorted(c["rank"] for c in batch if c.get("returned") and c.get("rank") is not None)
             for call in (c for c in batch if not c.get("returned")) if done else ():
                 # By pid; else by rank within the call's job only (the run keeps other jobs' calls, ranks 0..n-1 each)
                 target = by_pid.get(call["worker_pid"]) if call.get("worker_pid") else by_rank.get(

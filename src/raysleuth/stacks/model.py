@@ -7,10 +7,14 @@ raysleuth concluded; the CLI draws them, ``--json`` is :meth:`StackReport.to_dic
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-__all__ = ["PROBLEM_STATES", "STATES", "Consequence", "Culprit", "Frame", "Missing", "ProcessStack", "StackGroup",
-           "StackReport", "ThreadStack", "Verdict", "VerdictState", "WaitEdge", "WaitLink"]
+__all__ = ["ACTIVITIES", "PROBLEM_STATES", "STATES", "Activity", "Consequence", "Culprit", "Frame", "Missing", "ProcessStack", "StackGroup",
+           "StackReport", "StackVerdict", "ThreadStack", "VerdictState", "WaitEdge", "WaitLink"]
+
+Activity = Literal["working", "active", "waiting", "blocked", "returned"]
+"""What a process's key thread did over the capture window (:mod:`raysleuth.stacks.progress`)."""
+ACTIVITIES: tuple[Activity, ...] = get_args(Activity)
 
 
 @dataclasses.dataclass
@@ -96,7 +100,7 @@ class ProcessStack:
     """Its peer group: one role in one group of one job (``job 01000000 / verl group abcdefWorkerDict``)."""
     coroutines: list[dict[str, Any]] | None = None
     """Pending asyncio tasks (processes with raysleuth inside): ``task``, ``frames``, ``awaits``, ``waited_s``."""
-    activity: str | None = None
+    activity: Activity | None = None
     """``working`` (progress seen), ``active`` (CPU or wake-ups at the same frames, no counter moved),
     ``waiting`` (no progress, blocked in a collective, ``ray.get`` or an awaited call), ``blocked`` (no
     progress, elsewhere), ``returned`` (idle in Ray's task loop), or None (no stack):
@@ -199,12 +203,14 @@ class Consequence:
 
 
 VerdictState = Literal["ok", "busy", "culprit", "deadlock", "hung", "unsure", "unread"]
-STATES: tuple[str, ...] = ("ok", "busy", "culprit", "deadlock", "hung", "unsure", "unread")
-PROBLEM_STATES = ("culprit", "deadlock", "hung")
+"""The stacks verdict's state (DESIGN.md "Honest states"): exit 0 for ``ok``/``busy``, 1 for ``culprit``/
+``deadlock``/``hung``, 2 for ``unsure``/``unread``."""
+STATES: tuple[VerdictState, ...] = get_args(VerdictState)
+PROBLEM_STATES: tuple[VerdictState, ...] = ("culprit", "deadlock", "hung")
 
 
 @dataclasses.dataclass
-class Verdict:
+class StackVerdict:
     """The root cause (or causes), what it explains, the wait-for graph, and a one-line summary."""
 
     culprits: list[Culprit] = dataclasses.field(default_factory=list)
@@ -254,7 +260,7 @@ class StackReport:
 
     processes: list[ProcessStack] = dataclasses.field(default_factory=list)
     groups: list[StackGroup] = dataclasses.field(default_factory=list)
-    verdict: Verdict = dataclasses.field(default_factory=Verdict)
+    verdict: StackVerdict = dataclasses.field(default_factory=StackVerdict)
     missing: list[Missing] = dataclasses.field(default_factory=list)
     captured_at: float = 0.0
     seconds: float = 0.0

@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from raysleuth.stacks.analysis import is_ray_idle, key_thread, wait_point
-from raysleuth.stacks.model import ProcessStack
+from raysleuth.stacks.model import Activity, ProcessStack
 
 __all__ = ["IO_BYTES", "WAKEUPS_PER_SECOND", "WORKING_CPU_SECONDS", "classify", "thread_deltas"]
 
@@ -54,7 +54,7 @@ def thread_deltas(before: dict[int, dict[str, float]] | None, after: dict[int, d
     old, new = before[tid], after[tid]
     if isinstance(old, (int, float)):  # an older agent: CPU seconds only
         old, new = {"cpu": float(old)}, {"cpu": float(new)}
-    deltas = {name: round(float(new[name]) - float(old[name]), 4) for name in ("cpu", "switches", "preempted", "io")
+    deltas: dict[str, float] = {name: round(float(new[name]) - float(old[name]), 4) for name in ("cpu", "switches", "preempted", "io")
               if name in old and name in new}
     deltas["window"] = round(seconds, 3)
     return deltas
@@ -80,7 +80,7 @@ def _is_active(counters: dict[str, Any] | None) -> list[str]:
     return found
 
 
-def classify(process: ProcessStack, samples: int = 2) -> str | None:
+def classify(process: ProcessStack, samples: int = 2) -> Activity | None:
     """Decide ``process.activity`` from its evidence (and ``process.wait``); returns the activity."""
     thread = key_thread(process)
     if thread is None:
@@ -92,12 +92,14 @@ def classify(process: ProcessStack, samples: int = 2) -> str | None:
     progress = _counter_signals(process)
     if samples >= 2 and process.moved_frames:
         progress.append("stack moved between the samples")
-    if samples >= 2 and float((process.counters or {}).get("io") or 0) >= IO_BYTES:
-        progress.append(f"{process.counters['io'] / 2**20:.1f} MiB of I/O")
+    io_bytes = float((process.counters or {}).get("io") or 0)
+    if samples >= 2 and io_bytes >= IO_BYTES:
+        progress.append(f"{io_bytes / 2**20:.1f} MiB of I/O")
     active = _is_active(process.counters)
     if samples < 2 and not thread.idle:
         active.append("on CPU in the one sample")
     process.progress = progress + active
+    activity: Activity
     if progress:
         activity = "working"
     elif idle_loop and not async_call:

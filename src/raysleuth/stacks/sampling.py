@@ -112,7 +112,7 @@ def _second(report: StackReport, targets: dict[str, list[ProcessStack]], found: 
     listed = _result(tasks_now, deadline, report, "running tasks (second listing)")
     was, now = _running(found["tasks"]), _running(listed.items if listed is not None else None)
     for key, old_signature in earlier.items():
-        proc = next((p for p in targets.get(key[0], []) if p.pid == key[1]), None)
+        proc = next((p for p in (targets.get(key[0], []) if key[0] is not None else []) if p.pid == key[1]), None)
         if proc is None:
             continue
         proc.moved_frames = signature(proc) != old_signature

@@ -51,7 +51,7 @@ from raysleuth.options import format_ranks
 from raysleuth.stacks.analysis import awaits_off_main_thread, headline, signature, wait_chains
 from raysleuth.stacks.causes import Candidate, collective_candidates, extra_candidates, make_culprit, sink_candidate
 from raysleuth.stacks.graph import PENDING_SECONDS, WAITING, WaitGraph, build_graph, node_key
-from raysleuth.stacks.model import Consequence, Culprit, ProcessStack, Verdict, WaitLink
+from raysleuth.stacks.model import Consequence, Culprit, ProcessStack, StackVerdict, WaitLink
 from raysleuth.stacks.peers import assign_groups, peer_groups
 from raysleuth.stacks.progress import classify
 
@@ -104,7 +104,7 @@ def _who(processes: list[ProcessStack]) -> str:
 # ------------------------------------------------------------------- verdict
 
 def build_verdict(processes: list[ProcessStack], tasks: list[RayTask] | None = None, *,
-                  context: VerdictContext | None = None, extra_rules: list[Rule] | None = None) -> Verdict:
+                  context: VerdictContext | None = None, extra_rules: list[Rule] | None = None) -> StackVerdict:
     """Classify, build the wait-for graph, name the root cause and its consequences, or say what is unknown."""
     context = context or VerdictContext()
     if tasks is not None:
@@ -114,7 +114,7 @@ def build_verdict(processes: list[ProcessStack], tasks: list[RayTask] | None = N
         classify(process, context.samples)
     graph = build_graph(processes, context)
     context.chains, _ends = wait_chains(processes, context.tasks)
-    verdict = Verdict(samples=context.samples, chains=context.chains, edges=list(graph.edges))
+    verdict = StackVerdict(samples=context.samples, chains=context.chains, edges=list(graph.edges))
     if not processes:
         verdict.state, verdict.summary = "unread", "no processes were read"
         return verdict
@@ -140,8 +140,8 @@ def build_verdict(processes: list[ProcessStack], tasks: list[RayTask] | None = N
 
 def _peer_text(graph: WaitGraph, key: str, processes: list[ProcessStack]) -> str:
     """``2 of 3 DDPRank peers (ranks [0, 2]) wait in all_reduce (torch.distributed)`` for a collective sink."""
-    waiters = [graph.nodes[e.source].process for e in graph.into(key) if e.kind in ("collective", "peers", "dead peer")]
-    waiters = [w for w in waiters if w is not None]
+    waiters = [process for e in graph.into(key) if e.kind in ("collective", "peers", "dead peer")
+               if (process := graph.nodes[e.source].process) is not None]
     if not waiters:
         return ""
     group = waiters[0].group
@@ -153,7 +153,7 @@ def _peer_text(graph: WaitGraph, key: str, processes: list[ProcessStack]) -> str
             f"{', '.join(where) or 'a collective'}")
 
 
-def _root_causes(verdict: Verdict, graph: WaitGraph, candidates: list[Candidate],
+def _root_causes(verdict: StackVerdict, graph: WaitGraph, candidates: list[Candidate],
                  processes: list[ProcessStack]) -> None:
     best = min(candidate.strength for candidate in candidates)
     roots: dict[str, Candidate] = {}
@@ -184,7 +184,7 @@ def _root_causes(verdict: Verdict, graph: WaitGraph, candidates: list[Candidate]
         f"raysleuth stacks --pid {first.pid} --native" if first.pid else "raysleuth tasks --pending")
 
 
-def _deadlock(verdict: Verdict, graph: WaitGraph, cycles: list[list[str]]) -> None:
+def _deadlock(verdict: StackVerdict, graph: WaitGraph, cycles: list[list[str]]) -> None:
     verdict.state = "deadlock"
     texts = []
     for cycle in cycles:
@@ -205,7 +205,7 @@ def _deadlock(verdict: Verdict, graph: WaitGraph, cycles: list[list[str]]) -> No
     verdict.next_command = "raysleuth tasks --stuck (the calls in the cycle), then fix the order of the calls"
 
 
-def _without_root_cause(verdict: Verdict, graph: WaitGraph, processes: list[ProcessStack],
+def _without_root_cause(verdict: StackVerdict, graph: WaitGraph, processes: list[ProcessStack],
                         context: VerdictContext) -> None:
     """No root cause: busy (progress seen), ok (an idle job), hung (no progress) or unsure (not measured)."""
     moving = [p for p in processes if p.activity in ("working", "active")]
@@ -316,7 +316,7 @@ def _signals(processes: list[ProcessStack]) -> list[str]:
     return signals
 
 
-def _consequences(verdict: Verdict, graph: WaitGraph, processes: list[ProcessStack]) -> None:
+def _consequences(verdict: StackVerdict, graph: WaitGraph, processes: list[ProcessStack]) -> None:
     """Every other stuck, dead or departed process, with the edge that ties it to a root cause."""
     if verdict.state not in ("culprit", "deadlock"):
         return
@@ -325,7 +325,7 @@ def _consequences(verdict: Verdict, graph: WaitGraph, processes: list[ProcessSta
                  and (node.process.node_ip, node.process.pid) in roots]
     root_keys += [key for key in graph.nodes if key.startswith("dead:") and any(
         key == f"dead:{ip}:{pid}" for ip, pid in roots)]
-    root_groups = {graph.nodes[key].process.group for key in root_keys if graph.nodes[key].process is not None}
+    root_groups = {process.group for key in root_keys if (process := graph.nodes[key].process) is not None}
     for key, node in graph.nodes.items():
         if key in root_keys or node.state in ("working", "active", "coroutine", "pending", None):
             continue

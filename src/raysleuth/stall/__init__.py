@@ -23,7 +23,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from raysleuth import evidence
+from raysleuth import cluster, evidence
+from raysleuth.recorder import EvidenceStore, open_store, record
+from raysleuth.stacks import dump_stacks, record_report, stalled_ranks_rule
+from raysleuth.stacks.clues import recorded_calls, unreturned
 from raysleuth.stall.detect import (
     RankProgress, StallEvent, StallTracker, describe, describe_finish, runs_own_code,
 )
@@ -63,7 +66,7 @@ class Watchdog:
         """Set when every rank stopped because the training loop finished (not a stall): why we think so."""
         self.error: str | None = None
         self._after_id = 0
-        self._store = None
+        self._store: EvidenceStore | None = None
         self._run_id: str | None = run
         self._reported_calls: set[tuple[Any, int]] = set()
         self._stop = threading.Event()
@@ -72,9 +75,6 @@ class Watchdog:
     # -- reading
     def _open(self):
         if self._store is None:
-            from raysleuth import cluster
-            from raysleuth.recorder import open_store
-
             run = self.run
             if run is None:
                 cluster.connect(self.address)
@@ -109,6 +109,7 @@ class Watchdog:
             self.tracker.mark_reported(stalled)
             stalled = self._alive(stalled)
         report = None
+        event: StallEvent | None
         if stalled:
             event = StallEvent(time=now, stalled=stalled, peers=peers, all_stopped=all_stopped,
                                summary=describe(stalled, peers, all_stopped, now))
@@ -136,8 +137,6 @@ class Watchdog:
     def _alive(self, ranks: list[RankProgress]) -> list[RankProgress]:
         """Drop ranks whose process is gone: a dead worker is a crash (``tasks --dead``), not a hang."""
         try:
-            from raysleuth import cluster
-
             pids = {worker.pid for worker in cluster.workers(alive_only=True)}
         except Exception:  # no State API: keep them all rather than hide a hang
             return ranks
@@ -148,8 +147,6 @@ class Watchdog:
     def _unreturned_calls(self, now: float) -> StallEvent | None:
         """Calls of an instrumented verl worker group that have not returned for the stall time."""
         try:
-            from raysleuth.stacks.clues import recorded_calls, unreturned
-
             self._open()
             calls = unreturned(recorded_calls(self._run_id, home=self.home), older_than=self.tracker.stall, now=now)
         except Exception:
@@ -180,8 +177,6 @@ class Watchdog:
         if not pids or len(pids) < len(event.stalled):
             return False, None
         try:
-            from raysleuth import cluster
-
             running = {task.worker_pid for task in cluster.tasks(state="RUNNING").items}
         except Exception:
             return False, None  # cannot tell: keep reporting the stall
@@ -190,8 +185,6 @@ class Watchdog:
         report = None
         if self.stacks:
             try:
-                from raysleuth.stacks import dump_stacks
-
                 # judged with the stall as evidence already: if it is a stall, this is its snapshot
                 report = dump_stacks(self.address, timeout=self.stacks_timeout, include_self=self.include_self,
                                      extra_rules=[_stall_rule(event)])
@@ -203,8 +196,6 @@ class Watchdog:
 
     def _record_finished(self, ranks: list[RankProgress], why: str) -> None:
         try:
-            from raysleuth.recorder import record
-
             record("event", {"summary": why, "ranks": [dataclasses.asdict(r) for r in ranks]},
                    name="finished", level="INFO")
         except Exception:
@@ -212,8 +203,6 @@ class Watchdog:
 
     def _snapshot(self, event: StallEvent, report: Any = None) -> None:
         try:
-            from raysleuth.stacks import dump_stacks, record_report
-
             if report is None:  # (else the one taken to tell a finish from a stall, judged with the same rule)
                 report = dump_stacks(self.address, timeout=self.stacks_timeout, include_self=self.include_self,
                                      extra_rules=[_stall_rule(event)])
@@ -222,8 +211,6 @@ class Watchdog:
         except Exception as error:  # the watchdog must never take the driver down
             event.error = f"{type(error).__name__}: {str(error)[:300]}"
         try:
-            from raysleuth.recorder import record
-
             record("event", {"summary": event.summary, "stalled": [dataclasses.asdict(r) for r in event.stalled]},
                    name="stall", level="ERROR")
         except Exception:
@@ -275,7 +262,6 @@ class Watchdog:
 
 def _stall_rule(event: StallEvent):
     """No step progress for the stall time is evidence enough: a verdict rule that names these ranks itself."""
-    from raysleuth.stacks import stalled_ranks_rule
 
     return stalled_ranks_rule([
         {"rank": rank.rank, "pid": rank.pid, "node_ip": rank.node_ip,

@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections import defaultdict
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Literal, Mapping
 
 THRESHOLD = 0.10
 """Lateness, as a share of the step time, that counts as late in one collective."""
@@ -113,11 +113,15 @@ class Straggler:
     pid: int | None = None
 
 
+StragglerState = Literal["straggler", "even", "unread"]
+"""``straggler`` (exit 1), ``even`` (exit 0), ``unread`` (not enough data: exit 2)."""
+
+
 @dataclasses.dataclass
 class StragglerReport:
     """Who is slow, by how much, what it costs, and (once sampled) where."""
 
-    state: str
+    state: StragglerState
     """``straggler`` (exit 1) | ``even`` (exit 0) | ``unread`` (not enough data: exit 2)"""
     summary: str
     ranks: list[RankTiming]
@@ -220,7 +224,7 @@ def step_period(calls: Iterable[Call]) -> float | None:
     if len(enters) < 3:
         return None
     enters.sort()
-    return _median(b - a for a, b in zip(enters, enters[1:])) / 1e9
+    return statistics.median(b - a for a, b in zip(enters, enters[1:])) / 1e9
 
 
 def _lateness(collectives: Mapping[Any, Mapping[int, Call]], offsets: Mapping[str, int] | None,
@@ -234,9 +238,10 @@ def _lateness(collectives: Mapping[Any, Mapping[int, Call]], offsets: Mapping[st
     return result
 
 
-def _steps(calls_by_rank: Mapping[int, list[Call]], step_seconds: Mapping[int, float] | None
+def _steps(calls_by_rank: Mapping[int, Iterable[Call]], step_seconds: Mapping[int, float] | None
            ) -> tuple[dict[int, float | None], dict[int, str | None], float | None]:
-    steps, sources = {}, {}
+    steps: dict[int, float | None] = {}
+    sources: dict[int, str | None] = {}
     for rank, calls in calls_by_rank.items():
         given = (step_seconds or {}).get(rank)
         if given:
@@ -261,16 +266,16 @@ def _rank_timings(late: Mapping[Any, Mapping[int, int]], collectives, step: floa
         if len(values) > 1:
             ordered = sorted(values.values())
             if ordered[-1] > ordered[-2]:  # a tie has no last
-                last_count[max(values, key=values.get)] += 1
+                last_count[max(values, key=lambda r: values[r])] += 1
     cut = threshold * step * 1e9 if step else None
     timings = []
     for rank in sorted(per_rank):
-        values = per_rank[rank]
-        median = statistics.median(values) / 1e9
-        late_share = sum(1 for v in values if v >= cut) / len(values) if cut else 0.0
+        lateness = per_rank[rank]
+        median = statistics.median(lateness) / 1e9
+        late_share = sum(1 for v in lateness if v >= cut) / len(lateness) if cut else 0.0
         timings.append(RankTiming(
-            rank=rank, collectives=len(values), median_lateness_s=median, max_lateness_s=max(values) / 1e9,
-            late_share=late_share, last_share=last_count[rank] / len(values),
+            rank=rank, collectives=len(lateness), median_lateness_s=median, max_lateness_s=max(lateness) / 1e9,
+            late_share=late_share, last_share=last_count[rank] / len(lateness),
             share_of_step=median / step if step else None, step_s=steps.get(rank), step_source=sources.get(rank),
             median_inside_s=(statistics.median(inside[rank]) / 1e9) if inside[rank] else None,
             node=nodes.get(rank), pid=pids.get(rank)))
@@ -296,7 +301,7 @@ def _wait_site(rank: int, collectives: Mapping[Any, Mapping[int, Call]]) -> str 
             if other != rank:
                 where = f" {call.file.rsplit('/', 1)[-1]}:{call.line}" if call.file else f" (group {call.group})"
                 counts[f"{call.op or 'collective'}{where}"] += 1
-    return max(counts, key=counts.get) if counts else None
+    return max(counts, key=lambda site: counts[site]) if counts else None
 
 
 def find_stragglers(calls_by_rank: Mapping[int, Iterable[Call]], *, threshold: float = THRESHOLD,
@@ -332,7 +337,7 @@ def find_stragglers(calls_by_rank: Mapping[int, Iterable[Call]], *, threshold: f
         if timing.collectives >= min_collectives and timing.late_share >= min_share:
             cost = _cost(timing.rank, late)
             report.stragglers.append(Straggler(
-                rank=timing.rank, median_lateness_s=timing.median_lateness_s, share_of_step=timing.share_of_step,
+                rank=timing.rank, median_lateness_s=timing.median_lateness_s, share_of_step=timing.share_of_step or 0.0,
                 late_share=timing.late_share, collectives=timing.collectives, cost_s=cost, cost_share=cost / step,
                 wait_site=_wait_site(timing.rank, collectives), node=timing.node, pid=timing.pid))
         elif timing.max_lateness_s >= ONE_OFF_STEPS * step:
@@ -358,7 +363,7 @@ def _clock_offsets(report: StragglerReport, collectives, nodes: Mapping[int, str
 
 
 def _summarise(report: StragglerReport) -> None:
-    step_ms = report.step_s * 1000
+    step_ms = (report.step_s or 0.0) * 1000  # called once a step time is known
     if report.stragglers:
         parts = [f"rank {s.rank} enters {s.late_share:.0%} of {s.collectives} collectives late, by "
                  f"{s.median_lateness_s * 1000:.0f} ms median ({s.share_of_step:.0%} of a {step_ms:.0f} ms step); "

@@ -19,8 +19,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, TypeVar
 
-from raysleuth import evidence
+from raysleuth import cluster, evidence
+from raysleuth.collectives.report import request_dump
 from raysleuth.errors import UsageError
+from raysleuth.recorder import open_store
 from raysleuth.stragglers import sampling
 from raysleuth.stragglers.analysis import MIN_COLLECTIVES, MIN_SHARE, THRESHOLD, StragglerReport, find_stragglers
 from raysleuth.stragglers.phase import SlowPhase, parse_raw, slow_phase
@@ -64,7 +66,6 @@ def _records(store, kind: type[E], job: str | None, since: float | None) -> list
 
 def _request(store, job: str | None, wait: float, home) -> None:
     """Ask for a dump and wait until every rank that dumped before has answered (or ``wait`` passes)."""
-    from raysleuth.collectives.report import request_dump
 
     request_id, asked_at = request_dump(wait, home=home)
     if request_id is None:
@@ -99,15 +100,12 @@ def step_seconds(heartbeats: list[evidence.Heartbeat]) -> dict[int, float]:
 def collect_stragglers(address: str | None = None, *, run: str | None = None, home: Path | str | None = None,
                        job: str | None = None, options: Options | None = None) -> StragglerReport:
     """Which rank is slow, by how much, and (live) where: see the module doc."""
-    from raysleuth.recorder import open_store
 
     options = options or Options()
     if options.window <= 0:
         raise UsageError(f"--window must be > 0 (got {options.window:g})", fix="e.g. --window 30s")
     live = run is None
     if live:
-        from raysleuth import cluster
-
         cluster.connect(address)
         run = cluster.session_name()
     store = open_store(run, home=home)
@@ -174,7 +172,8 @@ def sample_phases(report: StragglerReport, options: Options) -> None:
         return
     by_lateness = sorted(report.ranks, key=lambda t: t.median_lateness_s)
     peers = [t.rank for t in by_lateness if t.rank not in suspects][:max(1, options.peers)]
-    targets = {rank: (node_ids.get(rank), pids[rank]) for rank in suspects + peers if rank in pids and node_ids.get(rank)}
+    targets = {rank: (node_id, pids[rank]) for rank in suspects + peers
+               if rank in pids and (node_id := node_ids.get(rank))}
     texts, errors, cost = sampling.sample_processes(targets, rate=options.rate, seconds=options.sample)
     cost["errors"] = {str(k): v for k, v in errors.items()}
     report.sampling = {**(report.sampling or {}), **cost, "suspects": suspects, "peers": peers}

@@ -57,7 +57,7 @@ def sample_processes(targets: dict[int, tuple[str, int]], *, rate: int = RATE, s
                             '(pip install py-spy, or runtime_env={"pip": ["py-spy"]})')
             continue
         per_node.setdefault(node_id, []).append((rank, pid))
-    per_node_args = {node: ([_argv(paths[node], pid, rate, seconds) for _, pid in members], seconds + 10.0,
+    per_node_args = {node: ([_argv(str(paths[node]), pid, rate, seconds) for _, pid in members], seconds + 10.0,
                             len(members)) for node, members in per_node.items()}
     if per_node_args:
         results = agents.call_agents("run_tools", timeout=timeout, nodes=list(per_node_args),

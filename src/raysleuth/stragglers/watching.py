@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from raysleuth.recorder import get_client, record
 from raysleuth.stragglers.analysis import StragglerReport
 from raysleuth.stragglers.collect import Options, collect_stragglers
 
@@ -53,8 +54,6 @@ class SlowWatch:
 def record_straggler(report: StragglerReport) -> None:
     """Write the report as one ``straggler`` record and flush it (never raises)."""
     try:
-        from raysleuth.recorder import get_client, record
-
         ranks = ",".join(str(s.rank) for s in report.stragglers)
         record("straggler", report.to_dict(), name=f"rank {ranks}", level="WARNING")
         get_client().flush(timeout=5.0)

@@ -10,7 +10,11 @@ from typing import Any
 from raysleuth import cluster
 from raysleuth.cluster import own
 from raysleuth.cluster.records import RayActor, RayTask
+from raysleuth.deaths import find_deaths
+from raysleuth.explain import explain as explain_text  # the functions below take a flag named explain
+from raysleuth.labels.live import registered_labels
 from raysleuth.redaction import redact_text
+from raysleuth.stacks import dump_stacks
 from raysleuth.tasks.classify import RUNNING_STATES, TERMINAL_STATES, death_cause, is_stuck, seconds, short_name, started_at
 from raysleuth.tasks.model import DeadActor, FailedTask, StuckTask, TaskReport
 from raysleuth.tasks.pending import find_pending
@@ -76,8 +80,6 @@ def find_tasks(
             return rank
         if labels is None:
             try:
-                from raysleuth.labels.live import registered_labels
-
                 labels = registered_labels()
             except Exception:
                 labels = {}
@@ -134,8 +136,6 @@ def _listed_tasks(listing, *, unfinished: bool, failed: bool, peers: bool) -> li
 def _classify_deaths(report: TaskReport, job_id: str | None) -> None:
     """Replace Ray's generic death reasons by the classified cause, rank and evidence (raysleuth.deaths)."""
     try:
-        from raysleuth.deaths import find_deaths
-
         found = find_deaths(job_id=job_id)
     except Exception as error:
         report.warnings.append(f"death forensics failed, showing Ray's own reasons: {type(error).__name__}: {error}")
@@ -154,7 +154,7 @@ def _classify_deaths(report: TaskReport, job_id: str | None) -> None:
 
 
 def _stuck(tasks, now, factor, floor_s, node_ips, actors_by_id, rank_of) -> list[StuckTask]:
-    durations: dict[str, list[tuple[str, float]]] = defaultdict(list)
+    durations: dict[str | None, list[tuple[str, float]]] = defaultdict(list)
     running: list[tuple[RayTask, float]] = []
     for task in tasks:
         function = task.function or task.name
@@ -179,7 +179,7 @@ def _stuck(tasks, now, factor, floor_s, node_ips, actors_by_id, rank_of) -> list
         actor = actors_by_id.get(task.actor_id)
         pid = task.worker_pid or (actor.pid if actor else None)
         result.append(StuckTask(
-            task_id=task.task_id, name=short_name(task), state=task.state, running_s=elapsed,
+            task_id=task.task_id, name=short_name(task), state=task.state or "", running_s=elapsed,
             peer_median_s=median, peers=len(peers), ratio=elapsed / median if median > 0 else float("inf"),
             node_id=task.node_id, node_ip=node_ips.get(task.node_id), pid=pid,
             rank=rank_of(task.node_id, pid, actor.name if actor else None), actor_id=task.actor_id,
@@ -189,8 +189,6 @@ def _stuck(tasks, now, factor, floor_s, node_ips, actors_by_id, rank_of) -> list
 
 
 def _attach_stacks(report: TaskReport) -> None:
-    from raysleuth.stacks import dump_stacks
-
     pids = sorted({item.pid for item in report.stuck if item.pid})
     try:
         stacks = dump_stacks(pids=pids, timeout=30.0)
@@ -201,14 +199,13 @@ def _attach_stacks(report: TaskReport) -> None:
     by_pid = {getattr(process, "pid", None): process for process in processes}
     for item in report.stuck:
         found = by_pid.get(item.pid)
-        item.stack = dataclasses.asdict(found) if dataclasses.is_dataclass(found) else found
+        item.stack = dataclasses.asdict(found) if dataclasses.is_dataclass(found) and not isinstance(found, type) \
+            else found
 
 
 def _explain(text: str) -> tuple[str | None, str | None]:
-    from raysleuth.explain import explain
-
     try:
-        matches = explain(text)
+        matches = explain_text(text)
     except Exception:
         return None, None
     if not matches:

@@ -151,15 +151,15 @@ def _full_task_id(task_id: str, deadline: float) -> str:
 def phases_from_events(events: Sequence[RayTaskEvent], now: float | None = None) -> list[LifecyclePhase]:
     """Turn a task's state changes into phases with durations (pure)."""
     now = time.time() if now is None else now
-    ordered = sorted((entry for entry in events if entry.created_ms), key=lambda entry: entry.created_ms)
+    ordered = sorted((entry for entry in events if entry.created_ms), key=lambda entry: entry.created_ms or 0)
     phases = []
     for index, entry in enumerate(ordered):
-        start = float(entry.created_ms) / 1000.0
+        start = float(entry.created_ms or 0) / 1000.0
         state = entry.state or "NIL"
         if state in _TERMINAL:
             end: float | None = start
         elif index + 1 < len(ordered):
-            end = float(ordered[index + 1].created_ms) / 1000.0
+            end = float(ordered[index + 1].created_ms or 0) / 1000.0
         else:
             end = None
         phases.append(LifecyclePhase(state=state, label=STATE_LABELS.get(state, state.lower()), start=start,

@@ -114,6 +114,7 @@ def add_setup_hook(runtime_env: Mapping[str, Any] | None, env: Mapping[str, str]
 
 def _setup_then(user_hook: Any) -> None:
     """Worker hook when the job has a callable hook of its own: raysleuth's, then the job's."""
+    # lazy: the hook module is loaded by Ray's runtime-env hook too; this part only when it runs
     from raysleuth.worker_setup.worker import setup_worker
 
     setup_worker()
@@ -162,6 +163,7 @@ def _look_at_deaths_on_exit() -> None:
     import concurrent.futures.thread  # noqa: F401 (registers its exit hook before ours)
     import threading
 
+    # lazy: the hook module is loaded by Ray's runtime-env hook too; this part only when it runs
     from raysleuth.deaths.watch import last_look
 
     register = getattr(threading, "_register_atexit", None)

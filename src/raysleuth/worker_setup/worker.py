@@ -120,7 +120,7 @@ _header_rank: int | None = None
 
 
 def _install_fatal_file() -> Any:
-    from raysleuth import cluster
+    from raysleuth import cluster  # lazy: a part of the zero-code setup, loaded when it installs (worker start-up)
     from raysleuth.worker_setup import fatal
 
     global _header_rank
@@ -132,30 +132,32 @@ def _install_fatal_file() -> Any:
 
 
 def _install_crash_capture() -> Any:
-    from raysleuth import cluster
+    from raysleuth import cluster  # lazy: a part of the zero-code setup, loaded when it installs (worker start-up)
 
     return cluster.wrap_worker_calls(_wrap_call)
 
 
 def _install_excepthooks() -> Any:
+    # lazy: a part of the zero-code setup, loaded when it installs (worker start-up)
     from raysleuth.postmortem import install_crash_capture
 
     install_crash_capture()
 
 
 def _install_coroutines() -> Any:
-    from raysleuth import coroutines
+    from raysleuth import coroutines  # lazy: a part of the zero-code setup, loaded when it installs (worker start-up)
 
     return coroutines.install()
 
 
 def _install_collectives() -> Any:
-    from raysleuth import collectives
+    from raysleuth import collectives  # lazy: a part of the zero-code setup, loaded when it installs (worker start-up)
 
     return collectives.install()
 
 
 def _install_weight_sync() -> Any:
+    # lazy: a part of the zero-code setup, loaded when it installs (worker start-up)
     from raysleuth.integrations import verl_weights
 
     return verl_weights.install()  # waits for the job to import verl's CheckpointEngine; imports nothing
@@ -169,16 +171,19 @@ def _wrap_call(function: Any, label: str) -> Any:
         return function
     if module == "ray" or module.startswith("ray."):
         if module.startswith("ray.train"):
+            # lazy: a part of the zero-code setup, loaded when it installs (worker start-up)
             from raysleuth import cluster
 
             cluster.on_ray_train_user_error(_ray_train_error)
         return function
+    # lazy: a part of the zero-code setup, loaded when it installs (worker start-up)
     from raysleuth.postmortem.capture import capture_crashes
 
     return capture_crashes(function)  # labelled by __qualname__: Class.method, or the task's function
 
 
 def _ray_train_error(error: BaseException) -> None:
+    # lazy: a part of the zero-code setup, loaded when it installs (worker start-up)
     from raysleuth.postmortem import capture_exception
 
     capture_exception(error, method="train_loop_per_worker")
@@ -188,12 +193,14 @@ def _leave_internal_actor() -> None:
     """This worker is one of raysleuth's own actors: nothing of it is the job's evidence."""
     _state["internal"] = True
     try:
+        # lazy: a part of the zero-code setup, loaded when it installs (worker start-up)
         from raysleuth.logs import uninstall_log_shipping
 
         uninstall_log_shipping()
     except Exception:
         pass
     try:
+        # lazy: a part of the zero-code setup, loaded when it installs (worker start-up)
         from raysleuth.memory import stop
 
         stop()
@@ -205,20 +212,20 @@ def _leave_internal_actor() -> None:
 
 
 def _apply_mode() -> Any:
-    from raysleuth import monitoring
+    from raysleuth import monitoring  # lazy: a part of the zero-code setup, loaded when it installs (worker start-up)
 
     settings = runtime.settings()
     explicit_level = settings.log_level if "RAYSLEUTH_LOG_LEVEL" in settings.sources else None
     monitoring.apply_mode(settings.mode, log_level=explicit_level)
     if settings.memory_profile and settings.mode != "full":
-        from raysleuth import memory
+        from raysleuth import memory  # lazy: a part of the zero-code setup, loaded when it installs (worker start-up)
 
         memory.watch(interval=1.0)
 
 
 def _ship_logs() -> Any:
     """Ship the root logger's records at the mode's level (light: WARNING+) from the first moment."""
-    from raysleuth import modes
+    from raysleuth import modes  # lazy: a part of the zero-code setup, loaded when it installs (worker start-up)
     from raysleuth.logs import install_log_shipping
 
     settings = runtime.settings()
@@ -231,6 +238,7 @@ def _ship_logs() -> Any:
 
 def _start_death_watch() -> bool:
     """The writer watches Ray's dead actors while the cluster lives (deaths outlive the job: issue 29)."""
+    # lazy: a part of the zero-code setup, loaded when it installs (worker start-up)
     from raysleuth.deaths.watch import start_death_watch
 
     return start_death_watch()
@@ -248,6 +256,7 @@ def _deferred_setup() -> bool:
         return True
     _attempt("death_watch", _start_death_watch)
     try:
+        # lazy: a part of the zero-code setup, loaded when it installs (worker start-up)
         from raysleuth.recorder import record
 
         errors = list(_state["errors"])
@@ -255,6 +264,7 @@ def _deferred_setup() -> bool:
                          "setup_ms": _state["setup_ms"], "timings_ms": dict(_state["timings_ms"]),
                          "mode": runtime.settings().mode},
                name="instrumented", level="WARNING" if errors else "INFO")
+        # lazy: a part of the zero-code setup, loaded when it installs (worker start-up)
         from raysleuth.recorder import get_client
 
         get_client().flush(timeout=10)
@@ -271,15 +281,18 @@ def _watch_rank() -> bool:
     if rank is None:
         return False
     try:
+        # lazy: a part of the zero-code setup, loaded when it installs (worker start-up)
         from raysleuth.worker_setup import fatal
 
         if rank != _header_rank:
             fatal.note_rank(rank)
         me = runtime.whoami(refresh=True)
+        # lazy: a part of the zero-code setup, loaded when it installs (worker start-up)
         from raysleuth.recorder import record
 
         record("event", {"rank": rank, "world_size": me.world_size, "rank_source": me.rank_source},
                name="rank", rank=rank)
+        # lazy: a part of the zero-code setup, loaded when it installs (worker start-up)
         from raysleuth.recorder import get_client
 
         get_client().flush(timeout=10)  # on the control thread: a rank killed soon after is still labelled
