@@ -212,7 +212,7 @@ def _init_failed(evidence, cause, reason, message, pid) -> DeathCause | None:
     frames = [{"file": m.group(1), "line": int(m.group(2)), "function": m.group(3)}
               for m in re.finditer(r'File "([^"]+)", line (\d+), in (\S+)', formatted)
               if not any(part in m.group(1) for part in LIBRARY_PATHS)]
-    where = frames[-1] if frames else {}
+    where: dict[str, Any] = frames[-1] if frames else {}
     return DeathCause(cause="init_failed",
                       summary=f"its __init__ raised {kind or 'an exception'}" + (f": {text}" if text else ""),
                       evidence=["Ray recorded a creation task failure" + (" (creation_task_failure_context)" if recorded

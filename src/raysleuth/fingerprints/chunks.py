@@ -44,7 +44,7 @@ def decode_values(raw: bytes, dtype: str) -> np.ndarray | None:
     if np_dtype is not None and np_dtype.kind in NUMERIC_KINDS:
         values = np.frombuffer(raw, np_dtype)
         return values.astype(np.complex128 if np_dtype.kind == "c" else np.float64)
-    torch = import_torch() if dtype.startswith(("bfloat", "float", "complex", "uint", "int")) else None
+    torch: Any = import_torch() if dtype.startswith(("bfloat", "float", "complex", "uint", "int")) else None
     torch_dtype = getattr(torch, dtype, None) if torch is not None else None
     if torch_dtype is None or not raw:
         return None if torch_dtype is None else np.zeros(0, np.float64)

@@ -11,6 +11,7 @@ from raysleuth.fingerprints.result import Fingerprint
 from raysleuth.fingerprints.stats import stats_numpy, stats_torch
 from raysleuth.fingerprints.tensors import CHUNK_BYTES, Prepared, import_torch, named_items, prepare
 
+_xxhash: Any
 try:  # pragma: no cover - exercised by whichever is installed
     import xxhash as _xxhash
 except ImportError:  # pragma: no cover
@@ -95,7 +96,7 @@ def _chunk_spans(prepared: Prepared, chunk_elems: int) -> list[tuple[int, int]]:
 
 
 def _digest_bytes(data: np.ndarray, spans: list[tuple[int, int]], algorithm: str) -> np.ndarray:
-    view = memoryview(data)
+    view = memoryview(data)  # type: ignore[arg-type]  # numpy arrays are buffers; its stubs say so only for 3.12+
     if algorithm == "xxh3":  # the hasher object releases the GIL while it reads (the one-shot function does not)
         hasher = _xxhash.xxh3_64  # same XXH3-64 value as xxh3_64_intdigest: stored prints compare unchanged
         return np.fromiter((hasher(view[a:b]).intdigest() for a, b in spans), dtype=np.uint64, count=len(spans))

@@ -91,7 +91,9 @@ class _StatsAccumulator:
     def __init__(self) -> None:
         self.nan = self.inf = self.finite = 0
         self.l1 = self.l2 = self.total = 0.0
-        self.max_abs = self.min = self.max = None
+        self.max_abs: float | None = None
+        self.min: float | None = None
+        self.max: float | None = None
 
     def add(self, values: np.ndarray) -> None:
         finite_mask = np.isfinite(values)

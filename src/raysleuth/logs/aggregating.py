@@ -98,7 +98,8 @@ class DistributedLogger:
                 text = f"{alert} (rank {me.rank if me.rank is not None else '?'}, phase {phase or '-'}, " \
                        f"pid {me.pid}, rss {((reading.rss_bytes or 0) / 2**20):.0f} MiB)"
                 self.alerts.append(text)
-                self.logger.warning(text, memory_fractions=reading.fractions(), alert="memory")
+                self.logger.warning(text, memory_fractions=reading.fractions(),  # type: ignore[call-arg]
+                                    alert="memory")  # a rank logger takes field keywords (logs.loggers)
             return alert
         except Exception:
             return None

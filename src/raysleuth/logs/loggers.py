@@ -154,7 +154,8 @@ class StoreHandler(logging.Handler):
             from raysleuth.recorder import record as store_record
 
             store_record("log", record_data(record), name=record.name, level=record.levelname,
-                         step=record.step, phase=record.phase, time_=record.created, rank=record.rank)
+                         step=getattr(record, "step", None), phase=getattr(record, "phase", None), time_=record.created,
+                         rank=getattr(record, "rank", None))
         except Exception:
             self.handleError(record)
         finally:
@@ -253,7 +254,7 @@ def _rank_class(cls: type) -> type:
 
 def _to_rank_logger(name: str | None) -> logging.Logger:
     manager = logging.Logger.manager
-    with logging._lock:  # the module lock Manager.getLogger takes (re-entrant)
+    with logging._lock:  # type: ignore[attr-defined]  # the module lock Manager.getLogger takes (re-entrant)
         existing = manager.loggerDict.get(name) if name else None
         if name is None or name == "root":
             logger = logging.getLogger()

@@ -89,7 +89,9 @@ class MemoryBufferManager:
         return read_sample(uss=False)["rss_bytes"]
 
     def _poll(self) -> None:
-        while not self._stop.wait(0.005):
+        stop = self._stop
+        assert stop is not None  # set before the thread starts
+        while not stop.wait(0.005):
             value = self._now() or 0
             self._poll_peak = max(self._poll_peak, value)
 
@@ -127,7 +129,8 @@ class MemoryBufferManager:
                 self.peak_bytes = _read_hwm()
             elif self._stop is not None:
                 self._stop.set()
-                self._thread.join(1.0)
+                if self._thread is not None:
+                    self._thread.join(1.0)
                 self.peak_bytes = max(self._poll_peak, self.end_bytes or 0)
             self.over_budget = bool(self.budget_bytes is not None and self.peak_bytes is not None
                                     and self.peak_bytes > self.budget_bytes)
@@ -137,6 +140,7 @@ class MemoryBufferManager:
                    name=self.name, level="WARNING" if self.over_budget else None)
             if self.over_budget:
                 log.warning("raysleuth: %s peaked at %.1f MiB, over its budget of %.1f MiB (rank %s)",
-                            self.name, self.peak_bytes / 2**20, self.budget_bytes / 2**20, runtime.get_rank())
+                            self.name, (self.peak_bytes or 0) / 2**20, (self.budget_bytes or 0) / 2**20,
+                            runtime.get_rank())
         except Exception as error:
             log.warning("raysleuth: MemoryBufferManager could not finish measuring: %r", error)

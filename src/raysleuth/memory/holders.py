@@ -23,6 +23,7 @@ import os
 import sys
 import threading
 import time
+import types
 from typing import Any
 
 __all__ = ["top_holders"]
@@ -79,7 +80,8 @@ def _roots() -> list[tuple[str, Any]]:
     """Where the walk starts: every thread's frame locals, then module globals (the program's first)."""
     roots: list[tuple[str, Any]] = []
     names = {thread.ident: thread.name for thread in threading.enumerate()}
-    for ident, frame in sys._current_frames().items():
+    for ident, top in sys._current_frames().items():
+        frame: types.FrameType | None = top
         while frame is not None:
             code = frame.f_code
             if not code.co_filename.startswith(_OWN_DIR):
@@ -134,13 +136,13 @@ def top_holders(limit: int = 10, *, min_bytes: int = 1 << 20, time_budget: float
         if not children:
             continue
         scanned += 1
-        total, count, devices = 0, 0, collections.Counter()
+        total, count, devices = 0, 0, collections.Counter[str]()
         for label, child in children:
             size, device = _buffer_bytes(child)
             if size:
                 total += size
                 count += 1
-                devices[device] += size
+                devices[device or "cpu"] += size  # a sized buffer always names its device
             elif id(child) not in seen:
                 owner = f"{type(obj).__name__}{label}" if label.startswith(".") else f"{path}{label}"
                 queue.append((owner, child))

@@ -38,7 +38,7 @@ class MemoryProfiler:
         self.leak_detection = leak_detection
         self.policy = policy or LeakPolicy(min_samples=5)
         self.snapshots: list[dict[str, Any]] = []
-        self._baseline = None
+        self._baseline: Any = None  # a tracemalloc.Snapshot once taken
         self._started_tracing = False
         if track_allocations:
             import tracemalloc
@@ -129,7 +129,8 @@ class MemoryProfiler:
 def _svg_chart(snapshots: list[dict[str, Any]], series: tuple[str, ...], width: int = 720, height: int = 260) -> str:
     colours = {"rss_bytes": "#1f77b4", "uss_bytes": "#2ca02c", "cuda_allocated_bytes": "#d62728",
                "cuda_reserved_bytes": "#ff7f0e"}
-    points = {name: [(s["time"], s.get(name)) for s in snapshots if s.get(name) is not None] for name in series}
+    points: dict[str, list[tuple[float, float]]] = {
+        name: [(s["time"], s[name]) for s in snapshots if s.get(name) is not None] for name in series}
     points = {k: v for k, v in points.items() if v}
     if not points:
         return "<p>No samples.</p>"
