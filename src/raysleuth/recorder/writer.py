@@ -28,6 +28,7 @@ at read time).
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import time
@@ -63,6 +64,8 @@ class EvidenceWriter:
         self.controls: dict[str, Any] = {}
         self.mailboxes: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
+        #: RPCs taken, by method (``info()["calls"]``): what the ingest bench reads per second and per rank.
+        self.calls: collections.Counter[str] = collections.Counter()
         self.received = 0
         self.ingested = 0
         self.forwarded = 0
@@ -91,6 +94,7 @@ class EvidenceWriter:
 
     def ingest(self, header: dict[str, Any], rows: list) -> int:
         """Store a batch an agent read from a dead worker's spool (not a live client: no registry entry)."""
+        self.calls["ingest"] += 1
         stored = self.store.write_batch(header, rows)
         self.forwarded += stored
         return stored
@@ -98,8 +102,9 @@ class EvidenceWriter:
     def write(self, header: dict[str, Any], rows: list) -> int:
         """Insert one batch; returns rows newly inserted (duplicates ignored)."""
         client = header.get("client_id")
-        if client:
-            with self._lock:
+        with self._lock:
+            self.calls["write"] += 1
+            if client:
                 entry = self.registry.setdefault(client, dict(header))
                 entry.update(header)
                 entry["last_seen"] = time.time()
@@ -119,6 +124,7 @@ class EvidenceWriter:
             "ingested": self.ingested,
             "forwarded": self.forwarded,
             "clients": len(self.registry),
+            "calls": dict(self.calls),
         }
 
     def clients(self) -> list[dict[str, Any]]:
@@ -141,6 +147,7 @@ class EvidenceWriter:
     def get_controls(self) -> dict[str, Any]:
         """All control values (workers poll this every few seconds)."""
         with self._lock:
+            self.calls["get_controls"] += 1
             return dict(self.controls)
 
     # mailboxes --------------------------------------------------------------
@@ -148,6 +155,7 @@ class EvidenceWriter:
     def post(self, topic: str, member: str, value: Any) -> int:
         """Leave ``value`` under ``topic`` for ``member``; returns how many members posted."""
         with self._lock:
+            self.calls["post"] += 1
             box = self.mailboxes.setdefault(topic, {})
             box[member] = value
             return len(box)
@@ -155,11 +163,13 @@ class EvidenceWriter:
     def read(self, topic: str) -> dict[str, Any]:
         """Everything posted under ``topic`` so far."""
         with self._lock:
+            self.calls["read"] += 1
             return dict(self.mailboxes.get(topic, {}))
 
     def drop(self, topic: str) -> None:
         """Forget a topic."""
         with self._lock:
+            self.calls["drop"] += 1
             self.mailboxes.pop(topic, None)
 
 
