@@ -165,6 +165,23 @@ def rates(before: dict, after: dict, seconds: float) -> dict[str, float]:
     return {m: (after["calls"].get(m, 0) - before["calls"].get(m, 0)) / seconds for m in sorted(methods)}
 
 
+def _relayed() -> dict:
+    """Control polls the node agents served and the writer reads they took (absent: no agent yet)."""
+    import ray
+
+    from raysleuth.cluster.own import AGENT_PREFIX, NAMESPACE
+
+    totals = {"served": 0, "reads": 0}
+    for node in ray.nodes():
+        try:
+            agent = ray.get_actor(AGENT_PREFIX + node["NodeID"][:16], namespace=NAMESPACE)
+            for key, value in ray.get(agent.relayed.remote(), timeout=30).items():
+                totals[key] += value
+        except Exception:
+            pass
+    return totals
+
+
 def drive(options: argparse.Namespace) -> dict:
     """Run the simulation on a fresh local Ray; every figure the targets need."""
     import ray
@@ -175,7 +192,7 @@ def drive(options: argparse.Namespace) -> dict:
              namespace="raysleuth-bench-ingest")
     try:
         writer = get_writer(home=options.home)
-        first = ray.get(writer.info.remote(), timeout=120)
+        ray.get(writer.info.remote(), timeout=120)
         host_class = ray.remote(num_cpus=1, max_concurrency=4)(Host)
         share = options.ranks // options.hosts
         hosts = [host_class.remote(i * share, share if i < options.hosts - 1 else options.ranks - i * share,
@@ -189,6 +206,7 @@ def drive(options: argparse.Namespace) -> dict:
         window = time.monotonic() - began
         counts = ray.get([host.finish.remote() for host in hosts], timeout=600)
         drained = ray.get(writer.info.remote(), timeout=60)
+        relayed = _relayed()
         meeting_began = time.monotonic()
         seen = ray.get([host.meet.remote("bench-ingest/meeting", options.meeting_timeout) for host in hosts],
                        timeout=options.meeting_timeout + 300)
@@ -202,9 +220,9 @@ def drive(options: argparse.Namespace) -> dict:
     return {"totals": totals, "flushed": all(count["flushed"] for count in counts), "window": window,
             "during": rates(before, during, window), "stored_in_window": during["received"] - before["received"],
             "stored": stored_rows(drained["path"], clients), "meeting_s": meeting_s,
-            "meeting_calls": {m: met["calls"].get(m, 0) - drained["calls"].get(m, 0)
-                              for m in ("post", "read", "drop")},
-            "seen": [n for part in seen for n in part], "first": first}
+            "meeting_calls": {m: met["calls"][m] - drained["calls"].get(m, 0) for m in sorted(met["calls"])
+                              if m not in ("write", "get_controls", "ingest") and met["calls"][m] > drained["calls"].get(m, 0)},
+            "seen": [n for part in seen for n in part], "relayed": relayed}
 
 
 def main() -> int:
@@ -233,6 +251,7 @@ def main() -> int:
     per_rank = {m: v / options.ranks for m, v in during.items()}
     print("per rank per second: " + ", ".join(f"{m} {v:.3f}" for m, v in per_rank.items())
           + f"; at 1,000 ranks: {sum(per_rank.values()) * FULL_RANKS:,.0f} writer RPCs/s")
+    print(f"node agents relayed control polls: {fig['relayed']}")
     calls = sum(fig["meeting_calls"].values())
     print(f"consistency meeting: {fig['meeting_s']:.1f}s, writer RPCs {fig['meeting_calls']} "
           f"({calls / options.ranks:.1f} a rank); every rank saw {min(fig['seen'], default=0)}-"

@@ -10,10 +10,10 @@ each ``wait`` bounded by the timeout (a rank that does not join is reported
 missing; after such a timeout the process group may be unusable, as after
 any collective timeout).
 
-Scaling note: the writer relays every value, so a round costs
-``world_size`` posts and reads of a few hundred bytes per tensor (the chunk
-digests). Past a few hundred ranks, post per node (one agent aggregates)
-or use a tree of topics.
+Scaling: the writer relays every value. A round costs each rank one post,
+one read of every rank's value (a few hundred bytes per tensor: the chunk
+digests) and a few polls of a count; a meeting ends with one ``leave``
+each. Every rank still reads every value (O(world_size^2) bytes in all).
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from typing import Any
 
 __all__ = ["Exchange", "LocalExchange", "MailboxExchange", "TorchExchange", "open_exchange"]
 
+#: A waiting rank's first pause between counts, and the longest (seconds; each pause is 1.5x the last).
+POLL_FIRST_S, POLL_MAX_S = 0.02, 0.25
 _counters: dict[tuple[str, Any], itertools.count] = {}
 _counter_lock = threading.Lock()
 
@@ -57,10 +59,14 @@ class LocalExchange(Exchange):
 
 
 class MailboxExchange(Exchange):
-    """Rounds through the writer actor's ``post``/``read`` mailboxes.
+    """Rounds through the writer actor's mailboxes: each rank posts once, polls a count, reads the data once.
 
-    Each round has a data topic (read once) and a small ``ready`` topic that
-    ranks poll, so large values cross the network once per reader.
+    A round is one topic. ``post`` answers how many ranks have posted, so the
+    last rank to arrive never polls; the others poll ``count`` (an int, not
+    the posts) with a back-off, then read the topic once. A meeting ends with
+    one ``leave`` each: the writer drops the meeting's topics when the last
+    rank that joined has left. Per rank and round: a post, a few counts, one
+    read (``bench/bench_ingest.py`` counts them).
     """
 
     name = "store"
@@ -77,38 +83,42 @@ class MailboxExchange(Exchange):
         return ray.get(getattr(self.writer, method).remote(*args), timeout=timeout)
 
     def round(self, label: str, value: Any, expected: list[int]) -> dict[int, Any]:
-        data_topic, ready_topic = f"{self.base}/{label}", f"{self.base}/{label}/ready"
-        self.topics += [data_topic, ready_topic]
-        self._call("post", data_topic, str(self.rank), value)
-        self._call("post", ready_topic, str(self.rank), True)
+        topic = f"{self.base}/{label}"
+        self.topics.append(topic)
+        count = self._call("post", topic, str(self.rank), value)
         deadline = time.monotonic() + self.timeout
         wanted = {str(rank) for rank in expected}
-        pause = 0.005
+        posted: dict[str, Any] | None = None
+        pause = POLL_FIRST_S
         while True:
-            ready = set(self._call("read", ready_topic))
-            if wanted <= ready or time.monotonic() >= deadline:
+            if count >= len(wanted):  # enough posts: read them (a post by a rank not expected may inflate it)
+                posted = self._call("read", topic, timeout=max(30.0, self.timeout))
+                if wanted <= set(posted):
+                    break
+            left = deadline - time.monotonic()
+            if left <= 0:
                 break
-            time.sleep(pause)
-            pause = min(0.1, pause * 1.5)
-        posted = self._call("read", data_topic, timeout=max(30.0, self.timeout))
+            time.sleep(min(pause, left))
+            pause = min(POLL_MAX_S, pause * 1.5)
+            count = self._call("count", topic)
+        if posted is None or not wanted <= set(posted):
+            posted = self._call("read", topic, timeout=max(30.0, self.timeout))  # past the deadline: what came
         return {int(member): item for member, item in posted.items() if member in wanted}
 
     def close(self, arrived: list[int], complete: bool) -> None:
-        """Drop the meeting's topics once every rank that joined it has closed.
+        """Leave the meeting; the writer drops its topics once every rank that joined it has left.
 
-        Joined = posted to the first round's ready topic, which may be more
-        than ``arrived`` (a rank that came after this one's deadline). A rank
-        past its deadline may still be reading the data: dropping earlier
-        (the first version let the lowest rank drop an incomplete meeting at
-        once) left a slower peer reading an empty topic, where it lost even
-        its own post and listed every rank as missing.
+        Joined = posted to the first round's topic, which may be more than
+        ``arrived`` (a rank that came after this one's deadline). A rank past
+        its deadline may still be reading the data: dropping earlier (the
+        first version let the lowest rank drop an incomplete meeting at once)
+        left a slower peer reading an empty topic, where it lost even its own
+        post and listed every rank as missing.
         """
+        if not self.topics:
+            return
         try:
-            done = self._call("post", f"{self.base}/done", str(self.rank), True)
-            joined = len(self._call("read", self.topics[1])) if len(self.topics) > 1 else 0
-            if done >= max(len(arrived), joined):
-                for topic in self.topics + [f"{self.base}/done"]:
-                    self.writer.drop.remote(topic)
+            self._call("leave", f"{self.base}/done", str(self.rank), self.topics[0], len(arrived), self.topics)
         except Exception:  # cleanup only: a leftover topic is harmless
             pass
 

@@ -90,7 +90,9 @@ class EvidenceWriter:
             if time.monotonic() - asked >= AGENT_FORWARD_S:
                 asked = time.monotonic()
                 # after remove_agents() only the agents that commands made again are asked; none is made
-                _ask_agents_to_forward(create=self.get_controls().get(AGENTS_CONTROL) != "removed")
+                with self._lock:  # not get_controls(): that counts the RPCs workers make
+                    removed = self.controls.get(AGENTS_CONTROL) == "removed"
+                _ask_agents_to_forward(create=not removed)
 
     def ingest(self, header: dict[str, Any], rows: list) -> int:
         """Store a batch an agent read from a dead worker's spool (not a live client: no registry entry)."""
@@ -165,6 +167,25 @@ class EvidenceWriter:
         with self._lock:
             self.calls["read"] += 1
             return dict(self.mailboxes.get(topic, {}))
+
+    def count(self, topic: str) -> int:
+        """How many members posted under ``topic`` (what a waiting rank polls: an int, not the posts)."""
+        with self._lock:
+            self.calls["count"] += 1
+            return len(self.mailboxes.get(topic, {}))
+
+    def leave(self, done_topic: str, member: str, joined_topic: str, arrived: int, topics: list[str]) -> bool:
+        """``member`` is done with a meeting; once every member that joined (posted to ``joined_topic``, or
+        ``arrived`` if more) has left, ``topics`` and ``done_topic`` are dropped. True when they were."""
+        with self._lock:
+            self.calls["leave"] += 1
+            done = self.mailboxes.setdefault(done_topic, {})
+            done[member] = True
+            if len(done) < max(arrived, len(self.mailboxes.get(joined_topic, {}))):
+                return False
+            for topic in [*topics, done_topic]:
+                self.mailboxes.pop(topic, None)
+            return True
 
     def drop(self, topic: str) -> None:
         """Forget a topic."""
