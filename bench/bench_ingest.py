@@ -132,8 +132,14 @@ class Host:
         writer = get_writer(create=False)
         seen: dict[int, int] = {}
 
+        import ray
+
+        from raysleuth.agents.controls import node_agent
+
+        counter = node_agent(ray, "count")
+
         def seat(rank: int) -> None:
-            exchange = MailboxExchange(rank, self.world, timeout, base, writer)
+            exchange = MailboxExchange(rank, self.world, timeout, base, writer, counter)
             try:
                 seen[rank] = len(exchange.round("fingerprints", {"rank": rank, "digest": "0" * 64},
                                                 list(range(self.world))))
@@ -171,12 +177,14 @@ def _relayed() -> dict:
 
     from raysleuth.cluster.own import AGENT_PREFIX, NAMESPACE
 
-    totals = {"served": 0, "reads": 0}
+    totals: dict = {}
     for node in ray.nodes():
         try:
             agent = ray.get_actor(AGENT_PREFIX + node["NodeID"][:16], namespace=NAMESPACE)
-            for key, value in ray.get(agent.relayed.remote(), timeout=30).items():
-                totals[key] += value
+            for kind, counts in ray.get(agent.relayed.remote(), timeout=30).items():
+                for key, value in counts.items():
+                    totals.setdefault(kind, {}).setdefault(key, 0)
+                    totals[kind][key] += value
         except Exception:
             pass
     return totals
@@ -251,7 +259,7 @@ def main() -> int:
     per_rank = {m: v / options.ranks for m, v in during.items()}
     print("per rank per second: " + ", ".join(f"{m} {v:.3f}" for m, v in per_rank.items())
           + f"; at 1,000 ranks: {sum(per_rank.values()) * FULL_RANKS:,.0f} writer RPCs/s")
-    print(f"node agents relayed control polls: {fig['relayed']}")
+    print(f"node agents relayed (before the meeting): {fig['relayed']}")
     calls = sum(fig["meeting_calls"].values())
     print(f"consistency meeting: {fig['meeting_s']:.1f}s, writer RPCs {fig['meeting_calls']} "
           f"({calls / options.ranks:.1f} a rank); every rank saw {min(fig['seen'], default=0)}-"

@@ -135,16 +135,14 @@ def _poll(handle: Any, seen: dict[str, Any]) -> Any:
 def _source(ray: Any) -> Any:
     """Where this worker reads the controls: its node's agent (which reads the writer once for the node), else
     the writer itself (no agent on this node, or one from a raysleuth without the relay)."""
-    from raysleuth.cluster.own import AGENT_PREFIX, NAMESPACE
+    from raysleuth.agents.controls import node_agent
 
-    try:
-        agent = ray.get_actor(AGENT_PREFIX + ray.get_runtime_context().get_node_id()[:16], namespace=NAMESPACE)
-        agent.get_controls  # noqa: B018  (an agent without the relay has no such method: AttributeError)
+    agent = node_agent(ray, "get_controls")
+    if agent is not None:
         return agent
-    except (ValueError, AttributeError):
-        from raysleuth.recorder import get_writer
+    from raysleuth.recorder import get_writer
 
-        return get_writer(create=False)
+    return get_writer(create=False)
 
 
 def _dispatch(key: str, handler: Callable[[Any], None], value: Any) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 from raysleuth.agents.host import (
     find_tool, gpus, oom_evidence, process_memory, py_spy_check, ray_train_lines, read_files, run_tool, worker_logs,
 )
-from raysleuth.agents.controls import ControlRelay
+from raysleuth.agents.controls import ControlRelay, CountRelay
 from raysleuth.agents.guard import check_paths, check_tool
 from raysleuth.agents.ranks import is_ray_worker, rank_hints, read_train_logs, thread_times
 from raysleuth.agents.spools import SpoolForwarder
@@ -83,6 +83,7 @@ class NodeAgent:
         self.started = time.time()
         self._spools = SpoolForwarder()
         self._controls = ControlRelay()
+        self._counts = CountRelay()
 
     def ping(self) -> dict[str, Any]:
         """Who and where this agent is."""
@@ -207,9 +208,13 @@ class NodeAgent:
         """The writer's controls, read at most once per ``CONTROL_TTL_S`` for every worker of this node."""
         return self._controls.get()
 
-    def relayed(self) -> dict[str, int]:
-        """Control polls this agent served and the writer reads they took."""
-        return self._controls.totals()
+    def count(self, topic: str) -> int:
+        """How many ranks posted under a meeting's topic (read at most once per ``COUNT_TTL_S`` for the node)."""
+        return self._counts.get(topic)
+
+    def relayed(self) -> dict[str, dict[str, int]]:
+        """Control polls and meeting counts this agent served, and the writer reads they took."""
+        return {"controls": self._controls.totals(), "counts": self._counts.totals()}
 
     def forwarded(self) -> dict[str, Any]:
         """Spool files and rows this agent forwarded so far."""

@@ -62,8 +62,10 @@ class MailboxExchange(Exchange):
     """Rounds through the writer actor's mailboxes: each rank posts once, polls a count, reads the data once.
 
     A round is one topic. ``post`` answers how many ranks have posted, so the
-    last rank to arrive never polls; the others poll ``count`` (an int, not
-    the posts) with a back-off, then read the topic once. A meeting ends with
+    last rank to arrive never polls; the others poll a count (an int, not the
+    posts) with a back-off, through their node's agent when there is one
+    (it reads the writer once per topic per 0.1 s for the node), then read
+    the topic once. A meeting ends with
     one ``leave`` each: the writer drops the meeting's topics when the last
     rank that joined has left. Per rank and round: a post, a few counts, one
     read (``bench/bench_ingest.py`` counts them).
@@ -71,16 +73,29 @@ class MailboxExchange(Exchange):
 
     name = "store"
 
-    def __init__(self, rank: int, world_size: int, timeout: float, base: str, writer: Any) -> None:
+    def __init__(self, rank: int, world_size: int, timeout: float, base: str, writer: Any,
+                 counter: Any = None) -> None:
         super().__init__(rank, world_size, timeout)
         self.base = base
         self.writer = writer
+        #: who answers the polls of a count: the node's agent (one writer read for the node's ranks), or the writer
+        self.counter = writer if counter is None else counter
         self.topics: list[str] = []
 
     def _call(self, method: str, *args: Any, timeout: float = 30.0) -> Any:
         import ray
 
         return ray.get(getattr(self.writer, method).remote(*args), timeout=timeout)
+
+    def _count(self, topic: str) -> int:
+        import ray
+
+        if self.counter is not self.writer:
+            try:
+                return int(ray.get(self.counter.count.remote(topic), timeout=30.0))
+            except Exception:
+                self.counter = self.writer  # the agent went away: ask the writer from now on
+        return int(self._call("count", topic))
 
     def round(self, label: str, value: Any, expected: list[int]) -> dict[int, Any]:
         topic = f"{self.base}/{label}"
@@ -100,7 +115,7 @@ class MailboxExchange(Exchange):
                 break
             time.sleep(min(pause, left))
             pause = min(POLL_MAX_S, pause * 1.5)
-            count = self._call("count", topic)
+            count = self._count(topic)
         if posted is None or not wanted <= set(posted):
             posted = self._call("read", topic, timeout=max(30.0, self.timeout))  # past the deadline: what came
         return {int(member): item for member, item in posted.items() if member in wanted}
@@ -196,7 +211,11 @@ def open_exchange(key: str, step: int | None, rank: int, world_size: int, timeou
             counter = _counters.setdefault((key, step), itertools.count())
             sequence = next(counter)
         base = f"consistency/{_job_id()}/{key}/{step}/{sequence}"
-        return MailboxExchange(rank, world_size, timeout, base, get_writer())
+        import ray
+
+        from raysleuth.agents.controls import node_agent
+
+        return MailboxExchange(rank, world_size, timeout, base, get_writer(), node_agent(ray, "count"))
     if _torch_distributed_ready():
         return TorchExchange(rank, world_size, timeout)
     raise UsageError(
