@@ -65,10 +65,10 @@ class MailboxExchange(Exchange):
     last rank to arrive never polls; the others poll a count (an int, not the
     posts) with a back-off, through their node's agent when there is one
     (it reads the writer once per topic per 0.1 s for the node), then read
-    the topic once. A meeting ends with
-    one ``leave`` each: the writer drops the meeting's topics when the last
-    rank that joined has left. Per rank and round: a post, a few counts, one
-    read (``bench/bench_ingest.py`` counts them).
+    the topic once. A meeting ends with one ``leave`` each: the writer drops
+    the meeting's topics when the last rank that joined has left. Per rank
+    and round the writer takes a post and a read (``bench/bench_ingest.py``
+    counts them).
     """
 
     name = "store"

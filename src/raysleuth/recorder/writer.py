@@ -20,10 +20,13 @@ each node's agent (created where missing) to send that node's files
 (:meth:`EvidenceWriter.ingest`), so a worker killed on any node keeps its
 records in the run while the cluster still runs.
 
-Scaling note: one writer serialises all inserts. Measured at tens of
-thousands of records per second (bench/bench_store.py); beyond a few
-hundred ranks at high log rates, shard by node (one writer per node, merged
-at read time).
+Scaling: one writer serialises all inserts (tens of thousands of records a
+second, bench/bench_store.py; a commit is about 0.1 ms, so the cost is the
+RPCs). Workers read the controls, and poll meeting counts, through their
+node's agent (:mod:`raysleuth.agents.controls`), so those reach the writer
+once per node; each client's deliveries (one ``write`` per 0.2 s) still
+come one per rank. ``info()["calls"]`` counts the RPCs by method;
+bench/bench_ingest.py drives it at the 1,000-rank full-mode rate.
 """
 
 from __future__ import annotations
@@ -96,7 +99,8 @@ class EvidenceWriter:
 
     def ingest(self, header: dict[str, Any], rows: list) -> int:
         """Store a batch an agent read from a dead worker's spool (not a live client: no registry entry)."""
-        self.calls["ingest"] += 1
+        with self._lock:
+            self.calls["ingest"] += 1
         stored = self.store.write_batch(header, rows)
         self.forwarded += stored
         return stored
