@@ -52,8 +52,8 @@ class Host:
             thread.join()
         flushed = all(client.flush(timeout=60) for client in self.clients.values())
         stats = [client.stats for client in self.clients.values()]
-        return {"flushed": flushed, "recorded": sum(s.recorded for s in stats), "spooled": sum(s.spooled for s in stats),
-                "dropped": sum(s.dropped for s in stats), "polls": polls[0],
+        return {"flushed": flushed, "recorded": sum(s.recorded for s in stats),
+                "spooled": sum(s.spooled for s in stats), "dropped": sum(s.dropped for s in stats), "polls": polls[0],
                 "clients": [client.client_id for client in self.clients.values()]}
 
 

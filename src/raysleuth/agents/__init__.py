@@ -5,7 +5,8 @@ An agent is a detached, named actor (``raysleuth-agent-<node_id>`` in the
 node's Ray worker processes, runs a local tool (py-spy) with a timeout,
 reads process memory with psutil and reports the node's versions. Its node's
 workers poll it for the writer's controls (:mod:`raysleuth.agents.controls`:
-one writer read per node, not per worker). When the writer asks, it forwards its node's spool (evidence a worker could not
+one writer read per node, not per worker). When the writer asks, it
+forwards its node's spool (evidence a worker could not
 deliver before it died) to the writer (:mod:`raysleuth.agents.spools`).
 
 Lifetime: agents live as long as the Ray cluster (detached; the writer keeps
