@@ -16,9 +16,10 @@ the worker's start-up path. Without handlers the writer is not polled.
 The zero-code setup (:func:`raysleuth.setup_worker`) starts it in every
 worker; features call :func:`register` from their own ``install``.
 
-Scaling note: every worker polls the writer once per ``POLL_INTERVAL``; at
-thousands of workers, publish controls through Ray's pubsub or a per-node
-agent instead of one actor.
+Scaling: every worker polls once per ``POLL_INTERVAL``, but it polls its own
+node's agent (:mod:`raysleuth.agents.controls`), which reads the writer at
+most twice a second for the whole node; without an agent on the node it
+polls the writer. ``bench/bench_ingest.py`` counts the writer's polls.
 """
 
 from __future__ import annotations
@@ -118,10 +119,7 @@ def _poll(handle: Any, seen: dict[str, Any]) -> Any:
         ray = sys.modules.get("ray")
         if handlers and ray is not None and ray.is_initialized():
             if handle is None:
-                # lazy: every instrument imports the control thread: the writer's client loads when it polls
-                from raysleuth.recorder import get_writer
-
-                handle = get_writer(create=False)
+                handle = _source(ray)
             controls = ray.get(handle.get_controls.remote(), timeout=10)
             for key, handler in handlers.items():
                 value = controls.get(key)
@@ -132,6 +130,21 @@ def _poll(handle: Any, seen: dict[str, Any]) -> Any:
         return handle
     except Exception:
         return None  # no writer yet, or it moved: look it up again next time
+
+
+def _source(ray: Any) -> Any:
+    """Where this worker reads the controls: its node's agent (which reads the writer once for the node), else
+    the writer itself (no agent on this node, or one from a raysleuth without the relay)."""
+    # lazy: every instrument imports the control thread: the relay's and the writer's clients load when it polls
+    from raysleuth.agents.controls import node_agent
+
+    agent = node_agent(ray, "get_controls")
+    if agent is not None:
+        return agent
+    # lazy: as above
+    from raysleuth.recorder import get_writer
+
+    return get_writer(create=False)
 
 
 def _dispatch(key: str, handler: Callable[[Any], None], value: Any) -> None:

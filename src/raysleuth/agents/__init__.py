@@ -3,8 +3,10 @@
 An agent is a detached, named actor (``raysleuth-agent-<node_id>`` in the
 ``raysleuth`` namespace) pinned to its node, reserving no CPU. It lists the
 node's Ray worker processes, runs a local tool (py-spy) with a timeout,
-reads process memory with psutil and reports the node's versions. When the
-writer asks, it forwards its node's spool (evidence a worker could not
+reads process memory with psutil and reports the node's versions. Its node's
+workers poll it for the writer's controls (:mod:`raysleuth.agents.controls`:
+one writer read per node, not per worker). When the writer asks, it
+forwards its node's spool (evidence a worker could not
 deliver before it died) to the writer (:mod:`raysleuth.agents.spools`).
 
 Lifetime: agents live as long as the Ray cluster (detached; the writer keeps
@@ -34,6 +36,7 @@ from raysleuth.agents.guard import check_paths, check_tool
 from raysleuth.agents.host import (
     find_tool, gpus, oom_evidence, process_memory, py_spy_check, ray_train_lines, read_files, run_tool, worker_logs,
 )
+from raysleuth.agents.controls import ControlRelay, CountRelay
 from raysleuth.agents.ranks import is_ray_worker, rank_hints, read_train_logs, thread_times
 from raysleuth.agents.spools import SpoolForwarder
 from raysleuth.cluster.own import AGENT_PREFIX, NAMESPACE, WRITER_NAME
@@ -81,6 +84,8 @@ class NodeAgent:
         self.hostname = socket.gethostname()
         self.started = time.time()
         self._spools = SpoolForwarder()
+        self._controls = ControlRelay()
+        self._counts = CountRelay()
 
     def ping(self) -> dict[str, Any]:
         """Who and where this agent is."""
@@ -199,6 +204,18 @@ class NodeAgent:
     def forward_spools(self, writer: Any) -> dict[str, Any]:
         """Send this node's abandoned spool files of the run to ``writer`` (the writer's handle); what was sent."""
         return self._spools.forward(writer)
+
+    def get_controls(self) -> dict[str, Any]:
+        """The writer's controls, read at most once per ``CONTROL_TTL_S`` for every worker of this node."""
+        return self._controls.get()
+
+    def count(self, topic: str) -> int:
+        """How many ranks posted under a meeting's topic (read at most once per ``COUNT_TTL_S`` for the node)."""
+        return self._counts.get(topic)
+
+    def relayed(self) -> dict[str, dict[str, int]]:
+        """Control polls and meeting counts this agent served, and the writer reads they took."""
+        return {"controls": self._controls.totals(), "counts": self._counts.totals()}
 
     def forwarded(self) -> dict[str, Any]:
         """Spool files and rows this agent forwarded so far."""

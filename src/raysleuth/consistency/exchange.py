@@ -10,10 +10,10 @@ each ``wait`` bounded by the timeout (a rank that does not join is reported
 missing; after such a timeout the process group may be unusable, as after
 any collective timeout).
 
-Scaling note: the writer relays every value, so a round costs
-``world_size`` posts and reads of a few hundred bytes per tensor (the chunk
-digests). Past a few hundred ranks, post per node (one agent aggregates)
-or use a tree of topics.
+Scaling: the writer relays every value. A round costs each rank one post,
+one read of every rank's value (a few hundred bytes per tensor: the chunk
+digests) and a few polls of a count; a meeting ends with one ``leave``
+each. Every rank still reads every value (O(world_size^2) bytes in all).
 """
 
 from __future__ import annotations
@@ -23,11 +23,14 @@ import threading
 import time
 from typing import Any
 
+from raysleuth.agents.controls import node_agent
 from raysleuth.errors import UsageError
 from raysleuth.recorder import get_writer
 
 __all__ = ["Exchange", "LocalExchange", "MailboxExchange", "TorchExchange", "open_exchange"]
 
+#: A waiting rank's first pause between counts, and the longest (seconds; each pause is 1.5x the last).
+POLL_FIRST_S, POLL_MAX_S = 0.02, 0.25
 _counters: dict[tuple[str, Any], itertools.count] = {}
 _counter_lock = threading.Lock()
 
@@ -60,18 +63,27 @@ class LocalExchange(Exchange):
 
 
 class MailboxExchange(Exchange):
-    """Rounds through the writer actor's ``post``/``read`` mailboxes.
+    """Rounds through the writer actor's mailboxes: each rank posts once, polls a count, reads the data once.
 
-    Each round has a data topic (read once) and a small ``ready`` topic that
-    ranks poll, so large values cross the network once per reader.
+    A round is one topic. ``post`` answers how many ranks have posted, so the
+    last rank to arrive never polls; the others poll a count (an int, not the
+    posts) with a back-off, through their node's agent when there is one
+    (it reads the writer once per topic per 0.1 s for the node), then read
+    the topic once. A meeting ends with one ``leave`` each: the writer drops
+    the meeting's topics when the last rank that joined has left. Per rank
+    and round the writer takes a post and a read (``bench/bench_ingest.py``
+    counts them).
     """
 
     name = "store"
 
-    def __init__(self, rank: int, world_size: int, timeout: float, base: str, writer: Any) -> None:
+    def __init__(self, rank: int, world_size: int, timeout: float, base: str, writer: Any,
+                 counter: Any = None) -> None:
         super().__init__(rank, world_size, timeout)
         self.base = base
         self.writer = writer
+        #: who answers the polls of a count: the node's agent (one writer read for the node's ranks), or the writer
+        self.counter = writer if counter is None else counter
         self.topics: list[str] = []
 
     def _call(self, method: str, *args: Any, timeout: float = 30.0) -> Any:
@@ -79,39 +91,53 @@ class MailboxExchange(Exchange):
 
         return ray.get(getattr(self.writer, method).remote(*args), timeout=timeout)
 
+    def _count(self, topic: str) -> int:
+        import ray
+
+        if self.counter is not self.writer:
+            try:
+                return int(ray.get(self.counter.count.remote(topic), timeout=30.0))
+            except Exception:
+                self.counter = self.writer  # the agent went away: ask the writer from now on
+        return int(self._call("count", topic))
+
     def round(self, label: str, value: Any, expected: list[int]) -> dict[int, Any]:
-        data_topic, ready_topic = f"{self.base}/{label}", f"{self.base}/{label}/ready"
-        self.topics += [data_topic, ready_topic]
-        self._call("post", data_topic, str(self.rank), value)
-        self._call("post", ready_topic, str(self.rank), True)
+        topic = f"{self.base}/{label}"
+        self.topics.append(topic)
+        count = self._call("post", topic, str(self.rank), value)
         deadline = time.monotonic() + self.timeout
         wanted = {str(rank) for rank in expected}
-        pause = 0.005
+        posted: dict[str, Any] | None = None
+        pause = POLL_FIRST_S
         while True:
-            ready = set(self._call("read", ready_topic))
-            if wanted <= ready or time.monotonic() >= deadline:
+            if count >= len(wanted):  # enough posts: read them (a post by a rank not expected may inflate it)
+                posted = self._call("read", topic, timeout=max(30.0, self.timeout))
+                if wanted <= set(posted):
+                    break
+            left = deadline - time.monotonic()
+            if left <= 0:
                 break
-            time.sleep(pause)
-            pause = min(0.1, pause * 1.5)
-        posted = self._call("read", data_topic, timeout=max(30.0, self.timeout))
+            time.sleep(min(pause, left))
+            pause = min(POLL_MAX_S, pause * 1.5)
+            count = self._count(topic)
+        if posted is None or not wanted <= set(posted):
+            posted = self._call("read", topic, timeout=max(30.0, self.timeout))  # past the deadline: what came
         return {int(member): item for member, item in posted.items() if member in wanted}
 
     def close(self, arrived: list[int], complete: bool) -> None:
-        """Drop the meeting's topics once every rank that joined it has closed.
+        """Leave the meeting; the writer drops its topics once every rank that joined it has left.
 
-        Joined = posted to the first round's ready topic, which may be more
-        than ``arrived`` (a rank that came after this one's deadline). A rank
-        past its deadline may still be reading the data: dropping earlier
-        (the first version let the lowest rank drop an incomplete meeting at
-        once) left a slower peer reading an empty topic, where it lost even
-        its own post and listed every rank as missing.
+        Joined = posted to the first round's topic, which may be more than
+        ``arrived`` (a rank that came after this one's deadline). A rank past
+        its deadline may still be reading the data: dropping earlier (the
+        first version let the lowest rank drop an incomplete meeting at once)
+        left a slower peer reading an empty topic, where it lost even its own
+        post and listed every rank as missing.
         """
+        if not self.topics:
+            return
         try:
-            done = self._call("post", f"{self.base}/done", str(self.rank), True)
-            joined = len(self._call("read", self.topics[1])) if len(self.topics) > 1 else 0
-            if done >= max(len(arrived), joined):
-                for topic in self.topics + [f"{self.base}/done"]:
-                    self.writer.drop.remote(topic)
+            self._call("leave", f"{self.base}/done", str(self.rank), self.topics[0], len(arrived), self.topics)
         except Exception:  # cleanup only: a leftover topic is harmless
             pass
 
@@ -186,7 +212,9 @@ def open_exchange(key: str, step: int | None, rank: int, world_size: int, timeou
             counter = _counters.setdefault((key, step), itertools.count())
             sequence = next(counter)
         base = f"consistency/{_job_id()}/{key}/{step}/{sequence}"
-        return MailboxExchange(rank, world_size, timeout, base, get_writer())
+        import ray  # lazy: importing raysleuth never imports Ray; a store meeting runs where Ray is up
+
+        return MailboxExchange(rank, world_size, timeout, base, get_writer(), node_agent(ray, "count"))
     if _torch_distributed_ready():
         return TorchExchange(rank, world_size, timeout)
     raise UsageError(

@@ -20,14 +20,18 @@ each node's agent (created where missing) to send that node's files
 (:meth:`EvidenceWriter.ingest`), so a worker killed on any node keeps its
 records in the run while the cluster still runs.
 
-Scaling note: one writer serialises all inserts. Measured at tens of
-thousands of records per second (bench/bench_store.py); beyond a few
-hundred ranks at high log rates, shard by node (one writer per node, merged
-at read time).
+Scaling: one writer serialises all inserts (tens of thousands of records a
+second, bench/bench_store.py; a commit is about 0.1 ms, so the cost is the
+RPCs). Workers read the controls, and poll meeting counts, through their
+node's agent (:mod:`raysleuth.agents.controls`), so those reach the writer
+once per node; each client's deliveries (one ``write`` per 0.2 s) still
+come one per rank. ``info()["calls"]`` counts the RPCs by method;
+bench/bench_ingest.py drives it at the 1,000-rank full-mode rate.
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import time
@@ -63,6 +67,8 @@ class EvidenceWriter:
         self.controls: dict[str, Any] = {}
         self.mailboxes: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
+        #: RPCs taken, by method (``info()["calls"]``): what the ingest bench reads per second and per rank.
+        self.calls: collections.Counter[str] = collections.Counter()
         self.received = 0
         self.ingested = 0
         self.forwarded = 0
@@ -87,10 +93,14 @@ class EvidenceWriter:
             if time.monotonic() - asked >= AGENT_FORWARD_S:
                 asked = time.monotonic()
                 # after remove_agents() only the agents that commands made again are asked; none is made
-                _ask_agents_to_forward(create=self.get_controls().get(AGENTS_CONTROL) != "removed")
+                with self._lock:  # not get_controls(): that counts the RPCs workers make
+                    removed = self.controls.get(AGENTS_CONTROL) == "removed"
+                _ask_agents_to_forward(create=not removed)
 
     def ingest(self, header: dict[str, Any], rows: list) -> int:
         """Store a batch an agent read from a dead worker's spool (not a live client: no registry entry)."""
+        with self._lock:
+            self.calls["ingest"] += 1
         stored = self.store.write_batch(header, rows)
         self.forwarded += stored
         return stored
@@ -98,8 +108,9 @@ class EvidenceWriter:
     def write(self, header: dict[str, Any], rows: list) -> int:
         """Insert one batch; returns rows newly inserted (duplicates ignored)."""
         client = header.get("client_id")
-        if client:
-            with self._lock:
+        with self._lock:
+            self.calls["write"] += 1
+            if client:
                 entry = self.registry.setdefault(client, dict(header))
                 entry.update(header)
                 entry["last_seen"] = time.time()
@@ -119,6 +130,7 @@ class EvidenceWriter:
             "ingested": self.ingested,
             "forwarded": self.forwarded,
             "clients": len(self.registry),
+            "calls": dict(self.calls),
         }
 
     def clients(self) -> list[dict[str, Any]]:
@@ -141,6 +153,7 @@ class EvidenceWriter:
     def get_controls(self) -> dict[str, Any]:
         """All control values (workers poll this every few seconds)."""
         with self._lock:
+            self.calls["get_controls"] += 1
             return dict(self.controls)
 
     # mailboxes --------------------------------------------------------------
@@ -148,6 +161,7 @@ class EvidenceWriter:
     def post(self, topic: str, member: str, value: Any) -> int:
         """Leave ``value`` under ``topic`` for ``member``; returns how many members posted."""
         with self._lock:
+            self.calls["post"] += 1
             box = self.mailboxes.setdefault(topic, {})
             box[member] = value
             return len(box)
@@ -155,11 +169,32 @@ class EvidenceWriter:
     def read(self, topic: str) -> dict[str, Any]:
         """Everything posted under ``topic`` so far."""
         with self._lock:
+            self.calls["read"] += 1
             return dict(self.mailboxes.get(topic, {}))
+
+    def count(self, topic: str) -> int:
+        """How many members posted under ``topic`` (what a waiting rank polls: an int, not the posts)."""
+        with self._lock:
+            self.calls["count"] += 1
+            return len(self.mailboxes.get(topic, {}))
+
+    def leave(self, done_topic: str, member: str, joined_topic: str, arrived: int, topics: list[str]) -> bool:
+        """``member`` is done with a meeting; once every member that joined (posted to ``joined_topic``, or
+        ``arrived`` if more) has left, ``topics`` and ``done_topic`` are dropped. True when they were."""
+        with self._lock:
+            self.calls["leave"] += 1
+            done = self.mailboxes.setdefault(done_topic, {})
+            done[member] = True
+            if len(done) < max(arrived, len(self.mailboxes.get(joined_topic, {}))):
+                return False
+            for topic in [*topics, done_topic]:
+                self.mailboxes.pop(topic, None)
+            return True
 
     def drop(self, topic: str) -> None:
         """Forget a topic."""
         with self._lock:
+            self.calls["drop"] += 1
             self.mailboxes.pop(topic, None)
 
 
