@@ -21,6 +21,7 @@ import pytest
 from scale_reference import (
     old_build_timeline,
     old_call_at,
+    old_judge,
     old_mann_kendall_s,
     old_memory_report,
     old_timeline_summary_rows,
@@ -32,7 +33,8 @@ from raysleuth.collectives.model import _call_at, positions_from_records
 from raysleuth.collectives.report import read_collectives
 
 from raysleuth.memory import memory_report
-from raysleuth.memory.trend import _mann_kendall_s, kendall_tau
+from raysleuth.memory import trend
+from raysleuth.memory.trend import LeakPolicy, _judge, _mann_kendall_s, kendall_tau
 from raysleuth.options import format_ranks, parse_ranks
 from raysleuth.recorder.store import EvidenceStore
 from raysleuth.timeline import export_timeline, summarize_steps, timeline_summary
@@ -104,6 +106,42 @@ def test_the_leak_test_counts_every_pair_in_n_log_n():
             assert _mann_kendall_s(np.asarray(values, dtype=float)) == old_mann_kendall_s(values), n
     tau, z = kendall_tau(np.arange(5000.0))
     assert tau == 1.0 and z > 50
+
+
+def test_the_leak_test_counts_its_trend_tests_only_where_they_decide():
+    """Each pattern needs growth of some size: the Kendall tests skipped where it is missing change no pattern."""
+    rng = np.random.default_rng(5)
+    policy = LeakPolicy()
+    shapes = []
+    for n in (12, 40, 288):
+        t = np.arange(n, dtype=float)
+        base = 6e9 + rng.integers(-8, 8, n) * 2.0**20
+        shapes += [base, base + t * 2**20, base + t * 4 * 2**20, base + np.minimum(t, n / 2) * 2**26,
+                   base + np.where(t > 2 * n / 3, (t - 2 * n / 3) * 2**26, 0), base[::-1] + t * 2**18,
+                   np.full(n, 2.0**30), 2.0**30 + (t % 7) * 2**24]
+    for ys in shapes:
+        ys = ys.tolist()
+        old = old_judge(ys, policy)
+        assert _judge(ys, policy) == old
+        assert _judge(ys, policy, evidence=False)["pattern"] == old["pattern"]
+    assert {old_judge(ys.tolist(), policy)["pattern"] for ys in shapes} >= {None, "steady", "climb", "recent"}
+
+
+def test_the_thinned_evidence_lines_keep_every_verdict(full_run, monkeypatch):
+    """Non-leaking series are fitted through 100 points, leaks through 300 as before: verdicts, reasons and every
+    leak's evidence equal the 300-point fit's; the other slopes stay close."""
+    store = _open(full_run)
+    thinned = memory_report(store)
+    monkeypatch.setattr(trend, "EVIDENCE_POINTS", 300)
+    exact = memory_report(store)
+    assert len(thinned.workers) == len(exact.workers) and thinned.leaks
+    for new, old in zip(thinned.workers, exact.workers):
+        assert (new.leak, new.status, new.reason, new.evidence["pattern"], new.evidence["tau"]) == \
+            (old.leak, old.status, old.reason, old.evidence["pattern"], old.evidence["tau"])
+        if old.leak:
+            assert new == old
+        elif old.slope_bytes_per_s is not None:
+            assert abs(new.slope_bytes_per_s - old.slope_bytes_per_s) < 2**20 / 60  # well under a MiB a minute
 
 
 def test_timeline_summary_answers_as_before(run):

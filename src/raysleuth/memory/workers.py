@@ -115,7 +115,9 @@ def _thin(values: list[float], width: int = 60) -> list[float]:
 
 #: What the reader takes from each ``memory`` row: columns, then ``data`` fields (read in SQL, see
 #: :func:`raysleuth.recorder.reading.select`).
-_COLUMNS = ("time", "id", "rank", "step", "pid", "node_ip", "node_id", "actor_class", "actor_name")
+_COLUMNS = ("time", "id", "rank", "step", "pid", "node_ip")
+#: Read once a worker, from its newest row (not for each of its samples).
+_IDENTITY = ("node_id", "actor_class", "actor_name")
 _FIELDS = ("source", "pid", "node_ip") + METRICS
 
 
@@ -138,12 +140,14 @@ class _Series:
     rows under two ranks): :meth:`ordered` puts them in (time, id) order, as a time-ordered read.
     """
 
-    __slots__ = ("chunks", "rank", "last", "_newest", "_rank_at", "_in_order")
+    __slots__ = ("chunks", "rank", "last", "identity", "_newest", "_rank_at", "_in_order")
 
     def __init__(self) -> None:
         self.chunks: list[tuple] = []
         self.rank: int | None = None
         self.last: tuple = ()
+        self.identity: tuple = (None, None, None)
+        """``_IDENTITY`` of the newest row (filled in after the read)."""
         self._newest = self._rank_at = (float("-inf"), -1)
         self._in_order = True
 
@@ -162,7 +166,7 @@ class _Series:
         if ranked and (float(times[ranked[-1]]), int(ids[ranked[-1]])) >= self._rank_at:
             self.rank, self._rank_at = rows[ranked[-1]][2], (float(times[ranked[-1]]), int(ids[ranked[-1]]))
         steps = [s if isinstance(s, int) and not isinstance(s, bool) else None for s in columns[3]]
-        self.chunks.append((times, ids, _floats(steps), *(_floats(c) for c in columns[12:])))
+        self.chunks.append((times, ids, _floats(steps), *(_floats(c) for c in columns[9:])))
 
     def ordered(self) -> tuple:
         """(times, steps, {metric: values}) in (time, id) order."""
@@ -190,7 +194,8 @@ def _maybe(values) -> list[float | None]:
     return [v if v == v else None for v in values.tolist()]
 
 
-def _as_int(value: float | None) -> int | float | None:
+def _as_int(value: float | None) -> Any:
+    """An integral float as the int it was stored as (bytes), anything else as it is."""
     return int(value) if value is not None and value == value and float(value).is_integer() else value
 
 
@@ -200,10 +205,11 @@ def summarise(records: list, policy: LeakPolicy | None = None) -> WorkerMemory:
     rows = []
     for r in records:
         data = r.data
-        rows.append((r.time, r.id, r.rank, r.step, data.get("pid", r.pid), data.get("node_ip", r.node_ip), r.node_id,
-                     r.actor_class, r.actor_name, data.get("source"), None, None,
-                     *(data.get(metric) for metric in METRICS)))
+        rows.append((r.time, r.id, r.rank, r.step, data.get("pid", r.pid), data.get("node_ip", r.node_ip),
+                     data.get("source"), None, None, *(data.get(metric) for metric in METRICS)))
     series.add(rows)
+    newest = max(records, key=lambda r: (r.time, r.id))
+    series.identity = (newest.node_id, newest.actor_class, newest.actor_name)
     return _summarise_series(series, policy)
 
 
@@ -211,12 +217,13 @@ def _summarise_series(series: _Series, policy: LeakPolicy | None) -> WorkerMemor
     times_, steps_, values = series.ordered()
     last = series.last
     times = times_.tolist()
-    steps = _maybe(steps_)  # as floats: the per-step slope is the same
-    latest = dict(zip(METRICS, last[12:]))
+    steps: list[Any] = _maybe(steps_)  # as floats: the per-step slope is the same
+    latest = dict(zip(METRICS, last[9:]))
+    node_id, actor_class, actor_name = series.identity
     worker = WorkerMemory(
-        rank=series.rank, pid=last[4] if last[10] is None else last[10],
-        node_ip=last[5] if last[11] is None else last[11], node_id=last[6], actor_class=last[7],
-        actor_name=last[8], source=last[9], samples=len(times), first_time=times[0], last_time=times[-1],
+        rank=series.rank, pid=last[4] if last[7] is None else last[7],
+        node_ip=last[5] if last[8] is None else last[8], node_id=node_id, actor_class=actor_class,
+        actor_name=actor_name, source=last[6], samples=len(times), first_time=times[0], last_time=times[-1],
         rss_bytes=latest["rss_bytes"], uss_bytes=latest["uss_bytes"],
         cuda_allocated_bytes=latest["cuda_allocated_bytes"], cuda_reserved_bytes=latest["cuda_reserved_bytes"],
     )
@@ -239,8 +246,8 @@ def _summarise_series(series: _Series, policy: LeakPolicy | None) -> WorkerMemor
 
 def _worker_key(row: tuple) -> tuple:
     """(node ip, pid, source) of a memory row: the data's own pid and ip first (agent samples)."""
-    source = row[9] or "watch"
-    return (row[11] if row[11] is not None else row[5], row[10] if row[10] is not None else row[4], source)
+    source = row[6] or "watch"
+    return (row[8] if row[8] is not None else row[5], row[7] if row[7] is not None else row[4], source)
 
 
 def memory_report(store, *, rank: int | list[int] | None = None, since: float | None = None,
@@ -265,9 +272,14 @@ def memory_report(store, *, rank: int | list[int] | None = None, since: float | 
         if len(batch) >= 20_000:
             take()
     take()
+    chosen = [max(by_source.values(), key=lambda s: sum(len(c[0]) for c in s.chunks))  # the denser source
+              for by_source in groups.values()]
+    newest = [series.last[1] for series in chosen]
+    identities = {row[0]: row[1:] for start in range(0, len(newest), 5000)
+                  for row in store.select(None, ("id",) + _IDENTITY, order=None, ids=newest[start:start + 5000])}
     workers = []
-    for by_source in groups.values():
-        series = max(by_source.values(), key=lambda s: sum(len(c[0]) for c in s.chunks))  # the denser source
+    for series in chosen:
+        series.identity = identities.get(series.last[1], series.identity)
         workers.append(_summarise_series(series, policy))
     workers.sort(key=lambda w: (w.rank is None, w.rank if w.rank is not None else 0, w.node_ip or "", w.pid or 0))
     return MemoryReport(store=str(store.path), workers=workers)

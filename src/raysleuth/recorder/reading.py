@@ -19,6 +19,7 @@ fields, as :meth:`~EvidenceStore.query` reads it as ``{"raw": text}``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import sqlite3
@@ -59,7 +60,9 @@ def where_clause(*, kind=None, rank=None, job=None, name=None, since=None, until
     return where, args
 
 
-def _field_sql(field: str) -> str:
+def _field_sql(field: str, guarded: bool = True) -> str:
+    """SQL reading one ``data`` field; ``guarded``: a row whose data is not JSON reads as NULL (one more parse a
+    field, so :func:`select` first tries without and asks again guarded only if SQLite met such a row)."""
     path, _, form = field.partition(":")
     if not _FIELD.match(path) or form not in ("", "json", "number"):
         raise UsageError(f"data field {field!r} cannot be read in SQL", fix="name fields as word.word[:json|:number]")
@@ -68,7 +71,7 @@ def _field_sql(field: str) -> str:
         value = f"json_quote({value})"
     elif form == "number":
         value = f"CASE WHEN json_type(data, '$.{path}') IN ('integer', 'real') THEN {value} END"
-    return f"CASE WHEN json_valid(data) THEN {value} END"
+    return f"CASE WHEN json_valid(data) THEN {value} END" if guarded else value
 
 
 def select(store, kind: str | Iterable[str] | None, columns: Sequence[str] = ("time",), fields: Sequence[str] = (), *,
@@ -88,21 +91,33 @@ def select(store, kind: str | Iterable[str] | None, columns: Sequence[str] = ("t
     old = store.schema_version < 2
     if old and filters.get("job") is not None:
         return
-    parts = ["NULL" if old and column == "job_id" else column for column in columns] + [_field_sql(f) for f in fields]
     where, args = where_clause(kind=kind, **filters)
-    sql = f"SELECT {', '.join(parts) or '1'} FROM records"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    if ORDERS[order]:
-        sql += " ORDER BY " + ", ".join(f"{term} DESC" for term in ORDERS[order].split(", ")) if newest_first \
-            else " ORDER BY " + ORDERS[order]
-    if limit is not None:
-        sql += f" LIMIT {int(limit)}"
+
+    def sql(guarded: bool) -> str:
+        parts = ["NULL" if old and column == "job_id" else column for column in columns]
+        text = f"SELECT {', '.join(parts + [_field_sql(f, guarded) for f in fields]) or '1'} FROM records"
+        if where:
+            text += " WHERE " + " AND ".join(where)
+        if ORDERS[order]:
+            text += " ORDER BY " + ", ".join(f"{term} DESC" for term in ORDERS[order].split(", ")) if newest_first \
+                else " ORDER BY " + ORDERS[order]
+        return text + (f" LIMIT {int(limit)}" if limit is not None else "")
+
+    done = 0
     try:
-        yield from _rows(store, sql, args, batch)
+        try:
+            for row in _rows(store, sql(not fields), args, batch, malformed=_Malformed if fields else None):
+                done += 1
+                yield row
+        except _Malformed:  # a row that is not JSON (another writer's): the same query, guarded, from where it was
+            yield from itertools.islice(_rows(store, sql(True), args, batch), done, None)
     except OverflowError:
         raise UsageError("a number in the query is too large for the evidence store",
                          fix="pass ranks, steps and ids as they appear in the records") from None
+
+
+class _Malformed(Exception):
+    """SQLite met a ``data`` that is not JSON while reading fields without the guard."""
 
 
 def loads(value: str | None, default: Any = None) -> Any:
@@ -141,12 +156,14 @@ def buckets(store, kind: str, field: str, width: float, *, start: float) -> Iter
     yield from _rows(store, sql, [start, width, kind])
 
 
-def _rows(store, sql: str, args: list, batch: int = 20_000) -> Iterator[tuple]:
+def _rows(store, sql: str, args: list, batch: int = 20_000, malformed: type[Exception] | None = None) -> Iterator[tuple]:
     try:
         cursor = store._db.execute(sql, args)
         while rows := cursor.fetchmany(batch):
             yield from rows
     except sqlite3.DatabaseError as error:
+        if malformed is not None and "malformed JSON" in str(error):
+            raise malformed() from None
         raise StoreCorrupt(f"{store.path} could not be read ({error})",
                            fix="move the file aside; a new run starts a fresh one") from None
 
