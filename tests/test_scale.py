@@ -58,6 +58,8 @@ def _awkward_rows(store: EvidenceStore) -> None:
                               for n in range(30)])
     store._db.execute("INSERT INTO records (kind, time, rank, data) VALUES ('memory', ?, 3, '{bad json')", (START + 9,))
     store._db.execute("INSERT INTO records (kind, time, rank, data) VALUES ('span', ?, 3, '[1, 2]')", (START + 9,))
+    store._db.execute("INSERT INTO records (kind, time, rank, data) VALUES ('collectives', ?, 3, '{bad json')",
+                      (START + 9,))
     store._db.commit()
 
 
@@ -222,6 +224,10 @@ def test_outputs_stay_short_at_a_hundred_ranks(run):
     code, text = _cli("timeline", "--summary", "--run", str(run))
     first = text.splitlines()[1]
     assert code == 0 and "ranks; fastest" in first and len(first) < 200, first
+    code, text = _cli("memory", "--run", str(run))  # the leaker and the undecided as rows, the rest in one line
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert code == 1 and len(lines) < 50 and "leak found: rank 13" in text, text[-3000:]
+    assert re.search(r"… \d+ more worker\(s\), ranks 0-12,14-", text) and "--rank N" in text, text[-3000:]
 
 
 def test_periodic_dumps_send_what_changed():

@@ -88,13 +88,14 @@ def request_dump(wait: float = 4.0, *, home: Path | str | None = None) -> tuple[
 
     from raysleuth.recorder import get_writer
 
-    request = {"id": uuid.uuid4().hex[:12], "time": time.time()}
+    request_id, asked_at = uuid.uuid4().hex[:12], time.time()
+    request = {"id": request_id, "time": asked_at}
     try:
         writer = get_writer(create=False, home=home)
         ray.get(writer.set_control.remote(CONTROL_KEY, request), timeout=10)
     except Exception:
-        return None, request["time"]
-    return request["id"], request["time"]
+        return None, asked_at
+    return request_id, asked_at
 
 
 def _alive_processes() -> set | None:
@@ -107,18 +108,34 @@ def _alive_processes() -> set | None:
         return None
 
 
+#: What the matcher reads of each wrapper call and each Flight Recorder entry (:func:`.model.entries_from_dump`).
+CALL_FIELDS = ("pg", "seq", "op", "input", "state", "start_ns", "end_ns", "file", "line", "function", "step", "call")
+FR_FIELDS = ("collective_seq_id", "is_p2p", "process_group", "time_created_ns", "profiling_name", "input_sizes",
+             "input_dtypes")
+
+
 def read_collectives(store, job: str | None = None) -> list[dict[str, Any]]:
     """The newest dump of every worker, its newest :data:`READ_PER_GROUP` entries per group (cut in SQL).
 
     Each dump holds its worker's newest entries per group, so older dumps add nothing newer; a
     mismatch further back than that is not looked for (the newest entries already disagree then).
+    Of each entry only the fields the matcher reads come back (:data:`CALL_FIELDS`, :data:`FR_FIELDS`),
+    picked by SQLite: a 180 KB dump is never parsed in Python.
     """
-    from raysleuth.recorder.reading import newest_per_worker, trimmed
+    from raysleuth.recorder.reading import newest_per_worker, tails
     from raysleuth.recorder.store import COLUMNS
 
     ids = newest_per_worker(store, "collectives")[-RECORD_LIMIT:]
-    records = [store._record(row).to_dict()
-               for row in trimmed(store, ids, COLUMNS, ("calls", "flight_recorder.entries"), READ_PER_GROUP)]
+    records = []
+    for row, items in tails(store, ids, COLUMNS, {"calls": CALL_FIELDS, "flight_recorder.entries": FR_FIELDS},
+                            READ_PER_GROUP):
+        record = store._record(row).to_dict()
+        data = record["data"]
+        if items:  # a dump (not a foreign row): its entries back in
+            data["calls"] = items["calls"]
+            if isinstance(data.get("flight_recorder"), dict):
+                data["flight_recorder"]["entries"] = items["flight_recorder.entries"]
+        records.append(record)
     job = job if job is not None else latest_job(records)
     return [r for r in records if job is None or (r.get("data") or {}).get("job_id") in (None, job)]
 
@@ -184,7 +201,8 @@ def missing_data(report: CollectivesReport, had_records: bool, group: str | None
     if not report.compared:
         return [f"the records hold no collective entries to compare (light mode dumps only on request and at exit): "
                 f"{_HOW}"], []
-    missing, unanswered = [], set()
+    missing: list[str] = []
+    unanswered: set[int] = set()
     # not known dead (alive, or the State API did not say) and silent this time: cannot tell, never "gone"
     maybe_alive = {item["rank"] for item in report.ranks if item.get("alive") is not False}
     late = maybe_alive - set(report.answered) if report.live and report.requested else set()
@@ -208,8 +226,8 @@ def _wait_for_answers(store, request_id: str, asked_at: float, wait: float, job:
         expected = {(r.get("node_ip"), r.get("pid")) for r in records} & alive
         got = {(r.get("node_ip"), r.get("pid")) for r in records
                if ((r.get("data") or {}).get("request") or {}).get("id") == request_id}
-        answered = {(r.get("data") or {}).get("rank") for r in records
-                    if ((r.get("data") or {}).get("request") or {}).get("id") == request_id} - {None}
+        answered = {rank for r in records if ((r.get("data") or {}).get("request") or {}).get("id") == request_id
+                    and isinstance(rank := (r.get("data") or {}).get("rank"), int)}
         if (expected and expected <= got) or time.monotonic() >= deadline:
             return answered
         time.sleep(0.3)

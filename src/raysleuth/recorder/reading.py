@@ -23,12 +23,12 @@ import itertools
 import json
 import re
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from raysleuth.errors import StoreCorrupt, UsageError
 
-__all__ = ["buckets", "identities", "loads", "newest_per_worker", "select", "span_totals", "trimmed", "where_clause"]
+__all__ = ["buckets", "identities", "loads", "newest_per_worker", "select", "span_totals", "tails", "where_clause"]
 
 #: Columns a reader may name (the records table's own).
 READABLE = ("id", "kind", "time", "rank", "step", "phase", "name", "level", "data", "seq", "world_size", "node_id",
@@ -182,28 +182,47 @@ def identities(store) -> Iterator[tuple]:
                             " GROUP BY rank, node_ip, hostname, actor_class", [])
 
 
-def trimmed(store, ids: list[int], columns: Sequence[str], arrays: Sequence[str], keep: int) -> Iterator[tuple]:
-    """Rows ``(id,) + columns`` of the records ``ids``, each JSON array at ``arrays`` cut to its last ``keep`` items
-    per entry of ``$.groups`` (in SQL: a reader that needs the newest positions never parses a whole dump)."""
+def tails(store, ids: list[int], columns: Sequence[str], arrays: Mapping[str, Sequence[str]],
+          keep: int) -> Iterator[tuple[tuple, dict[str, list[dict[str, Any]]]]]:
+    """Per record of ``ids``, in (time, id) order: its row ``(id,) + columns`` with ``data`` read without the
+    JSON arrays at the paths of ``arrays``, and those arrays' newest items as dicts of the named fields
+    (``{}`` when ``data`` is not a JSON object).
+
+    An array keeps its last ``keep`` items per entry of ``$.groups`` (at least ``keep``); an item that is
+    not an object is left out. A reader that needs the newest positions of big dumps never parses or moves
+    a whole dump in Python, and SQLite parses each dump once per array (``json_extract`` with many paths).
+    """
     for path in arrays:
         if not _FIELD.match(path):
             raise UsageError(f"data field {path!r} cannot be read in SQL", fix="name fields as word.word")
-    valid = "json_valid(data) AND json_type(data) = 'object'"
-    groups = f"CASE WHEN {valid} THEN MAX(1, (SELECT COUNT(*) FROM json_each(data, '$.groups'))) ELSE 1 END"
-    cuts = [f"CASE WHEN {valid} AND json_type(data, '$.{path}') = 'array' THEN "
-            f"json_array_length(data, '$.{path}') - {int(keep)} * ({groups}) END AS cut{n}"
-            for n, path in enumerate(arrays)]
-    # the arrays out, the cut arrays back in: json_set rewrites the small rest, not the whole dump
     removed = f"json_remove(data, {', '.join(repr(f'$.{path}') for path in arrays)})"
-    sets = ", ".join(f"'$.{path}', CASE WHEN cut{n} IS NULL THEN json_extract(data, '$.{path}') ELSE json((SELECT "
-                     f"json_group_array(json(value)) FROM json_each(data, '$.{path}') WHERE key >= cut{n})) END"
-                     for n, path in enumerate(arrays))
-    data = f"CASE WHEN {valid} THEN json_set({removed}, {sets}) ELSE data END"
     selected = ["id"] + ["NULL" if store.schema_version < 2 and c == "job_id" else c for c in columns]
-    selected[selected.index("data")] = data
+    at = selected.index("data")
+
+    def header(chunk: list[int], guarded: bool) -> str:
+        parts = list(selected)
+        parts[at] = f"CASE WHEN json_valid(data) THEN {removed} ELSE data END" if guarded else removed
+        return f"SELECT {', '.join(parts)} FROM records WHERE id IN ({','.join('?' * len(chunk))}) ORDER BY time, id"
+
+    items = {path: ("SELECT json_group_array(json(item)) FROM (SELECT CASE WHEN e.type = 'object' THEN json_extract("
+                    f"e.value, {', '.join(repr(f'$.{field}') for field in fields)}) END AS item FROM json_each("
+                    f"(SELECT data FROM records WHERE id = ?), '$.{path}') AS e WHERE typeof(e.key) = 'integer' "
+                    "ORDER BY e.key DESC LIMIT ?)") for path, fields in arrays.items()}
     for start in range(0, len(ids), 5000):
         chunk = ids[start:start + 5000]
-        inner = f"SELECT *, {', '.join(cuts)} FROM records WHERE id IN ({','.join('?' * len(chunk))})"
-        # MATERIALIZED: each cut computed once a row, not again for every array element it is compared with
-        yield from _rows(store, f"WITH cut AS MATERIALIZED ({inner}) SELECT {', '.join(selected)} FROM cut "
-                                "ORDER BY time, id", list(chunk))
+        try:
+            rows = list(_rows(store, header(chunk, False), list(chunk), malformed=_Malformed))
+        except _Malformed:  # a row that is not JSON: read as it is, its arrays as none
+            rows = list(_rows(store, header(chunk, True), list(chunk)))
+        for row in rows:
+            data = loads(row[at]) if isinstance(row[at], str) else None
+            found: dict[str, list[dict[str, Any]]] = {}
+            if isinstance(data, dict):
+                groups = data.get("groups")
+                limit = keep * max(1, len(groups) if isinstance(groups, (dict, list)) else 1)
+                for path, sql in items.items():
+                    text = next(_rows(store, sql, [row[0], limit]))[0]
+                    found[path] = [dict(zip(arrays[path], item)) for item in reversed(loads(text, []))
+                                   if item is not None]
+            yield row, found
+
