@@ -205,6 +205,23 @@ def test_collectives_read_the_newest_dump_of_each_rank(run):
     assert "ranks 0-6,8-" in new.culprits[0].reason  # the waiting ranks as ranges, not 99 numbers
 
 
+def test_the_newest_entries_are_picked_in_sql_as_python_would_cut_them(tmp_path):
+    """Three groups: the last 3 x 64 calls (over one json_extract's paths), items that are not objects left out."""
+    from raysleuth.recorder.reading import tails
+    from raysleuth.recorder.store import COLUMNS
+
+    store = EvidenceStore(tmp_path / "evidence.sqlite")
+    calls = [{"pg": str(n % 3), "seq": n, "text": "é\"x"} if n % 50 else n for n in range(300)]
+    data = {"groups": {"0": {}, "1": {}, "2": {}}, "calls": calls, "flight_recorder": {"entries": calls[:5]},
+            "detail": False}
+    store.write_batch(identity(0, 1), [("collectives", START, 0, None, None, "request", "INFO", data, 0)])
+    (row, items), = tails(store, [1], COLUMNS, ("calls", "flight_recorder.entries"), 64)
+    assert items["calls"] == [c for c in calls[-192:] if isinstance(c, dict)]
+    assert items["flight_recorder.entries"] == [c for c in calls[:5] if isinstance(c, dict)]
+    rest = json.loads(row[COLUMNS.index("data") + 1])
+    assert rest == {"groups": data["groups"], "flight_recorder": {}, "detail": False}
+
+
 def test_rank_ranges_read_back_as_the_ranks():
     assert format_ranks([5, 0, 1, 2, 7, 8, 8]) == "0-2,5,7-8"
     assert parse_ranks(format_ranks(range(999))) == list(range(999))

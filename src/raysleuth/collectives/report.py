@@ -108,27 +108,20 @@ def _alive_processes() -> set | None:
         return None
 
 
-#: What the matcher reads of each wrapper call and each Flight Recorder entry (:func:`.model.entries_from_dump`).
-CALL_FIELDS = ("pg", "seq", "op", "input", "state", "start_ns", "end_ns", "file", "line", "function", "step", "call")
-FR_FIELDS = ("collective_seq_id", "is_p2p", "process_group", "time_created_ns", "profiling_name", "input_sizes",
-             "input_dtypes")
-
-
 def read_collectives(store, job: str | None = None) -> list[dict[str, Any]]:
     """The newest dump of every worker, its newest :data:`READ_PER_GROUP` entries per group (cut in SQL).
 
     Each dump holds its worker's newest entries per group, so older dumps add nothing newer; a
     mismatch further back than that is not looked for (the newest entries already disagree then).
-    Of each entry only the fields the matcher reads come back (:data:`CALL_FIELDS`, :data:`FR_FIELDS`),
-    picked by SQLite: a 180 KB dump is never parsed in Python.
+    SQLite picks those entries by their place from the end of each array: a 180 KB dump is never parsed or
+    moved whole in Python.
     """
     from raysleuth.recorder.reading import newest_per_worker, tails
     from raysleuth.recorder.store import COLUMNS
 
     ids = newest_per_worker(store, "collectives")[-RECORD_LIMIT:]
     records = []
-    for row, items in tails(store, ids, COLUMNS, {"calls": CALL_FIELDS, "flight_recorder.entries": FR_FIELDS},
-                            READ_PER_GROUP):
+    for row, items in tails(store, ids, COLUMNS, ("calls", "flight_recorder.entries"), READ_PER_GROUP):
         record = store._record(row).to_dict()
         data = record["data"]
         if items:  # a dump (not a foreign row): its entries back in

@@ -23,7 +23,7 @@ import itertools
 import json
 import re
 import sqlite3
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from raysleuth.errors import StoreCorrupt, UsageError
@@ -182,15 +182,15 @@ def identities(store) -> Iterator[tuple]:
                             " GROUP BY rank, node_ip, hostname, actor_class", [])
 
 
-def tails(store, ids: list[int], columns: Sequence[str], arrays: Mapping[str, Sequence[str]],
-          keep: int) -> Iterator[tuple[tuple, dict[str, list[dict[str, Any]]]]]:
+def tails(store, ids: list[int], columns: Sequence[str], arrays: Sequence[str],
+          keep: int) -> Iterator[tuple[tuple, dict[str, list[Any]]]]:
     """Per record of ``ids``, in (time, id) order: its row ``(id,) + columns`` with ``data`` read without the
-    JSON arrays at the paths of ``arrays``, and those arrays' newest items as dicts of the named fields
-    (``{}`` when ``data`` is not a JSON object).
+    JSON arrays at ``arrays`` (paths), and those arrays' newest items (``{}`` when ``data`` is not an object).
 
     An array keeps its last ``keep`` items per entry of ``$.groups`` (at least ``keep``); an item that is
-    not an object is left out. A reader that needs the newest positions of big dumps never parses or moves
-    a whole dump in Python, and SQLite parses each dump once per array (``json_extract`` with many paths).
+    not an object is left out. SQLite picks the items by their place from the end (``$.calls[#-1]``, many
+    paths in one ``json_extract``: one parse of the dump, only those items written out), so a reader that
+    needs the newest positions of big dumps never parses or moves a whole dump in Python.
     """
     for path in arrays:
         if not _FIELD.match(path):
@@ -204,10 +204,6 @@ def tails(store, ids: list[int], columns: Sequence[str], arrays: Mapping[str, Se
         parts[at] = f"CASE WHEN json_valid(data) THEN {removed} ELSE data END" if guarded else removed
         return f"SELECT {', '.join(parts)} FROM records WHERE id IN ({','.join('?' * len(chunk))}) ORDER BY time, id"
 
-    items = {path: ("SELECT json_group_array(json(item)) FROM (SELECT CASE WHEN e.type = 'object' THEN json_extract("
-                    f"e.value, {', '.join(repr(f'$.{field}') for field in fields)}) END AS item FROM json_each("
-                    f"(SELECT data FROM records WHERE id = ?), '$.{path}') AS e WHERE typeof(e.key) = 'integer' "
-                    "ORDER BY e.key DESC LIMIT ?)") for path, fields in arrays.items()}
     for start in range(0, len(ids), 5000):
         chunk = ids[start:start + 5000]
         try:
@@ -216,13 +212,25 @@ def tails(store, ids: list[int], columns: Sequence[str], arrays: Mapping[str, Se
             rows = list(_rows(store, header(chunk, True), list(chunk)))
         for row in rows:
             data = loads(row[at]) if isinstance(row[at], str) else None
-            found: dict[str, list[dict[str, Any]]] = {}
+            found: dict[str, list[Any]] = {}
             if isinstance(data, dict):
                 groups = data.get("groups")
                 limit = keep * max(1, len(groups) if isinstance(groups, (dict, list)) else 1)
-                for path, sql in items.items():
-                    text = next(_rows(store, sql, [row[0], limit]))[0]
-                    found[path] = [dict(zip(arrays[path], item)) for item in reversed(loads(text, []))
-                                   if item is not None]
+                found = {path: _newest_items(store, row[0], path, limit) for path in arrays}
             yield row, found
 
+
+#: Paths one ``json_extract`` takes (SQLite allows 127 arguments a function).
+_PATHS_A_CALL = 100
+
+
+def _newest_items(store, record_id: int, path: str, limit: int) -> list[Any]:
+    """The last ``limit`` items of the array at ``path`` in one record's data that are objects, oldest first."""
+    items: list[Any] = []
+    for first in range(1, limit + 1, _PATHS_A_CALL):
+        back = range(first, min(limit, first + _PATHS_A_CALL - 1) + 1)
+        paths = [f"$.{path}[#-{k}]" for k in back] + [f"$.{path}[#-{limit + 1}]"]  # two or more: a JSON array back
+        sql = f"SELECT json_extract(data, {', '.join('?' * len(paths))}) FROM records WHERE id = ?"
+        text = next(_rows(store, sql, [*paths, record_id]))[0]
+        items.extend(loads(text, [])[:-1])
+    return [item for item in reversed(items) if isinstance(item, dict)]
