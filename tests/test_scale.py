@@ -264,3 +264,24 @@ def test_periodic_dumps_send_what_changed():
     assert sent(230, None) == list(range(200, 231))  # #200 again (it completed since), then what is new
     assert sent(230, None) == list(range(223, 231))  # nothing changed: only the newest 8 (readers of one dump)
     record._periodic_floor.clear()
+
+
+def test_readers_hand_the_garbage_collector_back_as_they_found_it(run):
+    import gc
+
+    from raysleuth.recorder.reading import bulk
+
+    store = _open(run)
+    assert gc.isenabled()
+    memory_report(store, rank=[7])
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with bulk():
+            pass
+        assert not gc.isenabled()  # the caller's choice stands
+    finally:
+        gc.enable()
+    with pytest.raises(KeyError), bulk():
+        raise KeyError("x")
+    assert gc.isenabled()

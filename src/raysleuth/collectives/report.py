@@ -143,6 +143,7 @@ def collect_collectives(address: str | None = None, *, run: str | None = None, h
     stored run only (works after the cluster is gone).
     """
     from raysleuth.recorder import open_store
+    from raysleuth.recorder.reading import bulk
 
     live, notes, request_id = run is None, [], None
     if live:
@@ -159,12 +160,14 @@ def collect_collectives(address: str | None = None, *, run: str | None = None, h
                 notes.append("could not reach raysleuth's writer to ask for a dump; using stored dumps")
             else:
                 answered = _wait_for_answers(store, request_id, asked_at, wait, job)
-        records = read_collectives(store, job)
+        with bulk():
+            records = read_collectives(store, job)
     finally:
         store.close()
     alive = _alive_processes() if live else None
-    positions = positions_from_records(records, alive=alive, job=job)
-    verdict = match(positions, pending_after=pending_after, last=last, group=group)
+    with bulk():
+        positions = positions_from_records(records, alive=alive, job=job)
+        verdict = match(positions, pending_after=pending_after, last=last, group=group)
     if records and live and request_id and positions and not answered:
         notes.append(f"no worker answered the dump request within {wait:.0f}s; positions are from earlier dumps")
     job_id = job or latest_job(records)

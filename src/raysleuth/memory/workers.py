@@ -25,6 +25,7 @@ from typing import Any
 from raysleuth.cluster import own
 from raysleuth.memory.series import METRICS, _as_int, _maybe, _present, _Series
 from raysleuth.memory.trend import LeakPolicy, detect_leak, leaks
+from raysleuth.recorder.reading import bulk
 
 __all__ = ["MemoryReport", "SampleRun", "WorkerMemory", "memory_report", "sample_workers", "sparkline"]
 
@@ -187,20 +188,22 @@ def memory_report(store, *, rank: int | list[int] | None = None, since: float | 
                 groups.setdefault((node_ip, pid), {}).setdefault(source, _Series()).add(list(rows))
         batch.clear()
 
-    for row in store.select("memory", _COLUMNS, _FIELDS, order="rank", rank=rank, since=since, job=job):
-        batch.append(row)
-        if len(batch) >= 20_000:
-            take()
-    take()
+    with bulk():  # the rows and columns all stay alive: nothing for the collector to find
+        for row in store.select("memory", _COLUMNS, _FIELDS, order="rank", rank=rank, since=since, job=job):
+            batch.append(row)
+            if len(batch) >= 20_000:
+                take()
+        take()
     chosen = [max(by_source.values(), key=lambda s: sum(len(c[0]) for c in s.chunks))  # the denser source
               for by_source in groups.values()]
     newest = [series.last[1] for series in chosen]
     identities = {row[0]: row[1:] for start in range(0, len(newest), 5000)
                   for row in store.select(None, ("id",) + _IDENTITY, order=None, ids=newest[start:start + 5000])}
     workers = []
-    for series in chosen:
-        series.identity = identities.get(series.last[1], series.identity)
-        workers.append(_summarise_series(series, policy))
+    with bulk():  # a verdict and its evidence per worker, all kept
+        for series in chosen:
+            series.identity = identities.get(series.last[1], series.identity)
+            workers.append(_summarise_series(series, policy))
     workers.sort(key=lambda w: (w.rank is None, w.rank if w.rank is not None else 0, w.node_ip or "", w.pid or 0))
     return MemoryReport(store=str(store.path), workers=workers)
 

@@ -19,6 +19,8 @@ fields, as :meth:`~EvidenceStore.query` reads it as ``{"raw": text}``.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import itertools
 import json
 import re
@@ -28,7 +30,7 @@ from typing import Any
 
 from raysleuth.errors import StoreCorrupt, UsageError
 
-__all__ = ["buckets", "identities", "loads", "newest_per_worker", "select", "span_totals", "tails", "where_clause"]
+__all__ = ["buckets", "bulk", "identities", "loads", "newest_per_worker", "select", "span_totals", "tails", "where_clause"]
 
 #: Columns a reader may name (the records table's own).
 READABLE = ("id", "kind", "time", "rank", "step", "phase", "name", "level", "data", "seq", "world_size", "node_id",
@@ -118,6 +120,20 @@ def select(store, kind: str | Iterable[str] | None, columns: Sequence[str] = ("t
 
 class _Malformed(Exception):
     """SQLite met a ``data`` that is not JSON while reading fields without the guard."""
+
+
+@contextlib.contextmanager
+def bulk() -> Iterator[None]:
+    """While a reader builds many small objects that all stay alive (a dict per entry of a thousand dumps, a
+    thousand workers' columns): no cyclic garbage collection, which would walk every one of them again and
+    again (measured: 60% of the collectives matcher's input at 1,000 ranks). Collection resumes after."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def loads(value: str | None, default: Any = None) -> Any:
