@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from raysleuth.memory import trend
 from raysleuth.memory.trend import LeakPolicy, LeakVerdict, detect_leak
 from raysleuth.memory.workers import TREND_SOURCES, MemoryReport, WorkerMemory, _thin
 from raysleuth.recorder import open_store
@@ -171,4 +172,42 @@ def old_call_at(calls: list[dict], created_ns: int | None) -> dict | None:
             return call
     near = [c for c in calls if abs((c.get("start_ns") or 0) - created_ns) <= slack]
     return min(near, key=lambda c: abs((c.get("start_ns") or 0) - created_ns)) if near else None
+
+
+
+def old_judge(ys: list[float], policy: LeakPolicy) -> dict[str, Any]:
+    """Every measure counted, eagerly, as _judge did before it counted the trend tests only where they matter."""
+    import numpy as np
+
+    n = len(ys)
+    k = max(2, n // 5)
+    start, end = float(np.median(ys[:k])), float(np.median(ys[-k:]))
+    tau, z = trend.kendall_tau(ys)
+    half = n // 2
+    floor_growth = float(min(ys[half:]) - min(ys[:half]))
+    third = max(3, n // 3)
+    recent, earlier = ys[-third:], ys[:-third]
+    recent_tau, _ = trend.kendall_tau(recent)
+    recent_growth = float(np.median(recent[-max(2, third // 3):]) - max(earlier)) if earlier else 0.0
+    base = min(ys[:half]) if half else start
+    growth = end - start
+    # every sample above the one before (tau near 1): steadiness is the evidence, size only needs the byte floor
+    steady_enough = trend._growth_is_large(growth, start, policy) or (tau >= 0.9 and growth >= policy.min_growth_bytes)
+    settled = max(recent) - min(recent) < max(policy.min_growth_bytes, policy.min_growth_fraction * end)
+    pattern = None
+    climb = policy.min_climb_fraction
+    # A climb must stand out of the series' own noise: an allocator that keeps freed pages raises the floor
+    # of a noisy but flat process by up to one transient allocation (sample-to-sample jumps of that size).
+    noise = 3.0 * float(np.median(np.abs(np.diff(ys)))) if n >= 3 else 0.0
+    if settled and floor_growth > noise and trend._growth_is_large(floor_growth, base, policy, climb):
+        pattern = "climb"  # grew, then held: the end of the window is flat
+    elif tau >= policy.min_tau and z >= 2.5 and steady_enough and floor_growth > 0:
+        pattern = "steady"
+    elif floor_growth > noise and trend._growth_is_large(floor_growth, base, policy, climb):
+        pattern = "climb"
+    elif (recent_tau >= policy.min_tau and recent_growth > noise
+          and trend._growth_is_large(recent_growth, max(earlier or [start]), policy, climb)):
+        pattern = "recent"
+    return {"start": start, "end": end, "tau": tau, "floor": floor_growth, "recent": recent_growth,
+            "pattern": pattern}
 

@@ -21,6 +21,7 @@ import pytest
 from scale_reference import (
     old_build_timeline,
     old_call_at,
+    old_judge,
     old_mann_kendall_s,
     old_memory_report,
     old_timeline_summary_rows,
@@ -32,7 +33,8 @@ from raysleuth.collectives.model import _call_at, positions_from_records
 from raysleuth.collectives.report import read_collectives
 
 from raysleuth.memory import memory_report
-from raysleuth.memory.trend import _mann_kendall_s, kendall_tau
+from raysleuth.memory import trend
+from raysleuth.memory.trend import LeakPolicy, _judge, _mann_kendall_s, kendall_tau
 from raysleuth.options import format_ranks, parse_ranks
 from raysleuth.recorder.store import EvidenceStore
 from raysleuth.timeline import export_timeline, summarize_steps, timeline_summary
@@ -56,6 +58,8 @@ def _awkward_rows(store: EvidenceStore) -> None:
                               for n in range(30)])
     store._db.execute("INSERT INTO records (kind, time, rank, data) VALUES ('memory', ?, 3, '{bad json')", (START + 9,))
     store._db.execute("INSERT INTO records (kind, time, rank, data) VALUES ('span', ?, 3, '[1, 2]')", (START + 9,))
+    store._db.execute("INSERT INTO records (kind, time, rank, data) VALUES ('collectives', ?, 3, '{bad json')",
+                      (START + 9,))
     store._db.commit()
 
 
@@ -104,6 +108,42 @@ def test_the_leak_test_counts_every_pair_in_n_log_n():
             assert _mann_kendall_s(np.asarray(values, dtype=float)) == old_mann_kendall_s(values), n
     tau, z = kendall_tau(np.arange(5000.0))
     assert tau == 1.0 and z > 50
+
+
+def test_the_leak_test_counts_its_trend_tests_only_where_they_decide():
+    """Each pattern needs growth of some size: the Kendall tests skipped where it is missing change no pattern."""
+    rng = np.random.default_rng(5)
+    policy = LeakPolicy()
+    shapes = []
+    for n in (12, 40, 288):
+        t = np.arange(n, dtype=float)
+        base = 6e9 + rng.integers(-8, 8, n) * 2.0**20
+        shapes += [base, base + t * 2**20, base + t * 4 * 2**20, base + np.minimum(t, n / 2) * 2**26,
+                   base + np.where(t > 2 * n / 3, (t - 2 * n / 3) * 2**26, 0), base[::-1] + t * 2**18,
+                   np.full(n, 2.0**30), 2.0**30 + (t % 7) * 2**24]
+    for ys in shapes:
+        ys = ys.tolist()
+        old = old_judge(ys, policy)
+        assert _judge(ys, policy) == old
+        assert _judge(ys, policy, evidence=False)["pattern"] == old["pattern"]
+    assert {old_judge(ys.tolist(), policy)["pattern"] for ys in shapes} >= {None, "steady", "climb", "recent"}
+
+
+def test_the_thinned_evidence_lines_keep_every_verdict(full_run, monkeypatch):
+    """Non-leaking series are fitted through 100 points, leaks through 300 as before: verdicts, reasons and every
+    leak's evidence equal the 300-point fit's; the other slopes stay close."""
+    store = _open(full_run)
+    thinned = memory_report(store)
+    monkeypatch.setattr(trend, "EVIDENCE_POINTS", 300)
+    exact = memory_report(store)
+    assert len(thinned.workers) == len(exact.workers) and thinned.leaks
+    for new, old in zip(thinned.workers, exact.workers):
+        assert (new.leak, new.status, new.reason, new.evidence["pattern"], new.evidence["tau"]) == \
+            (old.leak, old.status, old.reason, old.evidence["pattern"], old.evidence["tau"])
+        if old.leak:
+            assert new == old
+        elif old.slope_bytes_per_s is not None:
+            assert abs(new.slope_bytes_per_s - old.slope_bytes_per_s) < 2**20 / 60  # well under a MiB a minute
 
 
 def test_timeline_summary_answers_as_before(run):
@@ -165,6 +205,23 @@ def test_collectives_read_the_newest_dump_of_each_rank(run):
     assert "ranks 0-6,8-" in new.culprits[0].reason  # the waiting ranks as ranges, not 99 numbers
 
 
+def test_the_newest_entries_are_picked_in_sql_as_python_would_cut_them(tmp_path):
+    """Three groups: the last 3 x 64 calls (over one json_extract's paths), items that are not objects left out."""
+    from raysleuth.recorder.reading import tails
+    from raysleuth.recorder.store import COLUMNS
+
+    store = EvidenceStore(tmp_path / "evidence.sqlite")
+    calls = [{"pg": str(n % 3), "seq": n, "text": "é\"x"} if n % 50 else n for n in range(300)]
+    data = {"groups": {"0": {}, "1": {}, "2": {}}, "calls": calls, "flight_recorder": {"entries": calls[:5]},
+            "detail": False}
+    store.write_batch(identity(0, 1), [("collectives", START, 0, None, None, "request", "INFO", data, 0)])
+    (row, items), = tails(store, [1], COLUMNS, ("calls", "flight_recorder.entries"), 64)
+    assert items["calls"] == [c for c in calls[-192:] if isinstance(c, dict)]
+    assert items["flight_recorder.entries"] == [c for c in calls[:5] if isinstance(c, dict)]
+    rest = json.loads(row[COLUMNS.index("data") + 1])
+    assert rest == {"groups": data["groups"], "flight_recorder": {}, "detail": False}
+
+
 def test_rank_ranges_read_back_as_the_ranks():
     assert format_ranks([5, 0, 1, 2, 7, 8, 8]) == "0-2,5,7-8"
     assert parse_ranks(format_ranks(range(999))) == list(range(999))
@@ -184,6 +241,10 @@ def test_outputs_stay_short_at_a_hundred_ranks(run):
     code, text = _cli("timeline", "--summary", "--run", str(run))
     first = text.splitlines()[1]
     assert code == 0 and "ranks; fastest" in first and len(first) < 200, first
+    code, text = _cli("memory", "--run", str(run))  # the leaker and the undecided as rows, the rest in one line
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert code == 1 and len(lines) < 50 and "leak found: rank 13" in text, text[-3000:]
+    assert re.search(r"… \d+ more worker\(s\), ranks 0-12,14-", text) and "--rank N" in text, text[-3000:]
 
 
 def test_periodic_dumps_send_what_changed():
@@ -203,3 +264,24 @@ def test_periodic_dumps_send_what_changed():
     assert sent(230, None) == list(range(200, 231))  # #200 again (it completed since), then what is new
     assert sent(230, None) == list(range(223, 231))  # nothing changed: only the newest 8 (readers of one dump)
     record._periodic_floor.clear()
+
+
+def test_readers_hand_the_garbage_collector_back_as_they_found_it(run):
+    import gc
+
+    from raysleuth.recorder.reading import bulk
+
+    store = _open(run)
+    assert gc.isenabled()
+    memory_report(store, rank=[7])
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with bulk():
+            pass
+        assert not gc.isenabled()  # the caller's choice stands
+    finally:
+        gc.enable()
+    with pytest.raises(KeyError), bulk():
+        raise KeyError("x")
+    assert gc.isenabled()

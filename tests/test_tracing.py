@@ -91,6 +91,86 @@ def test_mode_off_records_nothing(store):
     assert database.query("span", name="quiet") == []
 
 
+def test_spans_of_many_threads_arrive_whole_with_their_rank(store):
+    """Spans wait on one deque as plain fields; the client's thread makes each row: none lost, none torn."""
+    import threading
+
+    database, client = store
+    rs.set_rank(5, 8)
+
+    def work(thread: int) -> None:
+        for i in range(2000):
+            with rs.span(f"t{thread}", step=i, i=i):
+                pass
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert client.flush(30)
+    spans = database.query("span")
+    assert len(spans) == 8000 and client.stats.recorded >= 8000 and client.stats.dropped == 0
+    for record in spans:
+        assert record.rank == 5 and record.data["attrs"] == {"i": record.step}, record
+    assert {len({r.step for r in spans if r.name == f"t{n}"}) for n in range(4)} == {2000}
+
+
+def test_spans_past_the_deque_s_room_are_dropped_and_counted(store, monkeypatch):
+    from raysleuth import tracing
+    from raysleuth.recorder.spans import SPANS
+
+    database, client = store
+    with rs.span("first"):  # this client now drains the spans
+        pass
+    assert client.flush(10)
+    monkeypatch.setattr(tracing, "_SPANS_MAX", 10 * tracing.SPAN_FIELDS)
+    client._wake.clear()
+    with client._deliver_lock:  # the thread cannot drain meanwhile
+        for i in range(15):
+            with rs.span("burst", step=i):
+                pass
+        assert len(SPANS) == 10 * tracing.SPAN_FIELDS
+    assert client.flush(10)
+    assert len(database.query("span", name="burst")) == 10 and client.stats.dropped == 5
+
+
+def test_a_new_process_client_takes_the_spans_from_then_on(tmp_path, store):
+    database, client = store
+    with rs.span("before"):
+        pass
+    other_store = EvidenceStore(tmp_path / "other.sqlite")
+    other = RecordClient(StoreSink(other_store), spool_dir=tmp_path / "spool2")
+    client.flush(10)
+    old = reset_client(other)
+    try:
+        with rs.span("after"):
+            pass
+        assert other.flush(10) and client.flush(10)
+    finally:
+        other.close()
+        reset_client(old)
+    assert [r.name for r in database.query("span")] == ["before"]
+    assert [r.name for r in other_store.query("span")] == ["after"]
+
+
+def test_a_forked_child_does_not_send_its_parent_s_waiting_spans(store):
+    import os
+
+    from raysleuth.recorder.spans import SPANS
+
+    database, client = store
+    with rs.span("parent"):
+        pass
+    with client._deliver_lock:  # still waiting when the child is forked
+        pid = os.fork()
+        if pid == 0:  # the child: what waited is the parent's
+            os._exit(0 if not SPANS else 3)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert client.flush(10)
+    assert [r.name for r in database.query("span")] == ["parent"]
+
+
 def test_detailed_tracing_traces_ray_calls_and_restores(ray_cluster):
     import ray
     from ray.actor import ActorMethod

@@ -145,8 +145,41 @@ def _who(worker) -> str:
     return escape(name or ("task worker" if worker.source == "agent" else "worker"))
 
 
+#: Past this many workers the table shows the ones that stand out and one line for the rest.
+TABLE_ROWS = 40
+
+
+def _shown(report) -> tuple[list, list]:
+    """(workers drawn as rows, workers summed up in one line): every leak and undecided one first (up to
+    :data:`TABLE_ROWS`), then the fastest growers; the rest are summed up."""
+    workers = report.workers
+    if len(workers) <= TABLE_ROWS:
+        return workers, []
+    flagged = [w for w in workers if w.leak or w.status != "ok"][:TABLE_ROWS]
+    growers = sorted((w for w in workers if not (w.leak or w.status != "ok")),
+                     key=lambda w: -(w.slope_bytes_per_s or 0.0))[:max(0, min(5, TABLE_ROWS - len(flagged)))]
+    chosen = {id(w) for w in flagged + growers}
+    return [w for w in workers if id(w) in chosen], [w for w in workers if id(w) not in chosen]
+
+
+def _rest_line(rest: list) -> str:
+    """One line for the workers not drawn: how many, which ranks, their verdicts and memory ranges."""
+    from raysleuth.options import format_ranks
+
+    ranks = [w.rank for w in rest if w.rank is not None]
+    verdicts = sorted({"ok" if w.status == "ok" else w.status for w in rest})
+    text = f"… {len(rest)} more worker(s)" + (f", ranks {format_ranks(ranks)}" if ranks else "")
+    text += f": {'/'.join(verdicts)}"
+    for label, values in (("rss", [w.rss_bytes for w in rest]), ("peak", [w.peak_bytes for w in rest])):
+        known = [v for v in values if v is not None]
+        if known:
+            text += f"; {label} {_mib(min(known))}–{_mib(max(known))} MiB"
+    return escape(text) + " (--rank N or --json shows each)"
+
+
 def _print_report(report, problems: list[str]) -> None:
-    """The per-worker table, the problems of the sampling, and the one-line verdict."""
+    """The per-worker table (many workers: those that stand out, and one line for the rest), the problems of
+    the sampling, and the one-line verdict."""
     # lazy: a command loads its feature when it runs (the CLI starts in 0.25 s, not 0.9 s)
     from raysleuth.memory import sparkline
 
@@ -154,7 +187,8 @@ def _print_report(report, problems: list[str]) -> None:
     for column in ("rank", "worker", "pid", "node", "src", "n", "rss MiB", "uss MiB", "cuda MiB", "peak MiB",
                    "MiB/s", "trend", "verdict"):
         table.add_column(column, overflow="fold")
-    for worker in report.workers:
+    shown, rest = _shown(report)
+    for worker in shown:
         slope = worker.slope_bytes_per_s
         reason = escape(worker.reason or "")
         if worker.leak:
@@ -170,6 +204,8 @@ def _print_report(report, problems: list[str]) -> None:
             "" if slope is None else f"{slope / 2**20:+.2f}", sparkline(worker.series, 20), verdict,
         )
     console.print(table)
+    if rest:
+        console.print(f"[dim]{_rest_line(rest)}[/dim]", soft_wrap=True)
     for problem in problems:
         console.print(f"[yellow]⚠️  {escape(problem)}[/yellow]", soft_wrap=True)
     leaks = report.leaks

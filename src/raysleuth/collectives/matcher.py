@@ -53,7 +53,11 @@ def match(positions: list[RankPositions], *, dead_ranks: Iterable[int] = (),
     culprits = [f for g in groups for f in g.findings]
     culprits.sort(key=lambda f: _KIND_ORDER.get(f.kind, 9))
     seen: set[int] = set()
-    unique = [f for f in culprits if not (f.rank in seen or seen.add(f.rank))]
+    unique = []
+    for finding in culprits:  # the strongest finding of each rank
+        if finding.rank not in seen:
+            seen.add(finding.rank)
+            unique.append(finding)
     if unique:
         summary = "; ".join(f.reason for f in unique[:3])
     elif not positions:

@@ -160,20 +160,22 @@ def entries_from_dump(data: dict[str, Any]) -> dict[str, dict[int, Entry]]:
                 continue
             group = str((raw.get("process_group") or ["?"])[0])
             seq = int(raw["collective_seq_id"])
-            call = sorted_calls[group].at(raw.get("time_created_ns")) if group in sorted_calls else None
+            created = raw.get("time_created_ns")
+            joined = sorted_calls[group].at(int(created) if isinstance(created, (int, float)) else None) \
+                if group in sorted_calls else None
             done = _int((status.get(group) or {}).get("last_completed_collective"), -1)
             blocking = str(raw.get("profiling_name") or "").startswith("gloo:")
-            state = "completed" if seq <= done or (blocking and _returned_around(call, raw.get("time_created_ns"))) \
+            state = "completed" if seq <= done or (blocking and _returned_around(joined, raw.get("time_created_ns"))) \
                 else "pending"
-            if call is not None and call.get("state") == "error":
+            if joined is not None and joined.get("state") == "error":
                 state = "error"
             inputs = [[list(shape), _DTYPES.get(dtype, str(dtype).lower())]
                       for shape, dtype in zip(raw.get("input_sizes") or [], raw.get("input_dtypes") or [])]
             groups[group][seq] = _entry(seq, str(raw.get("profiling_name") or "?").split(":")[-1], inputs, state,
-                                        (raw.get("time_created_ns") or 0) / 1e9 or None, call)
+                                        (raw.get("time_created_ns") or 0) / 1e9 or None, joined)
         return dict(groups)
     for call in calls:
-        state = {"started": "pending", "error": "error"}.get(call.get("state"), "completed")
+        state = {"started": "pending", "error": "error"}.get(str(call.get("state")), "completed")
         groups[str(call.get("pg"))][int(call["seq"])] = _entry(int(call["seq"]), str(call.get("op")),
                                                                 list(call.get("input") or []), state,
                                                                 (call.get("start_ns") or 0) / 1e9 or None, call)
@@ -222,7 +224,7 @@ class _Calls:
 
 def _start(call: dict) -> int:
     start = call.get("start_ns") or 0
-    return start if isinstance(start, (int, float)) else 0
+    return int(start) if isinstance(start, (int, float)) else 0
 
 
 def _call_at(calls: list[dict], created_ns: int | None) -> dict | None:

@@ -89,13 +89,14 @@ def request_dump(wait: float = 4.0, *, home: Path | str | None = None) -> tuple[
 
     from raysleuth.recorder import get_writer
 
-    request = {"id": uuid.uuid4().hex[:12], "time": time.time()}
+    request_id, asked_at = uuid.uuid4().hex[:12], time.time()
+    request = {"id": request_id, "time": asked_at}
     try:
         writer = get_writer(create=False, home=home)
         ray.get(writer.set_control.remote(CONTROL_KEY, request), timeout=10)
     except Exception:
-        return None, request["time"]
-    return request["id"], request["time"]
+        return None, asked_at
+    return request_id, asked_at
 
 
 def _alive_processes() -> set | None:
@@ -113,13 +114,22 @@ def read_collectives(store, job: str | None = None) -> list[dict[str, Any]]:
 
     Each dump holds its worker's newest entries per group, so older dumps add nothing newer; a
     mismatch further back than that is not looked for (the newest entries already disagree then).
+    SQLite picks those entries by their place from the end of each array: a 180 KB dump is never parsed or
+    moved whole in Python.
     """
-    from raysleuth.recorder.reading import newest_per_worker, trimmed
+    from raysleuth.recorder.reading import newest_per_worker, tails
     from raysleuth.recorder.store import COLUMNS
 
     ids = newest_per_worker(store, "collectives")[-RECORD_LIMIT:]
-    records = [store._record(row).to_dict()
-               for row in trimmed(store, ids, COLUMNS, ("calls", "flight_recorder.entries"), READ_PER_GROUP)]
+    records = []
+    for row, items in tails(store, ids, COLUMNS, ("calls", "flight_recorder.entries"), READ_PER_GROUP):
+        record = store._record(row).to_dict()
+        data = record["data"]
+        if items:  # a dump (not a foreign row): its entries back in
+            data["calls"] = items["calls"]
+            if isinstance(data.get("flight_recorder"), dict):
+                data["flight_recorder"]["entries"] = items["flight_recorder.entries"]
+        records.append(record)
     job = job if job is not None else latest_job(records)
     return [r for r in records if job is None or evidence.Collectives.from_record_dict(r).job_id in (None, job)]
 
@@ -134,6 +144,7 @@ def collect_collectives(address: str | None = None, *, run: str | None = None, h
     stored run only (works after the cluster is gone).
     """
     from raysleuth.recorder import open_store
+    from raysleuth.recorder.reading import bulk
 
     live, notes, request_id = run is None, [], None
     if live:
@@ -150,12 +161,14 @@ def collect_collectives(address: str | None = None, *, run: str | None = None, h
                 notes.append("could not reach raysleuth's writer to ask for a dump; using stored dumps")
             else:
                 answered = _wait_for_answers(store, request_id, asked_at, wait, job)
-        records = read_collectives(store, job)
+        with bulk():
+            records = read_collectives(store, job)
     finally:
         store.close()
     alive = _alive_processes() if live else None
-    positions = positions_from_records(records, alive=alive, job=job)
-    verdict = match(positions, pending_after=pending_after, last=last, group=group)
+    with bulk():
+        positions = positions_from_records(records, alive=alive, job=job)
+        verdict = match(positions, pending_after=pending_after, last=last, group=group)
     if records and live and request_id and positions and not answered:
         notes.append(f"no worker answered the dump request within {wait:.0f}s; positions are from earlier dumps")
     if positions and any(evidence.Collectives.from_record_dict(r).detail is False for r in records):
@@ -191,7 +204,8 @@ def missing_data(report: CollectivesReport, had_records: bool, group: str | None
     if not report.compared:
         return [f"the records hold no collective entries to compare (light mode dumps only on request and at exit): "
                 f"{_HOW}"], []
-    missing, unanswered = [], set()
+    missing: list[str] = []
+    unanswered: set[int] = set()
     # not known dead (alive, or the State API did not say) and silent this time: cannot tell, never "gone"
     maybe_alive = {item["rank"] for item in report.ranks if item.get("alive") is not False}
     late = maybe_alive - set(report.answered) if report.live and report.requested else set()
@@ -215,7 +229,7 @@ def _wait_for_answers(store, request_id: str, asked_at: float, wait: float, job:
         expected = {(r.get("node_ip"), r.get("pid")) for r in records} & alive
         dumps = [evidence.Collectives.from_record_dict(r) for r in records]
         got = {(d.row.node_ip, d.row.pid) for d in dumps if (d.request or {}).get("id") == request_id}
-        answered = {d.rank for d in dumps if (d.request or {}).get("id") == request_id} - {None}
+        answered = {d.rank for d in dumps if (d.request or {}).get("id") == request_id and d.rank is not None}
         if (expected and expected <= got) or time.monotonic() >= deadline:
             return answered
         time.sleep(0.3)

@@ -20,19 +20,18 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from collections.abc import Sequence
 from typing import Any
 
 from raysleuth import evidence
 from raysleuth.cluster import own
+from raysleuth.memory.series import METRICS, _as_int, _maybe, _present, _Series
 from raysleuth.memory.trend import LeakPolicy, detect_leak, leaks
+from raysleuth.recorder.reading import bulk
 
 __all__ = ["MemoryReport", "SampleRun", "WorkerMemory", "memory_report", "sample_workers", "sparkline"]
 
 #: Sources whose samples are periodic and feed the trend.
 TREND_SOURCES = ("watch", "agent")
-#: The sample fields a worker's summary reads.
-METRICS = ("rss_bytes", "uss_bytes", "cuda_allocated_bytes", "cuda_reserved_bytes", "cuda_peak_bytes")
 _BARS = "▁▂▃▄▅▆▇█"
 
 
@@ -116,83 +115,10 @@ def _thin(values: list[float], width: int = 60) -> list[float]:
 
 #: What the reader takes from each ``memory`` row: columns, then ``data`` fields (read in SQL, see
 #: :func:`raysleuth.recorder.reading.select`).
-_COLUMNS = ("time", "id", "rank", "step", "pid", "node_ip", "node_id", "actor_class", "actor_name")
+_COLUMNS = ("time", "id", "rank", "step", "pid", "node_ip")
+#: Read once a worker, from its newest row (not for each of its samples).
+_IDENTITY = ("node_id", "actor_class", "actor_name")
 _FIELDS = ("source", "pid", "node_ip") + METRICS
-
-
-_PLAIN = {int, float, type(None)}
-
-
-def _floats(values: Sequence[Any]):
-    """A column as float64 (None and anything not a number: NaN)."""
-    import numpy as np
-
-    if set(map(type, values)) <= _PLAIN:
-        return np.array(values, dtype=float)
-    return np.array([float(v) if _is_number(v) else _NAN for v in values], dtype=float)
-
-
-class _Series:
-    """One worker's samples of one source, as float columns in chunks (NaN where a sample has no number).
-
-    Rows may come out of time order (read rank by rank, a worker whose rank became known later has
-    rows under two ranks): :meth:`ordered` puts them in (time, id) order, as a time-ordered read.
-    """
-
-    __slots__ = ("chunks", "rank", "last", "_newest", "_rank_at", "_in_order")
-
-    def __init__(self) -> None:
-        self.chunks: list[tuple] = []
-        self.rank: int | None = None
-        self.last: tuple = ()
-        self._newest = self._rank_at = (float("-inf"), -1)
-        self._in_order = True
-
-    def add(self, rows: Sequence[tuple]) -> None:
-        """Rows of ``_COLUMNS + _FIELDS``, in (rank, time, id) order."""
-        import numpy as np
-
-        columns = list(zip(*rows))
-        times, ids = _floats(columns[0]), np.array(columns[1], dtype=np.int64)
-        first, newest = (float(times[0]), int(ids[0])), (float(times[-1]), int(ids[-1]))
-        if first < self._newest:
-            self._in_order = False
-        if newest > self._newest:
-            self._newest, self.last = newest, rows[-1]
-        ranked = [k for k in range(len(rows)) if rows[k][2] is not None]
-        if ranked and (float(times[ranked[-1]]), int(ids[ranked[-1]])) >= self._rank_at:
-            self.rank, self._rank_at = rows[ranked[-1]][2], (float(times[ranked[-1]]), int(ids[ranked[-1]]))
-        steps = [s if isinstance(s, int) and not isinstance(s, bool) else None for s in columns[3]]
-        self.chunks.append((times, ids, _floats(steps), *(_floats(c) for c in columns[12:])))
-
-    def ordered(self) -> tuple:
-        """(times, steps, {metric: values}) in (time, id) order."""
-        import numpy as np
-
-        joined = [np.concatenate(parts) for parts in zip(*self.chunks)]
-        if not self._in_order:
-            order = np.lexsort((joined[1], joined[0]))
-            joined = [column[order] for column in joined]
-        return joined[0], joined[2], dict(zip(METRICS, joined[3:]))
-
-
-_NAN = float("nan")
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
-
-
-def _present(values) -> list[float]:
-    return values[values == values].tolist()
-
-
-def _maybe(values) -> list[float | None]:
-    return [v if v == v else None for v in values.tolist()]
-
-
-def _as_int(value: float | None) -> int | float | None:
-    return int(value) if value is not None and value == value and float(value).is_integer() else value
 
 
 def summarise(records: list, policy: LeakPolicy | None = None) -> WorkerMemory:
@@ -202,9 +128,11 @@ def summarise(records: list, policy: LeakPolicy | None = None) -> WorkerMemory:
     for r in records:
         m = evidence.Memory.from_record(r)
         rows.append((r.time, r.id, r.rank, r.step, m.pid if "pid" in m.raw else r.pid,
-                     m.node_ip if "node_ip" in m.raw else r.node_ip, r.node_id, r.actor_class, r.actor_name,
-                     m.source if "source" in m.raw else None, None, None, *(getattr(m, metric) for metric in METRICS)))
+                     m.node_ip if "node_ip" in m.raw else r.node_ip, m.source if "source" in m.raw else None,
+                     None, None, *(getattr(m, metric) for metric in METRICS)))
     series.add(rows)
+    newest = max(records, key=lambda r: (r.time, r.id))
+    series.identity = (newest.node_id, newest.actor_class, newest.actor_name)
     return _summarise_series(series, policy)
 
 
@@ -212,12 +140,13 @@ def _summarise_series(series: _Series, policy: LeakPolicy | None) -> WorkerMemor
     times_, steps_, values = series.ordered()
     last = series.last
     times = times_.tolist()
-    steps = _maybe(steps_)  # as floats: the per-step slope is the same
-    latest = dict(zip(METRICS, last[12:]))
+    steps: list[Any] = _maybe(steps_)  # as floats: the per-step slope is the same
+    latest = dict(zip(METRICS, last[9:]))
+    node_id, actor_class, actor_name = series.identity
     worker = WorkerMemory(
-        rank=series.rank, pid=last[4] if last[10] is None else last[10],
-        node_ip=last[5] if last[11] is None else last[11], node_id=last[6], actor_class=last[7],
-        actor_name=last[8], source=last[9], samples=len(times), first_time=times[0], last_time=times[-1],
+        rank=series.rank, pid=last[4] if last[7] is None else last[7],
+        node_ip=last[5] if last[8] is None else last[8], node_id=node_id, actor_class=actor_class,
+        actor_name=actor_name, source=last[6], samples=len(times), first_time=times[0], last_time=times[-1],
         rss_bytes=latest["rss_bytes"], uss_bytes=latest["uss_bytes"],
         cuda_allocated_bytes=latest["cuda_allocated_bytes"], cuda_reserved_bytes=latest["cuda_reserved_bytes"],
     )
@@ -240,8 +169,8 @@ def _summarise_series(series: _Series, policy: LeakPolicy | None) -> WorkerMemor
 
 def _worker_key(row: tuple) -> tuple:
     """(node ip, pid, source) of a memory row: the data's own pid and ip first (agent samples)."""
-    source = row[9] or "watch"
-    return (row[11] if row[11] is not None else row[5], row[10] if row[10] is not None else row[4], source)
+    source = row[6] or "watch"
+    return (row[8] if row[8] is not None else row[5], row[7] if row[7] is not None else row[4], source)
 
 
 def memory_report(store, *, rank: int | list[int] | None = None, since: float | None = None,
@@ -261,15 +190,22 @@ def memory_report(store, *, rank: int | list[int] | None = None, since: float | 
                 groups.setdefault((node_ip, pid), {}).setdefault(source, _Series()).add(list(rows))
         batch.clear()
 
-    for row in store.select("memory", _COLUMNS, _FIELDS, order="rank", rank=rank, since=since, job=job):
-        batch.append(row)
-        if len(batch) >= 20_000:
-            take()
-    take()
+    with bulk():  # the rows and columns all stay alive: nothing for the collector to find
+        for row in store.select("memory", _COLUMNS, _FIELDS, order="rank", rank=rank, since=since, job=job):
+            batch.append(row)
+            if len(batch) >= 20_000:
+                take()
+        take()
+    chosen = [max(by_source.values(), key=lambda s: sum(len(c[0]) for c in s.chunks))  # the denser source
+              for by_source in groups.values()]
+    newest = [series.last[1] for series in chosen]
+    identities = {row[0]: row[1:] for start in range(0, len(newest), 5000)
+                  for row in store.select(None, ("id",) + _IDENTITY, order=None, ids=newest[start:start + 5000])}
     workers = []
-    for by_source in groups.values():
-        series = max(by_source.values(), key=lambda s: sum(len(c[0]) for c in s.chunks))  # the denser source
-        workers.append(_summarise_series(series, policy))
+    with bulk():  # a verdict and its evidence per worker, all kept
+        for series in chosen:
+            series.identity = identities.get(series.last[1], series.identity)
+            workers.append(_summarise_series(series, policy))
     workers.sort(key=lambda w: (w.rank is None, w.rank if w.rank is not None else 0, w.node_ip or "", w.pid or 0))
     return MemoryReport(store=str(store.path), workers=workers)
 

@@ -166,7 +166,7 @@ def _deliver_run_spool(home: Path, run_id: str) -> int:
     if not existed and stored:
         latest = latest_run(home)
         latest_path = run_dir(home, latest) / DB_NAME if latest else None
-        if latest is None or latest == run_id or newest_spool > latest_path.stat().st_mtime:
+        if latest is None or latest == run_id or latest_path is None or newest_spool > latest_path.stat().st_mtime:
             marker = home / "runs" / "latest"
             tmp = marker.with_name(f".latest.{os.getpid()}")
             write_private(tmp, run_id.encode())

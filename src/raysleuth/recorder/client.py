@@ -38,6 +38,7 @@ from typing import Any, Callable
 
 from raysleuth import runtime
 from raysleuth.recorder import spool, store
+from raysleuth.recorder.spans import DRAINER, SPAN_FIELDS, SPANS, _span_drops
 from raysleuth.recorder.sinks import Sink
 from raysleuth.recorder.write_ahead import WriteAhead
 
@@ -106,6 +107,8 @@ class RecordClient:
                                self.spool_max_bytes)
         self._inflight: list | None = None
         self._last_header: dict[str, Any] | None = None
+        self.drains = False
+        """Whether this client takes :data:`SPANS` (the process client: see :meth:`drain_spans`)."""
 
     # ------------------------------------------------------------- hot path
 
@@ -141,29 +144,44 @@ class RecordClient:
         except Exception:  # an instrument must not take the step down
             pass
 
-    def record_span(self, start: float, step: int | None, name: str, payload: tuple) -> None:
-        """:meth:`record` for a span (the hot path of ``rs.span``). Never raises.
+    def drain_spans(self) -> None:
+        """Take the spans of :data:`SPANS` from now on (the process client), starting the thread. Never raises.
 
-        ``payload`` is a tuple of plain values; the dict is built from it by
-        the function registered with :func:`register_lazy_data` when the batch
-        is taken, off the traced thread, and rows of plain values are not
-        followed by the garbage collector while they wait.
+        A provisional client (made before Ray was up) drains without becoming ``DRAINER[0]``, so the spans keep
+        asking :func:`~raysleuth.recorder.get_client`, which replaces it once Ray is up.
         """
         try:
-            buffer = self._buffer
-            queued = len(buffer)
-            if queued >= self.capacity:
-                self.stats.dropped += 1
-            cached = runtime._rank_cache  # a worker's rank, once known, without a call
-            rank = cached[0] if cached is not None and cached[0] is not None else runtime.get_rank()
-            buffer.append(("span", start, rank, step, name, name, None, payload, next(self._seq)))
-            self.stats.recorded += 1
+            self.drains = True
             if self._thread is None:
                 self._start()
-            elif queued >= self.batch_size:
-                self._wake.set()
-        except Exception:  # an instrument must not take the step down
+            if not self.provisional:
+                DRAINER[0] = self
+        except Exception:
             pass
+
+    def _absorb_spans(self) -> None:
+        """Move :data:`SPANS` into the buffer as rows (the rank each span saw, a sequence number each)."""
+        if not self.drains:
+            return
+        buffer, seq, popleft = self._buffer, self._seq, SPANS.popleft
+        taken = 0
+        try:
+            for _ in range(len(SPANS) // SPAN_FIELDS):  # whole spans only (each came in one extend)
+                start, end, step, name, span_id, parent_id, attrs, thread, error, cached = (
+                    popleft(), popleft(), popleft(), popleft(), popleft(), popleft(), popleft(), popleft(), popleft(),
+                    popleft())
+                rank = cached[0] if cached is not None and cached[0] is not None else runtime.get_rank()
+                if len(buffer) >= self.capacity:
+                    self.stats.dropped += 1
+                buffer.append(("span", start, rank, step, name, name, None,
+                               (start, end, span_id, parent_id, attrs, thread, error), next(seq)))
+                taken += 1
+        finally:
+            self.stats.recorded += taken
+            if _span_drops[0]:
+                self.stats.recorded += _span_drops[0]
+                self.stats.dropped += _span_drops[0]
+                _span_drops[0] = 0
 
     def _clear_write_ahead(self, remove: bool = False) -> None:
         self._wal.clear(self._buffer, remove)
@@ -223,6 +241,7 @@ class RecordClient:
         with self._deliver_lock:
             self._idle.clear()
             try:
+                self._absorb_spans()
                 header = self.header()
                 if self.spool_path.exists() and not self._deliver_spool(header):
                     # The sink is still down: keep new records in the spool too.
@@ -293,7 +312,7 @@ class RecordClient:
     def flush(self, timeout: float = 10.0) -> bool:
         """Deliver everything queued now; True when all of it reached the sink."""
         deadline = time.monotonic() + timeout
-        if self._thread is None and not self._buffer and not self.spool_path.exists():
+        if self._thread is None and not self._buffer and not (self.drains and SPANS) and not self.spool_path.exists():
             return True
         return _within(deadline, self._deliver_pending, "raysleuth-recorder-flush")
 
@@ -339,6 +358,7 @@ class RecordClient:
             return False
 
     def _take_all(self) -> list:
+        self._absorb_spans()
         rows = []
         while self._buffer:
             rows.extend(self._take_batch())

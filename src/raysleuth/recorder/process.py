@@ -14,6 +14,7 @@ import threading
 from typing import Any
 
 from raysleuth import runtime
+from raysleuth.recorder import spans as _spans
 from raysleuth.recorder.client import RecordClient
 from raysleuth.recorder.sinks import Sink, StoreSink, WriterSink
 
@@ -78,6 +79,7 @@ def _flush_before_ray_shutdown(ray) -> None:
 def _forget_client_after_fork() -> None:
     global _client, _client_pid
     _client, _client_pid = None, None  # the child makes its own (the thread did not survive the fork)
+    _spans.forget_spans()
 
 
 os.register_at_fork(after_in_child=_forget_client_after_fork)
@@ -97,12 +99,13 @@ def get_client() -> RecordClient:
             return client
         _replace_provisional(client)
     with _client_lock:
-        if _client is None or _client_pid != os.getpid():
-            _create()
-        return _client
+        current = _client
+        if current is None or _client_pid != os.getpid():
+            current = _create()
+        return current
 
 
-def _create() -> None:
+def _create() -> RecordClient:
     global _client, _client_pid, _provisional
     sink, run_id = _default_sink()
     node_id = None
@@ -111,11 +114,20 @@ def _create() -> None:
             node_id = runtime.whoami().node_id
         except Exception:
             node_id = None
-    _client = RecordClient(sink, run_id=run_id, node_id=node_id)
+    _hand_spans_over(_client)
+    created = _client = RecordClient(sink, run_id=run_id, node_id=node_id)
     _client_pid = os.getpid()
-    _provisional = _client.provisional = not isinstance(sink, WriterSink)
+    _provisional = created.provisional = not isinstance(sink, WriterSink)
     if not _provisional:
         _save_on_sigterm()
+    return created
+
+
+def _hand_spans_over(old: RecordClient | None) -> None:
+    """The process client changes: the old one stops taking waiting spans (the next span hands them to the new)."""
+    if old is not None:
+        old.drains = False
+    _spans.DRAINER[0] = None
 
 
 def _ray_initialized() -> bool:
@@ -139,6 +151,7 @@ def _replace_provisional(old: RecordClient) -> None:
         old.close(timeout=1.0)  # what was recorded before stays in the local run
     except Exception:
         pass
+    old.drains = False  # its waiting spans went with it; the next span hands them to the new client
 
 
 #: At SIGTERM, how long a worker tries to deliver before Ray's own handler ends it.
@@ -195,6 +208,7 @@ def reset_client(client: RecordClient | None = None) -> RecordClient | None:
     with _client_lock:
         old, _client = _client, client
         _client_pid = os.getpid() if client is not None else None
+        _hand_spans_over(old)
         # a client made here before Ray was up stays provisional when put back; one made by hand stays
         _provisional = bool(getattr(client, "provisional", False))
     return old

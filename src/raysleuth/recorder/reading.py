@@ -19,6 +19,9 @@ fields, as :meth:`~EvidenceStore.query` reads it as ``{"raw": text}``.
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import itertools
 import json
 import re
 import sqlite3
@@ -27,7 +30,7 @@ from typing import Any
 
 from raysleuth.errors import StoreCorrupt, UsageError
 
-__all__ = ["buckets", "identities", "loads", "newest_per_worker", "select", "span_totals", "trimmed", "where_clause"]
+__all__ = ["buckets", "bulk", "identities", "loads", "newest_per_worker", "select", "span_totals", "tails", "where_clause"]
 
 #: Columns a reader may name (the records table's own).
 READABLE = ("id", "kind", "time", "rank", "step", "phase", "name", "level", "data", "seq", "world_size", "node_id",
@@ -59,7 +62,9 @@ def where_clause(*, kind=None, rank=None, job=None, name=None, since=None, until
     return where, args
 
 
-def _field_sql(field: str) -> str:
+def _field_sql(field: str, guarded: bool = True) -> str:
+    """SQL reading one ``data`` field; ``guarded``: a row whose data is not JSON reads as NULL (one more parse a
+    field, so :func:`select` first tries without and asks again guarded only if SQLite met such a row)."""
     path, _, form = field.partition(":")
     if not _FIELD.match(path) or form not in ("", "json", "number"):
         raise UsageError(f"data field {field!r} cannot be read in SQL", fix="name fields as word.word[:json|:number]")
@@ -68,7 +73,7 @@ def _field_sql(field: str) -> str:
         value = f"json_quote({value})"
     elif form == "number":
         value = f"CASE WHEN json_type(data, '$.{path}') IN ('integer', 'real') THEN {value} END"
-    return f"CASE WHEN json_valid(data) THEN {value} END"
+    return f"CASE WHEN json_valid(data) THEN {value} END" if guarded else value
 
 
 def select(store, kind: str | Iterable[str] | None, columns: Sequence[str] = ("time",), fields: Sequence[str] = (), *,
@@ -88,21 +93,47 @@ def select(store, kind: str | Iterable[str] | None, columns: Sequence[str] = ("t
     old = store.schema_version < 2
     if old and filters.get("job") is not None:
         return
-    parts = ["NULL" if old and column == "job_id" else column for column in columns] + [_field_sql(f) for f in fields]
     where, args = where_clause(kind=kind, **filters)
-    sql = f"SELECT {', '.join(parts) or '1'} FROM records"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    if ORDERS[order]:
-        sql += " ORDER BY " + ", ".join(f"{term} DESC" for term in ORDERS[order].split(", ")) if newest_first \
-            else " ORDER BY " + ORDERS[order]
-    if limit is not None:
-        sql += f" LIMIT {int(limit)}"
+
+    def sql(guarded: bool) -> str:
+        parts = ["NULL" if old and column == "job_id" else column for column in columns]
+        text = f"SELECT {', '.join(parts + [_field_sql(f, guarded) for f in fields]) or '1'} FROM records"
+        if where:
+            text += " WHERE " + " AND ".join(where)
+        if ORDERS[order]:
+            text += " ORDER BY " + ", ".join(f"{term} DESC" for term in ORDERS[order].split(", ")) if newest_first \
+                else " ORDER BY " + ORDERS[order]
+        return text + (f" LIMIT {int(limit)}" if limit is not None else "")
+
+    done = 0
     try:
-        yield from _rows(store, sql, args, batch)
+        try:
+            for row in _rows(store, sql(not fields), args, batch, malformed=_Malformed if fields else None):
+                done += 1
+                yield row
+        except _Malformed:  # a row that is not JSON (another writer's): the same query, guarded, from where it was
+            yield from itertools.islice(_rows(store, sql(True), args, batch), done, None)
     except OverflowError:
         raise UsageError("a number in the query is too large for the evidence store",
                          fix="pass ranks, steps and ids as they appear in the records") from None
+
+
+class _Malformed(Exception):
+    """SQLite met a ``data`` that is not JSON while reading fields without the guard."""
+
+
+@contextlib.contextmanager
+def bulk() -> Iterator[None]:
+    """While a reader builds many small objects that all stay alive (a dict per entry of a thousand dumps, a
+    thousand workers' columns): no cyclic garbage collection, which would walk every one of them again and
+    again (measured: 60% of the collectives matcher's input at 1,000 ranks). Collection resumes after."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def loads(value: str | None, default: Any = None) -> Any:
@@ -141,12 +172,14 @@ def buckets(store, kind: str, field: str, width: float, *, start: float) -> Iter
     yield from _rows(store, sql, [start, width, kind])
 
 
-def _rows(store, sql: str, args: list, batch: int = 20_000) -> Iterator[tuple]:
+def _rows(store, sql: str, args: list, batch: int = 20_000, malformed: type[Exception] | None = None) -> Iterator[tuple]:
     try:
         cursor = store._db.execute(sql, args)
         while rows := cursor.fetchmany(batch):
             yield from rows
     except sqlite3.DatabaseError as error:
+        if malformed is not None and "malformed JSON" in str(error):
+            raise malformed() from None
         raise StoreCorrupt(f"{store.path} could not be read ({error})",
                            fix="move the file aside; a new run starts a fresh one") from None
 
@@ -165,28 +198,55 @@ def identities(store) -> Iterator[tuple]:
                             " GROUP BY rank, node_ip, hostname, actor_class", [])
 
 
-def trimmed(store, ids: list[int], columns: Sequence[str], arrays: Sequence[str], keep: int) -> Iterator[tuple]:
-    """Rows ``(id,) + columns`` of the records ``ids``, each JSON array at ``arrays`` cut to its last ``keep`` items
-    per entry of ``$.groups`` (in SQL: a reader that needs the newest positions never parses a whole dump)."""
+def tails(store, ids: list[int], columns: Sequence[str], arrays: Sequence[str],
+          keep: int) -> Iterator[tuple[tuple, dict[str, list[Any]]]]:
+    """Per record of ``ids``, in (time, id) order: its row ``(id,) + columns`` with ``data`` read without the
+    JSON arrays at ``arrays`` (paths), and those arrays' newest items (``{}`` when ``data`` is not an object).
+
+    An array keeps its last ``keep`` items per entry of ``$.groups`` (at least ``keep``); an item that is
+    not an object is left out. SQLite picks the items by their place from the end (``$.calls[#-1]``, many
+    paths in one ``json_extract``: one parse of the dump, only those items written out), so a reader that
+    needs the newest positions of big dumps never parses or moves a whole dump in Python.
+    """
     for path in arrays:
         if not _FIELD.match(path):
             raise UsageError(f"data field {path!r} cannot be read in SQL", fix="name fields as word.word")
-    valid = "json_valid(data) AND json_type(data) = 'object'"
-    groups = f"CASE WHEN {valid} THEN MAX(1, (SELECT COUNT(*) FROM json_each(data, '$.groups'))) ELSE 1 END"
-    cuts = [f"CASE WHEN {valid} AND json_type(data, '$.{path}') = 'array' THEN "
-            f"json_array_length(data, '$.{path}') - {int(keep)} * ({groups}) END AS cut{n}"
-            for n, path in enumerate(arrays)]
-    # the arrays out, the cut arrays back in: json_set rewrites the small rest, not the whole dump
     removed = f"json_remove(data, {', '.join(repr(f'$.{path}') for path in arrays)})"
-    sets = ", ".join(f"'$.{path}', CASE WHEN cut{n} IS NULL THEN json_extract(data, '$.{path}') ELSE json((SELECT "
-                     f"json_group_array(json(value)) FROM json_each(data, '$.{path}') WHERE key >= cut{n})) END"
-                     for n, path in enumerate(arrays))
-    data = f"CASE WHEN {valid} THEN json_set({removed}, {sets}) ELSE data END"
     selected = ["id"] + ["NULL" if store.schema_version < 2 and c == "job_id" else c for c in columns]
-    selected[selected.index("data")] = data
+    at = selected.index("data")
+
+    def header(chunk: list[int], guarded: bool) -> str:
+        parts = list(selected)
+        parts[at] = f"CASE WHEN json_valid(data) THEN {removed} ELSE data END" if guarded else removed
+        return f"SELECT {', '.join(parts)} FROM records WHERE id IN ({','.join('?' * len(chunk))}) ORDER BY time, id"
+
     for start in range(0, len(ids), 5000):
         chunk = ids[start:start + 5000]
-        inner = f"SELECT *, {', '.join(cuts)} FROM records WHERE id IN ({','.join('?' * len(chunk))})"
-        # MATERIALIZED: each cut computed once a row, not again for every array element it is compared with
-        yield from _rows(store, f"WITH cut AS MATERIALIZED ({inner}) SELECT {', '.join(selected)} FROM cut "
-                                "ORDER BY time, id", list(chunk))
+        try:
+            rows = list(_rows(store, header(chunk, False), list(chunk), malformed=_Malformed))
+        except _Malformed:  # a row that is not JSON: read as it is, its arrays as none
+            rows = list(_rows(store, header(chunk, True), list(chunk)))
+        for row in rows:
+            data = loads(row[at]) if isinstance(row[at], str) else None
+            found: dict[str, list[Any]] = {}
+            if isinstance(data, dict):
+                groups = data.get("groups")
+                limit = keep * max(1, len(groups) if isinstance(groups, (dict, list)) else 1)
+                found = {path: _newest_items(store, row[0], path, limit) for path in arrays}
+            yield row, found
+
+
+#: Paths one ``json_extract`` takes (SQLite allows 127 arguments a function).
+_PATHS_A_CALL = 100
+
+
+def _newest_items(store, record_id: int, path: str, limit: int) -> list[Any]:
+    """The last ``limit`` items of the array at ``path`` in one record's data that are objects, oldest first."""
+    items: list[Any] = []
+    for first in range(1, limit + 1, _PATHS_A_CALL):
+        back = range(first, min(limit, first + _PATHS_A_CALL - 1) + 1)
+        paths = [f"$.{path}[#-{k}]" for k in back] + [f"$.{path}[#-{limit + 1}]"]  # two or more: a JSON array back
+        sql = f"SELECT json_extract(data, {', '.join('?' * len(paths))}) FROM records WHERE id = ?"
+        text = next(_rows(store, sql, [*paths, record_id]))[0]
+        items.extend(loads(text, [])[:-1])
+    return [item for item in reversed(items) if isinstance(item, dict)]

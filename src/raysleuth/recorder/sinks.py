@@ -55,9 +55,10 @@ class WriterSink:
                 raise ConnectionError("Ray is shutting down in this process: kept in the spool")
             self._active += 1
         try:
-            if self._handle is None:
-                self._handle = get_writer()
-            ref = self._handle.write.remote(header, rows)
+            handle = self._handle
+            if handle is None:
+                handle = self._handle = get_writer()
+            ref = handle.write.remote(header, rows)
             deadline = time.monotonic() + self.timeout
             while True:
                 if self._cancelled.is_set():

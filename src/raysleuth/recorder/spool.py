@@ -145,7 +145,7 @@ def note_drops(path: Path) -> None:
 
 def _drop_row(note: dict[str, Any], path: Path) -> list:
     """The ``spool_dropped`` event a drop note becomes when its file is delivered."""
-    at = note.get("time") if isinstance(note.get("time"), (int, float)) else time.time()
+    at = float(note["time"]) if isinstance(note.get("time"), (int, float)) else time.time()
     rows = note.get("rows") if isinstance(note.get("rows"), int) else 0
     data = {"dropped_rows": rows, "cap_bytes": note.get("cap_bytes"), "spool": path.name,
             "message": f"{rows} record(s) did not fit in the spool ({note.get('cap_bytes')} bytes) "
@@ -178,7 +178,8 @@ def iter_spool(path: Path, size: int | None = None,
                 if rows:
                     yield header, rows
                     rows = []
-                header = item.get("header") if isinstance(item.get("header"), dict) else header
+                found = item.get("header")
+                header = found if isinstance(found, dict) else header
                 if isinstance(item.get("dropped"), dict):
                     yield header, [_drop_row(item["dropped"], path)]
             elif isinstance(item, list) and len(item) >= 9:

@@ -1,0 +1,86 @@
+"""One worker's memory samples as float columns (the reader of :mod:`.workers` keeps no records)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+#: The sample fields a worker's summary reads.
+METRICS = ("rss_bytes", "uss_bytes", "cuda_allocated_bytes", "cuda_reserved_bytes", "cuda_peak_bytes")
+
+_PLAIN = {int, float, type(None)}
+
+
+def _floats(values: Sequence[Any]):
+    """A column as float64 (None and anything not a number: NaN)."""
+    import numpy as np
+
+    if set(map(type, values)) <= _PLAIN:
+        return np.array(values, dtype=float)
+    return np.array([float(v) if _is_number(v) else _NAN for v in values], dtype=float)
+
+
+class _Series:
+    """One worker's samples of one source, as float columns in chunks (NaN where a sample has no number).
+
+    Rows may come out of time order (read rank by rank, a worker whose rank became known later has
+    rows under two ranks): :meth:`ordered` puts them in (time, id) order, as a time-ordered read.
+    """
+
+    __slots__ = ("chunks", "rank", "last", "identity", "_newest", "_rank_at", "_in_order")
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple] = []
+        self.rank: int | None = None
+        self.last: tuple = ()
+        self.identity: tuple = (None, None, None)
+        """``_IDENTITY`` of the newest row (filled in after the read)."""
+        self._newest = self._rank_at = (float("-inf"), -1)
+        self._in_order = True
+
+    def add(self, rows: Sequence[tuple]) -> None:
+        """Rows of ``_COLUMNS + _FIELDS``, in (rank, time, id) order."""
+        import numpy as np
+
+        columns = list(zip(*rows))
+        times, ids = _floats(columns[0]), np.array(columns[1], dtype=np.int64)
+        first, newest = (float(times[0]), int(ids[0])), (float(times[-1]), int(ids[-1]))
+        if first < self._newest:
+            self._in_order = False
+        if newest > self._newest:
+            self._newest, self.last = newest, rows[-1]
+        ranked = [k for k in range(len(rows)) if rows[k][2] is not None]
+        if ranked and (float(times[ranked[-1]]), int(ids[ranked[-1]])) >= self._rank_at:
+            self.rank, self._rank_at = rows[ranked[-1]][2], (float(times[ranked[-1]]), int(ids[ranked[-1]]))
+        steps = [s if isinstance(s, int) and not isinstance(s, bool) else None for s in columns[3]]
+        self.chunks.append((times, ids, _floats(steps), *(_floats(c) for c in columns[9:])))
+
+    def ordered(self) -> tuple:
+        """(times, steps, {metric: values}) in (time, id) order."""
+        import numpy as np
+
+        joined = [np.concatenate(parts) for parts in zip(*self.chunks)]
+        if not self._in_order:
+            order = np.lexsort((joined[1], joined[0]))
+            joined = [column[order] for column in joined]
+        return joined[0], joined[2], dict(zip(METRICS, joined[3:]))
+
+
+_NAN = float("nan")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def _present(values) -> list[float]:
+    return values[values == values].tolist()
+
+
+def _maybe(values) -> list[float | None]:
+    return [v if v == v else None for v in values.tolist()]
+
+
+def _as_int(value: float | None) -> Any:
+    """An integral float as the int it was stored as (bytes), anything else as it is."""
+    return int(value) if value is not None and value == value and float(value).is_integer() else value
