@@ -31,9 +31,7 @@ from raysleuth.cli import main
 from raysleuth.collectives import match
 from raysleuth.collectives.model import _call_at, positions_from_records
 from raysleuth.collectives.report import read_collectives
-
 from raysleuth.memory import memory_report
-from raysleuth.memory import trend
 from raysleuth.memory.trend import LeakPolicy, _judge, _mann_kendall_s, kendall_tau
 from raysleuth.options import format_ranks, parse_ranks
 from raysleuth.recorder.store import EvidenceStore
@@ -127,23 +125,6 @@ def test_the_leak_test_counts_its_trend_tests_only_where_they_decide():
         assert _judge(ys, policy) == old
         assert _judge(ys, policy, evidence=False)["pattern"] == old["pattern"]
     assert {old_judge(ys.tolist(), policy)["pattern"] for ys in shapes} >= {None, "steady", "climb", "recent"}
-
-
-def test_the_thinned_evidence_lines_keep_every_verdict(full_run, monkeypatch):
-    """Non-leaking series are fitted through 100 points, leaks through 300 as before: verdicts, reasons and every
-    leak's evidence equal the 300-point fit's; the other slopes stay close."""
-    store = _open(full_run)
-    thinned = memory_report(store)
-    monkeypatch.setattr(trend, "EVIDENCE_POINTS", 300)
-    exact = memory_report(store)
-    assert len(thinned.workers) == len(exact.workers) and thinned.leaks
-    for new, old in zip(thinned.workers, exact.workers):
-        assert (new.leak, new.status, new.reason, new.evidence["pattern"], new.evidence["tau"]) == \
-            (old.leak, old.status, old.reason, old.evidence["pattern"], old.evidence["tau"])
-        if old.leak:
-            assert new == old
-        elif old.slope_bytes_per_s is not None:
-            assert abs(new.slope_bytes_per_s - old.slope_bytes_per_s) < 2**20 / 60  # well under a MiB a minute
 
 
 def test_timeline_summary_answers_as_before(run):

@@ -27,6 +27,7 @@ from raysleuth.cli._app import (
 )
 from raysleuth.cli._app import writer_timeout
 from raysleuth.errors import CaptureTimeout, UsageError
+from raysleuth.options import format_ranks
 
 @contextlib.contextmanager
 def _progress(duration: float, *, show: bool):
@@ -164,8 +165,6 @@ def _shown(report) -> tuple[list, list]:
 
 def _rest_line(rest: list) -> str:
     """One line for the workers not drawn: how many, which ranks, their verdicts and memory ranges."""
-    from raysleuth.options import format_ranks
-
     ranks = [w.rank for w in rest if w.rank is not None]
     verdicts = sorted({"ok" if w.status == "ok" else w.status for w in rest})
     text = f"… {len(rest)} more worker(s)" + (f", ranks {format_ranks(ranks)}" if ranks else "")
