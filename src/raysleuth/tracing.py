@@ -270,6 +270,7 @@ def _record_call(kind: str, target: Any, result: Any, kwargs: dict) -> None:
 
 
 def _install() -> None:
+    # lazy: the private Ray names load only when detailed tracing is switched on
     from raysleuth.ray_private import submission_classes
 
     RemoteFunction, ActorMethod = submission_classes()  # noqa: N806  (a clear error if Ray moved them)
@@ -283,6 +284,7 @@ def _install() -> None:
 
 
 def _uninstall() -> None:
+    # lazy: as in _install
     from raysleuth.ray_private import submission_classes
 
     RemoteFunction, ActorMethod = submission_classes()  # noqa: N806

@@ -14,9 +14,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from raysleuth import evidence
+from raysleuth import cluster, evidence
 from raysleuth.collectives.matcher import PENDING_AFTER, match
 from raysleuth.collectives.model import CollectiveVerdict, latest_job, positions_from_records
+from raysleuth.recorder import get_writer, open_store
+from raysleuth.recorder.reading import bulk, newest_per_worker, tails
+from raysleuth.recorder.store import COLUMNS
 
 CONTROL_KEY = "collectives.dump"
 RECORD_LIMIT = 20_000
@@ -87,7 +90,6 @@ def request_dump(wait: float = 4.0, *, home: Path | str | None = None) -> tuple[
     """Ask every instrumented worker to dump its collectives (control key); returns (request id, time)."""
     import ray
 
-    from raysleuth.recorder import get_writer
 
     request_id, asked_at = uuid.uuid4().hex[:12], time.time()
     request = {"id": request_id, "time": asked_at}
@@ -101,8 +103,6 @@ def request_dump(wait: float = 4.0, *, home: Path | str | None = None) -> tuple[
 
 def _alive_processes() -> set | None:
     try:
-        from raysleuth import cluster
-
         return {(w.ip, w.pid) for w in cluster.workers(alive_only=True)} | \
                {(None, w.pid) for w in cluster.workers(alive_only=True)}
     except Exception:
@@ -117,9 +117,6 @@ def read_collectives(store, job: str | None = None) -> list[dict[str, Any]]:
     SQLite picks those entries by their place from the end of each array: a 180 KB dump is never parsed or
     moved whole in Python.
     """
-    from raysleuth.recorder.reading import newest_per_worker, tails
-    from raysleuth.recorder.store import COLUMNS
-
     ids = newest_per_worker(store, "collectives")[-RECORD_LIMIT:]
     records = []
     for row, items in tails(store, ids, COLUMNS, ("calls", "flight_recorder.entries"), READ_PER_GROUP):
@@ -143,13 +140,8 @@ def collect_collectives(address: str | None = None, *, run: str | None = None, h
     waits up to ``wait`` seconds for their answers. With ``run``: reads that
     stored run only (works after the cluster is gone).
     """
-    from raysleuth.recorder import open_store
-    from raysleuth.recorder.reading import bulk
-
     live, notes, request_id = run is None, [], None
     if live:
-        from raysleuth import cluster
-
         cluster.connect(address)
         run = cluster.session_name()
     store = open_store(run, home=home)

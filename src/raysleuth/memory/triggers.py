@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 from raysleuth import runtime
 from raysleuth.memory.holders import top_holders
-from raysleuth.memory.sampling import _torch_cuda, read_sample, watch
+from raysleuth.memory.sampling import _torch_cuda, current_usage, read_sample, sampler, watch
 from raysleuth.recorder import record
 from raysleuth.redaction import redact_text
 
@@ -127,8 +127,6 @@ def _metric_for(metric: str) -> str:
 def _resolve_threshold(threshold: float, metric: str) -> float:
     """A threshold in (0, 1] is a fraction of the capacity (host RAM, or the GPUs' memory)."""
     if 0 < threshold <= 1:
-        from raysleuth.memory.sampling import current_usage
-
         usage = current_usage()
         total = usage["cuda_total_bytes"] if metric.startswith("cuda") else usage["host_total_bytes"]
         if total:
@@ -170,6 +168,7 @@ def capture_capsule(*, reason: str, metric: str, value: float | None, threshold:
 def _enter_breakpoint(name: str) -> str | None:
     """Stop in the debugger through raysleuth.breakpoints; the reason when that was not possible."""
     try:
+        # lazy: the debugger's machinery loads only when a memory breakpoint fires
         from raysleuth.breakpoints import breakpoint as debug_breakpoint
     except Exception as error:
         return f"raysleuth.breakpoints is not available ({error})"
@@ -201,7 +200,6 @@ class ThresholdTrigger:
         if value is None or value < self.threshold_bytes:
             return
         self.fired, self.fired_at, self.value_bytes = True, time.time(), value
-        from raysleuth.memory.sampling import sampler
 
         current = sampler()
         if current is not None:
@@ -221,8 +219,6 @@ class ThresholdTrigger:
 
     def cancel(self) -> None:
         """Stop watching (no-op once fired)."""
-        from raysleuth.memory.sampling import sampler
-
         current = sampler()
         if current is not None:
             current.remove_listener(self._check)
@@ -281,7 +277,6 @@ def memory_breakpoint(threshold: float, action: str = "breakpoint", *, metric: s
         if value is None or value < limit:
             return False
         _fired_sites[site] = time.time()
-        from raysleuth.memory.sampling import sampler
 
         current = sampler()
         label = name or f"memory_breakpoint {os.path.basename(site[0])}:{site[1]}"

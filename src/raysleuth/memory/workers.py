@@ -226,6 +226,7 @@ class SampleRun:
 
 def _targets(labels: dict) -> tuple[dict[str, list[int]], dict[tuple, dict], list[str]]:
     """Per node: the pids of Ray worker processes to sample (idle and raysleuth's own left out)."""
+    # lazy: raysleuth.memory loads in every worker (the logger's memory alert); agents only when the CLI samples
     from raysleuth.agents import call_agents
 
     per_node: dict[str, list[int]] = {}
@@ -263,10 +264,10 @@ def sample_workers(duration: float = 30.0, interval: float = 1.0, *, timeout: fl
     """
     import ray
 
+    # lazy: raysleuth.memory loads in every worker; the agents, the writer and the labels only when the CLI samples
     from raysleuth.agents import get_agents
-    from raysleuth.recorder import get_writer
-
     from raysleuth.labels.live import worker_labels
+    from raysleuth.recorder import get_writer
 
     labels = worker_labels()  # ranks from raysleuth, Ray Train's logs, the start-up environment, names
     per_node, headers, problems = _targets(labels)

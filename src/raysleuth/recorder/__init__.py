@@ -60,6 +60,7 @@ def __getattr__(name: str):
     would fail (``KeyError: 'raysleuth.recorder'`` in the writer's process).
     """
     if name in _WRITER_NAMES:
+        # lazy: importing the writer at the head deadlocks two threads' imports (see the docstring)
         from raysleuth.recorder import writer
 
         return getattr(writer, name)
@@ -181,6 +182,7 @@ def _connected_session() -> str | None:
     if ray is None or not ray.is_initialized():
         return None
     try:
+        # lazy: every instrument imports the recorder; cluster's State API readers load only where Ray is up
         from raysleuth import cluster
 
         return cluster.session_name()

@@ -31,6 +31,7 @@ def _default_sink() -> tuple[Sink, str]:
 
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
+        # lazy: every instrument imports the recorder; cluster's State API readers load only where Ray is up
         from raysleuth import cluster
 
         try:
@@ -39,6 +40,7 @@ def _default_sink() -> tuple[Sink, str]:
             run_id = "local"
         _flush_before_ray_shutdown(ray)
         return WriterSink(), run_id
+    # lazy: the local store (SQLite, its schema) loads only in a process outside Ray
     from raysleuth.recorder.store import open_run
 
     return StoreSink(open_run(runtime.settings().home, "local", take_latest=False)), "local"

@@ -48,6 +48,7 @@ class WriterSink:
     def deliver(self, header: dict[str, Any], rows: list) -> None:
         import ray
 
+        # lazy: importing the writer at the head deadlocks two threads' imports (recorder/__init__)
         from raysleuth.recorder.writer import get_writer
 
         with self._active_lock:

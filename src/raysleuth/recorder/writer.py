@@ -215,6 +215,7 @@ def _ask_agents_to_forward(create: bool = True) -> None:
     try:
         import ray
 
+        # lazy: only the writer actor asks agents to forward; the workers importing this module for get_writer need none
         from raysleuth import agents
 
         me = ray.get_runtime_context().current_actor
@@ -237,6 +238,7 @@ def get_writer(*, create: bool = True, home: Path | str | None = None):
     """
     import ray
 
+    # lazy: cluster's State API readers load only when a writer is looked up
     from raysleuth import cluster
 
     if not ray.is_initialized():

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from raysleuth.recorder import open_store
+from raysleuth.recorder.reading import loads
 from raysleuth.timeline.model import Timeline, _label, _number, _Tracks, _us
 from raysleuth.timeline.ray_tasks import _add_ray_tasks
 
@@ -16,8 +18,6 @@ def _stream(timeline: Timeline, tracks: _Tracks, address, *, run=None, home=None
     Read rank by rank, in time order within a rank: a rank's rows lie together in the file, so this reads
     at half the CPU of a time-ordered scan; the events' order does not matter to a trace viewer.
     """
-    from raysleuth.recorder import open_store
-
     store = open_store(run, home=home)
     timeline.run = store.path.parent.name
     step_min, step_max = steps if steps else (None, None)
@@ -58,8 +58,6 @@ _ROW_COLUMNS = ("kind", "time", "rank", "step", "name", "pid", "node_id", "node_
 
 def _event_of(row: tuple, timeline: Timeline, tracks: _Tracks, worker_ranks: dict, window: list, events: list) -> None:
     """The trace event(s) of one span, event or heartbeat row."""
-    from raysleuth.recorder.reading import loads
-
     kind, time_, rank, step, name, worker_pid, node_id, node_ip, actor_class, data, start, end, span_id, parent_id, \
         attrs, error = row
     who = (node_id, node_ip, worker_pid, rank, actor_class)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from raysleuth import cluster
+from raysleuth.labels.live import worker_labels
 from raysleuth.timeline.model import Timeline, _label, _Tracks, _us
 
 
 def _add_ray_tasks(timeline: Timeline, tracks: _Tracks, address: str | None, worker_ranks, ranks, window, jobs):
-    from raysleuth import cluster
-
     try:
         cluster.connect(address)
         nodes = cluster.nodes()
@@ -20,7 +20,6 @@ def _add_ray_tasks(timeline: Timeline, tracks: _Tracks, address: str | None, wor
     for node_id, node_ip in node_ips.items():
         tracks.pid(node_id, node_ip, node_id in heads)
     try:  # ranks of live workers from outside (Ray Train's logs, start-up environment)
-        from raysleuth.labels.live import worker_labels
 
         live = {(label.get("node_ip"), pid): label.get("rank") for (_ip, pid), label in worker_labels().items()}
     except Exception:
@@ -82,7 +81,6 @@ def _task_listing(ranks, worker_ranks, live, node_ips, actors, jobs=None) -> tup
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from raysleuth import cluster
 
     def everything() -> list:
         if not jobs:

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from raysleuth.recorder import open_store
 from raysleuth.timeline.model import StepPhase, _number
 
 
@@ -59,8 +60,6 @@ def timeline_summary(*, run: str | None = None, home: Path | str | None = None,
     Reads five fields a span in SQL, streamed (no record is built), rank by rank: a rank's rows lie
     together in the file, and each rank's durations are still summed in time order.
     """
-    from raysleuth.recorder import open_store
-
     store = open_store(run, home=home)
     step_min, step_max = steps if steps else (None, None)
     try:
