@@ -56,8 +56,8 @@ FLOORS = 13
 # above: ``# lazy: <reason>`` (issue 28). Modules other helpers were changing when the rule came:
 # owned by another helper this session; the lead removes this
 UNREASONED_LAZY_OWNED = {
-    "cli.crashes", "collectives.hook", "collectives.matcher", "collectives.model", "collectives.record",
-    "collectives.report", "deaths", "evidence", "fingerprints", "logs", "memory", "recorder", "report", "timeline",
+    "collectives.hook", "collectives.matcher", "collectives.model", "collectives.record",
+    "collectives.report", "evidence", "fingerprints", "memory", "recorder", "report", "timeline",
     "tracing", "weights",
 }
 
