@@ -181,7 +181,8 @@ def _key(actor_id: str | None, node: str | None, pid: int | None) -> str:
 
 def _recorded_keys() -> set[str]:
     try:
-        from raysleuth.recorder import open_store  # lazy: the recorder loads only when deaths are read (see find_deaths)
+        # lazy: the recorder loads only when deaths are read (see find_deaths)
+        from raysleuth.recorder import open_store
 
         store = open_store()
     except Exception:
@@ -203,7 +204,8 @@ def record_deaths(report: DeathReport) -> int:
     try:
         import ray
 
-        from raysleuth.recorder import get_writer  # lazy: the recorder loads only when deaths are stored (see find_deaths)
+        # lazy: the recorder loads only when deaths are stored (see find_deaths)
+        from raysleuth.recorder import get_writer
 
         writer = get_writer()
         known = _recorded_keys()
@@ -225,7 +227,8 @@ def record_deaths(report: DeathReport) -> int:
 
 def stored_deaths(run: str | None = None, *, home: Any = None, rank: int | list[int] | None = None) -> list[Death]:
     """The deaths recorded in a run's store (default: the latest), oldest first."""
-    from raysleuth.recorder import open_store  # lazy: the recorder loads only when deaths are read (see find_deaths)
+    # lazy: the recorder loads only when deaths are read (see find_deaths)
+    from raysleuth.recorder import open_store
 
     store = open_store(run, home=home)
     try:
