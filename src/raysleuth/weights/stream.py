@@ -209,7 +209,7 @@ class SyncSide:
         if error is not None:
             self.error = error
         try:
-            # rs.check_weight_sync and rs.weights_received stay light to import.
+            # the instruments here: rs.check_weight_sync and rs.weights_received, called in workers.
             # lazy: the instruments stay light to import: the recorder loads when a sync is recorded
             from raysleuth.recorder import record
 
