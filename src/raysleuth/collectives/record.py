@@ -34,7 +34,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from raysleuth import runtime
+from raysleuth import control, runtime
 from raysleuth.collectives import hook
 from raysleuth.collectives.hook import (
     WrapOnImport,
@@ -93,8 +93,6 @@ def install() -> None:
             wrap_collectives()
         else:
             sys.meta_path.insert(0, WrapOnImport())
-        from raysleuth import control
-
         control.register("collectives.dump", _on_request)
         control.register("collectives.detail", _on_detail)
         atexit.register(_dump_quietly, "exit")
@@ -292,6 +290,7 @@ def dump(reason: str = "request", *, request: Any = None) -> dict[str, Any] | No
         data = snapshot(reason, request=request)
         if reason != "joined" and not data["calls"] and not (data["flight_recorder"] or {}).get("entries"):
             return None
+        # lazy: installed in every worker at start-up: the recorder loads at the first dump
         from raysleuth.recorder import get_client, record
 
         record("collectives", data, name=reason, level="INFO")
@@ -384,6 +383,7 @@ def _background(mode: str) -> None:
 
 def _heartbeat(count: int) -> None:
     """A heartbeat whose step is the count of completed collectives, unless the job names its steps."""
+    # lazy: installed in every worker at start-up: the recorder loads at the first heartbeat
     from raysleuth.recorder import record
 
     if runtime.current_step() is not None:

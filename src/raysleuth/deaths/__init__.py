@@ -16,9 +16,10 @@ import dataclasses
 import time
 from typing import Any
 
-from raysleuth import evidence
+from raysleuth import cluster, evidence
 from raysleuth.deaths.classify import CAUSES, DeathCause, DeathEvidence, classify
 from raysleuth.deaths.parse import fatal_file_rank
+from raysleuth.explain import explain, mentioned_workers
 
 __all__ = ["CAUSES", "Death", "DeathReport", "FIXES", "consequences", "deaths_named_in", "find_deaths",
            "record_deaths", "root_first", "stored_deaths"]
@@ -151,7 +152,8 @@ def find_deaths(address: str | None = None, *, job_id: str | None = None, lines:
     read at once. ``oom``: ask node agents for kernel-log / cgroup OOM records
     when a worker vanished without output.
     """
-    from raysleuth import cluster
+    # `raysleuth explain --advise` loads this package for its causes (advise imports deaths.classify).
+    # lazy: the collector, node agents and recorder load only when deaths are looked for
     from raysleuth.deaths.collect import gather
     from raysleuth.labels.dead import dead_worker_labels
 
@@ -179,6 +181,7 @@ def _key(actor_id: str | None, node: str | None, pid: int | None) -> str:
 
 def _recorded_keys() -> set[str]:
     try:
+        # lazy: the recorder loads only when deaths are read (see find_deaths)
         from raysleuth.recorder import open_store
 
         store = open_store()
@@ -201,6 +204,7 @@ def record_deaths(report: DeathReport) -> int:
     try:
         import ray
 
+        # lazy: the recorder loads only when deaths are stored (see find_deaths)
         from raysleuth.recorder import get_writer
 
         writer = get_writer()
@@ -223,6 +227,7 @@ def record_deaths(report: DeathReport) -> int:
 
 def stored_deaths(run: str | None = None, *, home: Any = None, rank: int | list[int] | None = None) -> list[Death]:
     """The deaths recorded in a run's store (default: the latest), oldest first."""
+    # lazy: the recorder loads only when deaths are read (see find_deaths)
     from raysleuth.recorder import open_store
 
     store = open_store(run, home=home)
@@ -256,8 +261,6 @@ def consequences(deaths: list[Death], errors: list[tuple[Any, int | None, float 
     exited") is tied to the earliest death of another rank with a cause of its own that happened before it
     (``slack_s`` allows for clocks and Ray's late death times).
     """
-    from raysleuth.explain import explain
-
     roots = [death for death in root_first(deaths) if death.cause not in _FOLLOWING]
     result: dict[Any, Death] = {}
     if not roots:
@@ -277,8 +280,6 @@ def consequences(deaths: list[Death], errors: list[tuple[Any, int | None, float 
 
 def deaths_named_in(text: str, run: str | None = None, *, home: Any = None) -> list[Death]:
     """The recorded deaths of the workers an error text names (by actor id, else pid); [] without a store."""
-    from raysleuth.explain import mentioned_workers
-
     named = mentioned_workers(text)
     if not named["actor_ids"] and not named["pids"]:
         return []

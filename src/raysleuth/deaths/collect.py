@@ -30,9 +30,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from raysleuth import cluster, evidence
+from raysleuth.agents import call_agents
 from raysleuth.cluster import own
 from raysleuth.cluster.records import RayTask
 from raysleuth.deaths.classify import DeathEvidence
+from raysleuth.recorder import open_store
 
 __all__ = ["fetch_logs", "gather"]
 
@@ -70,8 +72,6 @@ def _oom_readings(node_ids: set[str], timeout: float) -> dict[str, dict[str, Any
     if not node_ids:
         return {}
     try:
-        from raysleuth.agents import call_agents
-
         results = call_agents("oom_evidence", timeout=timeout, nodes=sorted(node_ids))
     except Exception as error:
         return {node_id: {"error": f"{type(error).__name__}: {str(error)[:200]}"} for node_id in node_ids}
@@ -82,8 +82,6 @@ def _store_evidence(subjects: list[dict[str, Any]]) -> dict[str, Any]:
     """Memory samples, capsules and heartbeats from the connected run's store (empty without one)."""
     out: dict[str, Any] = {"memory": defaultdict(list), "crash": defaultdict(list), "beats": {}}
     try:
-        from raysleuth.recorder import open_store
-
         store = open_store()
     except Exception:
         return out
@@ -159,8 +157,6 @@ def _agent_logs(subjects, alive, lines: int, timeout: float) -> tuple[dict, dict
     if not per_node:
         return {}, {}
     try:
-        from raysleuth.agents import call_agents
-
         results = call_agents("worker_logs", timeout=timeout, nodes=sorted(per_node),
                               per_node_args={node: (pids, lines) for node, pids in per_node.items()})
     except Exception as error:

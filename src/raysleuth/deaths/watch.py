@@ -28,7 +28,10 @@ from __future__ import annotations
 import threading
 import time
 
+from raysleuth import cluster, ray_private
 from raysleuth.cluster import own
+from raysleuth.deaths import _recorded_keys, find_deaths, record_deaths
+from raysleuth.recorder import get_writer
 
 __all__ = ["LAST_LOOK_S", "WATCH_S", "last_look", "record_new_deaths", "start_death_watch"]
 
@@ -45,9 +48,6 @@ _tries: dict[str, int] = {}
 
 def _unrecorded_dead(job_id: str | None = None) -> set[str]:
     """Actor ids of dead actors (not raysleuth's own; of ``job_id`` when given) the run has no death for yet."""
-    from raysleuth import cluster
-    from raysleuth.deaths import _recorded_keys
-
     cluster.pin_address()  # a job started with RAY_ADDRESS=local: the State API would look for "local" anew
     dead = {actor.actor_id for actor in cluster.actors(state="DEAD")
             if (job_id is None or actor.job_id == job_id) and not own.is_own(name=actor.name,
@@ -63,8 +63,6 @@ def record_new_deaths(*, timeout: float = 15.0, job_id: str | None = None) -> in
         new = _unrecorded_dead(job_id)
         if not new:
             return 0
-        from raysleuth.deaths import find_deaths, record_deaths
-
         for actor_id in new:
             _tries[actor_id] = _tries.get(actor_id, 0) + 1
 
@@ -98,9 +96,6 @@ def start_death_watch(*, interval: float = WATCH_S, wait: float = 10.0) -> bool:
         return True
     try:
         import ray
-
-        from raysleuth import ray_private
-        from raysleuth.recorder import get_writer
 
         ray.get(ray_private.ray_call(get_writer(), _install, interval), timeout=wait)
         _started.set()

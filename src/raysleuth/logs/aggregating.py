@@ -21,6 +21,7 @@ from raysleuth.logs.aggregate import AggregatedLine, LogLine, aggregate
 from raysleuth.logs.loggers import get_logger
 from raysleuth.memory.sampling import MemoryReading, read_memory
 from raysleuth.modes import mode_config
+from raysleuth.recorder import get_client, open_store
 
 __all__ = ["DistributedLogger", "memory_alert"]
 
@@ -114,8 +115,6 @@ class DistributedLogger:
     def aggregated(self, *, run: str | None = None, home: Any = None, since: float | None = None,
                    all_loggers: bool = False) -> list[AggregatedLine]:
         """This logger's records (all loggers with ``all_loggers``) since the last call, aggregated."""
-        from raysleuth.recorder import open_store
-
         store = open_store(run, home=home)
         try:
             records = store.query("log", after_id=self._last_id, since=since)
@@ -141,8 +140,6 @@ class DistributedLogger:
         def loop() -> None:
             while not self._stop.wait(self.aggregation_interval):
                 try:
-                    from raysleuth.recorder import get_client
-
                     get_client().flush(timeout=2.0)
                     for line in self.aggregated(run=run, home=home):
                         output.log(logging.getLevelName(line.level) if isinstance(
@@ -156,8 +153,6 @@ class DistributedLogger:
     @staticmethod
     def _newest_id(run: str | None, home: Any) -> int | None:
         try:
-            from raysleuth.recorder import open_store
-
             store = open_store(run, home=home)
             try:
                 newest = store.query("log", newest_first=True, limit=1)

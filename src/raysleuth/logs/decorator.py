@@ -19,7 +19,9 @@ from typing import Any, TypeVar
 
 from raysleuth import runtime
 from raysleuth.logs.loggers import get_logger
+from raysleuth.recorder import record
 from raysleuth.redaction import REDACTED, redact_text, redact_value, redacted_repr
+from raysleuth.tracing import Span
 
 __all__ = ["capture_arguments", "debug_decorator"]
 
@@ -176,8 +178,6 @@ def _before(target: Callable, qualname: str, options: _Options, args: tuple, kwa
             state["args"] = capture_arguments(target, args, kwargs, options.max_arg_chars)
         if options.memory_monitoring:
             state["memory"] = _memory_now()
-        from raysleuth.tracing import Span
-
         state["span"] = Span(qualname, None, {}).__enter__()
     except Exception:
         pass
@@ -242,6 +242,4 @@ def _close_span(qualname: str, state: dict[str, Any], attrs: dict[str, Any], dur
     }
     if error is not None:
         data["error"] = type(error).__name__
-    from raysleuth.recorder import record
-
     record("span", data, name=qualname, phase=qualname, time_=state["start"])

@@ -24,6 +24,7 @@ import weakref
 from typing import Any
 
 from raysleuth import runtime
+from raysleuth.recorder import record as store_record
 from raysleuth.redaction import REDACTED, looks_like_secret_name, redact, redact_text, redacted_repr
 
 __all__ = [
@@ -151,8 +152,6 @@ class StoreHandler(logging.Handler):
         try:
             record._raysleuth_shipped = True
             annotate(record)
-            from raysleuth.recorder import record as store_record
-
             store_record("log", record_data(record), name=record.name, level=record.levelname,
                          step=getattr(record, "step", None), phase=getattr(record, "phase", None), time_=record.created,
                          rank=getattr(record, "rank", None))

@@ -16,9 +16,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from raysleuth import cluster
+from raysleuth.errors import StoreNotFound, UsageError, WorkerNotFound
 from raysleuth.logs.aggregate import LogLine
-from raysleuth.errors import UsageError, WorkerNotFound
 from raysleuth.options import parse_since, parse_steps
+from raysleuth.recorder import open_store
 
 __all__ = [
     "LEVELS",
@@ -87,8 +89,6 @@ def _matches(line: LogLine, pattern: re.Pattern | None, name: str | None) -> boo
 def query_logs(query: LogQuery, *, run: str | None = None, home: Path | str | None = None,
                after_id: int | None = None, store=None) -> list[LogLine]:
     """The run's ``log`` records matching ``query``, oldest first (the newest ``limit`` when given)."""
-    from raysleuth.recorder import open_store
-
     filters = query.compiled()
     own = store is None
     store = store or open_store(run, home=home)
@@ -122,9 +122,6 @@ def follow_logs(query: LogQuery, *, run: str | None = None, home: Path | str | N
     Starts after the newest record (``start_at_end``) unless ``after_id`` is
     given; stops after ``max_records`` lines or ``timeout`` seconds.
     """
-    from raysleuth.recorder import open_store
-    from raysleuth.errors import StoreNotFound
-
     query = dataclasses.replace(query, limit=None)
     deadline = None if timeout is None else time.monotonic() + timeout
     store = None
@@ -186,8 +183,6 @@ class RayLog:
 def _rank_from_store(rank: int | None = None, pid: int | None = None, actor_id: str | None = None,
                      run: str | None = None, home: Path | str | None = None) -> dict[str, Any] | None:
     """The newest evidence row written by that rank/pid/actor: its identity columns."""
-    from raysleuth.recorder import open_store
-
     try:
         store = open_store(run, home=home)
     except Exception:
@@ -220,6 +215,8 @@ def find_worker(*, rank: int | None = None, pid: int | None = None, actor_id: st
     Ranks come from the evidence store (what instruments recorded), else from
     the actor names (``labels.live.registered_labels``). Raises :class:`WorkerNotFound`.
     """
+    # rs.get_logger and rs.debug_decorator load this package.
+    # lazy: the instruments stay light to import: the node agents (labels) load when a query names a worker
     from raysleuth.labels.live import registered_labels
 
     if rank is None and pid is None and actor_id is None:
@@ -251,8 +248,6 @@ def ray_worker_logs(*, rank: int | None = None, pid: int | None = None, actor_id
                     streams: tuple[str, ...] = ("out", "err"), tail: int = 1000, run: str | None = None,
                     home: Path | str | None = None) -> list[RayLog]:
     """The raw stdout/stderr Ray kept for one worker, labelled with its rank (needs a connection)."""
-    from raysleuth import cluster
-
     worker = find_worker(rank=rank, pid=pid, actor_id=actor_id, run=run, home=home)
     result = []
     for stream in streams:

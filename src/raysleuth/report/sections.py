@@ -16,6 +16,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from raysleuth.collectives import match
+from raysleuth.collectives.model import positions_from_records
 from raysleuth.evidence import Consistency, Crash, Death, DoctorRun, Log, StackRun, TasksRun
 from raysleuth.timeline.summary import phases_from_totals, stragglers_of
 
@@ -110,9 +112,6 @@ def collective_section(records: Sequence[Any]) -> dict[str, Any] | None:
     """Collective positions of the newest job: every rank's last collectives aligned, and the culprits."""
     if not records:
         return None
-    from raysleuth.collectives import match
-    from raysleuth.collectives.model import positions_from_records
-
     verdict = match(positions_from_records([r if isinstance(r, dict) else r.to_dict() for r in records]))
     return {"summary": verdict.summary, "culprits": [c.to_dict() for c in verdict.culprits],
             "groups": [{"label": g.label, "name": g.name, "ranks": g.ranks, "rows": g.rows} for g in verdict.groups]}

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from raysleuth.evidence import StragglerRun
+from raysleuth.stragglers import stragglers_from_records
 
 
 def straggler_section(reported: Sequence[StragglerRun], collective_records: Sequence[Any] = ()
@@ -21,8 +22,6 @@ def straggler_section(reported: Sequence[StragglerRun], collective_records: Sequ
         return None
     verdict = None
     if collective_records:
-        from raysleuth.stragglers import stragglers_from_records
-
         report = stragglers_from_records([record.to_dict() for record in collective_records])
         if report.ranks or report.collectives:
             verdict = {"state": report.state, "summary": report.summary, "job_id": report.job_id,

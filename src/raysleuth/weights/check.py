@@ -201,6 +201,8 @@ def check_weight_sync(trainer_model_or_state: Any, engine_model_or_state: Any, m
 
 def _record(check: WeightCheck) -> None:
     try:
+        # the instruments here: rs.check_weight_sync and rs.weights_received, called in workers.
+        # lazy: the instruments stay light to import: the recorder loads when a check is recorded
         from raysleuth.recorder import record
 
         if check.version is None:

@@ -85,6 +85,8 @@ def logprob_gap(rollout_logprobs: Any, trainer_logprobs: Any, *, step: int, mask
               max_abs=float(diff.max()) if diff.size else math.nan, tokens=int(diff.size))
     if record:
         try:
+            # the instruments here: rs.check_weight_sync and rs.weights_received, called in workers.
+            # lazy: the instruments stay light to import: the recorder loads when a gap is recorded
             from raysleuth.recorder import record as write
 
             write(GAP_KIND, gap.to_dict(), name=GAP_KIND, step=step)

@@ -116,6 +116,8 @@ def build_weights_report(records: list, *, steps: Any = None) -> WeightsReport:
 def weights_report(run: str | None = None, *, home: Any = None, steps: Any = None,
                    jobs: list[str] | None = None) -> WeightsReport:
     """The syncs of ``run`` (default: the latest), read from its evidence store."""
+    # the instruments here: rs.check_weight_sync and rs.weights_received, called in workers.
+    # lazy: the instruments stay light to import: the recorder loads when syncs are read
     from raysleuth.recorder import open_store
 
     store = open_store(run, home=home)

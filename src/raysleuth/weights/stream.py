@@ -209,6 +209,8 @@ class SyncSide:
         if error is not None:
             self.error = error
         try:
+            # the instruments here: rs.check_weight_sync and rs.weights_received, called in workers.
+            # lazy: the instruments stay light to import: the recorder loads when a sync is recorded
             from raysleuth.recorder import record
 
             record(KIND, self.to_dict(complete), name=self.side, step=self.version,
