@@ -96,7 +96,7 @@ def test_dead_actors_have_rank_and_cause(ray_cluster):
 
     def found():
         report = find_tasks(ray_cluster.address, pending=False, stuck=False, failed=False)
-        by_name = {item.name: item for item in report.dead_actors}
+        by_name = {item.actor_name: item for item in report.dead_actors}
         if "forensics_killed_rank2" in by_name and "forensics_crashed" in by_name:
             return by_name
         return None
@@ -104,8 +104,9 @@ def test_dead_actors_have_rank_and_cause(ray_cluster):
     by_name = poll(found, timeout=TIMEOUT)
     assert by_name, "both dead actors should be listed"
     killed_entry, crashed_entry = by_name["forensics_killed_rank2"], by_name["forensics_crashed"]
-    assert killed_entry.death_cause == "killed" and killed_entry.rank == 2
-    assert crashed_entry.death_cause == "worker_died" and crashed_entry.pid == crashed_pid
+    assert killed_entry.cause == "ray_kill" and killed_entry.ray_reason == "RAY_KILL" and killed_entry.rank == 2
+    assert crashed_entry.cause == "sigkill" and crashed_entry.ray_reason == "WORKER_DIED"
+    assert crashed_entry.pid == crashed_pid
     assert crashed_entry.rank == 5  # from what its instruments registered, not its name
 
 
