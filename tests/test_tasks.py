@@ -164,3 +164,30 @@ def test_failed_task_with_gloo_text_is_drawn(ray_cluster, capsys):
     assert code == 1, out
     row = next(line for line in out.splitlines() if task_id[:16] in line)
     assert GLOO_PEER_CLOSED in row and "fails_like_gloo" in row, out  # one record per line, text verbatim
+
+
+def test_a_prefix_is_completed_past_a_listing_cut_at_its_limit(ray_cluster, monkeypatch):
+    """On a busy cluster (the test suite's own, late in the run) the task listing stops at the State API's
+    limit before it reaches every task; the failed task a prefix names is then found in the listing of
+    unfinished and failed tasks, which the GCS filters before that limit. The cut is made certain here: the
+    real listing, marked cut, without the task."""
+    from raysleuth.cluster.state import Listing
+    from raysleuth.tasks import lifecycle
+
+    ref = fails.remote()
+    with pytest.raises(ray.exceptions.RayTaskError):
+        ray.get(ref, timeout=TIMEOUT)
+    task_id = ref.task_id().hex()
+    poll(lambda: trace_ray_task(task_id, ray_cluster.address), timeout=TIMEOUT)  # its events have arrived
+    original, asked = lifecycle.cluster.tasks, []
+
+    def cut(**kwargs):
+        asked.append(kwargs.get("not_states", ()))
+        listing = original(**kwargs)
+        if kwargs.get("not_states"):
+            return listing
+        return Listing(items=[t for t in listing if not t.task_id.startswith(task_id[:16])], truncated=True)
+
+    monkeypatch.setattr(lifecycle.cluster, "tasks", cut)
+    assert lifecycle._full_task_id(task_id[:16], deadline=0.0) == task_id
+    assert ("FINISHED",) in asked  # completed through the filtered listing
