@@ -146,7 +146,7 @@ def test_tasks_dead_cli_gives_rank_cause_and_evidence(deaths, capsys):
     assert segfault["rank"] == 1 and segfault["cause"] == "fatal_signal" and segfault["function"] == "read_native_buffer"
     dead_actor = next(item for item in payload["dead_actors"] if item["actor_id"] == deaths["ids"][0])
     assert dead_actor["cause"] == "sigkill" and dead_actor["rank"] == 0 and dead_actor["evidence"]
-    assert dead_actor["death_cause"] == "worker_died"  # Ray's own reason, kept beside the classified one
+    assert dead_actor["ray_reason"] == "WORKER_DIED"  # Ray's own reason, kept beside the classified one
     assert main(["tasks", "--dead", "--no-record"]) == 1
     out = capsys.readouterr().out
     assert "fatal_signal" in out and "read_native_buffer" in out and "rank 1" in out

@@ -48,9 +48,10 @@ LAYERS: dict[str, int] = {
 
 # The house's height: the longest chain of imports between top-level units (units that import each other,
 # such as agents and recorder, are one floor). Measured, exact both ways: lower it when a floor goes.
-# Issue 28 wants 12 or fewer; today's chain is __main__ cli worker_setup integrations pool logs memory
-# breakpoints control (agents, recorder) runtime ray_private errors.
-FLOORS = 13
+# Issue 28 wants 12 or fewer; today's chain is __main__ cli integrations pool logs memory breakpoints
+# control (agents, recorder) cluster ray_private errors (verl's weight-sync adapter moved from
+# integrations to the weights feature, so worker_setup no longer stands on integrations).
+FLOORS = 12
 
 # What the house owes today (issue 13). Delete a line when its debt is paid.
 DEBT_CYCLES: set[frozenset[str]] = set()

@@ -33,7 +33,7 @@ def _text(console) -> str:
 
 def test_tasks_renderer(captured):
     from raysleuth.cli.tasks import render_tasks
-    from raysleuth.tasks.model import DeadActor, FailedTask, PendingTask, StuckTask, TaskReport
+    from raysleuth.tasks.model import DeadActor, FailedTask, PendingTask, StuckTask, TaskReport  # DeadActor: a Death
 
     frame = {"function": GLOO, "file": "/x/pair.py", "short_file": "pair.py", "line": 3}
     report = TaskReport(
@@ -43,8 +43,8 @@ def test_tasks_renderer(captured):
                                                                            "frames": [frame]}]})],
         failed=[FailedTask(task_id="c" * 48, name=GLOO, error_type="RuntimeError", error_message=GLOO, cause=GLOO,
                            fix=GLOO)],
-        dead_actors=[DeadActor(actor_id="d" * 32, class_name=GLOO, name=GLOO, rank=2, death_cause=GLOO,
-                               summary=GLOO, message=GLOO, fix=GLOO)],
+        deaths=[DeadActor(actor_id="d" * 32, actor_class=GLOO, actor_name=GLOO, rank=2, cause="unknown",
+                          summary=GLOO, evidence=[GLOO], ray_reason=GLOO, fix=GLOO)],
         warnings=[GLOO])
     render_tasks(report)
     output = _text(captured)

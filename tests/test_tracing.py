@@ -154,6 +154,32 @@ def test_a_new_process_client_takes_the_spans_from_then_on(tmp_path, store):
     assert [r.name for r in other_store.query("span")] == ["after"]
 
 
+def test_spans_left_waiting_when_the_client_changes_reach_the_new_one(tmp_path, store):
+    """Spans the old client had not taken when it was replaced go to the new one at once, not at the next
+    batch's worth (a span asks for a drainer only when none or a batch's worth wait): none is lost."""
+    database, client = store
+    from raysleuth.recorder.spans import SPAN_FIELDS, SPANS
+
+    client.flush(10)
+    client.drains = False  # it stops taking spans before these: they wait in the deque, as at a handover
+    for index in range(3):
+        with rs.span(f"left-{index}"):
+            pass
+    assert len(SPANS) == 3 * SPAN_FIELDS
+    other_store = EvidenceStore(tmp_path / "other.sqlite")
+    other = RecordClient(StoreSink(other_store), spool_dir=tmp_path / "spool2")
+    old = reset_client(other)
+    try:
+        with rs.span("after"):
+            pass
+        assert other.flush(10)
+    finally:
+        other.close()
+        reset_client(old)
+    assert sorted(r.name for r in other_store.query("span")) == ["after", "left-0", "left-1", "left-2"]
+    assert not SPANS
+
+
 def test_a_forked_child_does_not_send_its_parent_s_waiting_spans(store):
     import os
 

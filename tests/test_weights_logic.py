@@ -363,7 +363,7 @@ def test_the_html_report_has_a_weights_section(tmp_path):
 def test_verl_engines_are_checked_with_no_change(tmp_path):
     """verl's own colocated backend (a plain generator), created by CheckpointEngineRegistry.new, checked as is."""
     checkpoint_engine = pytest.importorskip("verl.checkpoint_engine")
-    from raysleuth.integrations import verl_weights
+    from raysleuth.weights import verl as verl_weights
     from raysleuth.recorder import RecordClient, StoreSink, reset_client
 
     store = EvidenceStore(tmp_path / "evidence.sqlite")

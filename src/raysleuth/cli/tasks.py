@@ -132,17 +132,6 @@ def render_tasks(report, *, limit: int = 50) -> None:
 
         shown_any = True
         print_deaths(root_first(report.deaths)[:limit])  # a death with a cause of its own before those it caused
-    elif report.dead_actors:
-        shown_any = True
-        console.print(f"\n[bold red]Dead actors ({len(report.dead_actors)})[/bold red]")
-        table = _table("actor", "rank", "cause", "node / pid", "fix")
-        for item in report.dead_actors[-limit:]:
-            cause = Text(item.death_cause, style="bold")
-            cause.append(f": {item.summary}", style="")
-            table.add_row(_task_cell(f"{item.class_name} {item.name or ''}".strip(), item.actor_id),
-                          "" if item.rank is None else str(item.rank), cause,
-                          f"{item.node_ip or '?'} / {item.pid or '?'}", Text(item.fix or ""))
-        console.print(table)
     for warning in report.warnings:
         console.print(f"[yellow]⚠️  {escape(warning)}[/yellow]", soft_wrap=True)
     if not shown_any:

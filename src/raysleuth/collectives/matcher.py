@@ -27,6 +27,7 @@ from raysleuth.collectives.model import (
     RULE,
     CollectiveVerdict,
     Finding,
+    FindingKind,
     GroupAlignment,
     RankPositions,
     positions_from_records,
@@ -175,6 +176,7 @@ def _mismatch_finding(name, label, rank, entry, reference, majority, upcoming, i
     when = f" {reference.when()}" if reference.when() else ""
     mine = f"rank {rank} called {entry.describe()}"
     where = f" ({entry.where()})" if entry.file else ""
+    kind: FindingKind
     if upcoming is not None and entry.signature() == upcoming:
         kind = "skipped"
         others = f"{_ranks_text(majority)} called {reference.describe()} as #{reference.seq} in {label}{when}"
@@ -238,6 +240,7 @@ def _positions(name, label, ranks, members, lasts, dead, pending_after) -> list[
             findings.append(Finding(rank=rank, kind="stuck", group=name, seq=1, reason=reason))
             continue
         where = f" ({mine.where()})" if mine.file else ""
+        kind: FindingKind
         if mine.state == "completed":
             kind = "stuck"
             ahead = f" ({count} behind)" if behind > 1 else ""

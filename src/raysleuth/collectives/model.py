@@ -17,7 +17,7 @@ import bisect
 import dataclasses
 import os
 from collections import defaultdict
-from typing import Any, Iterable
+from typing import Any, Iterable, Literal
 
 from raysleuth import evidence
 
@@ -30,6 +30,12 @@ _SAME_INPUTS = {"all_reduce", "broadcast", "reduce", "all_gather", "all_gather_i
                 "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "barrier", "allreduce"}
 
 
+EntryState = Literal["completed", "pending", "error"]
+"""Where one collective of one rank stands (a ``calls``/``entries`` state read from a dump)."""
+FindingKind = Literal["skipped", "op", "shape", "dtype", "mismatch", "dead", "stuck", "behind", "ahead"]
+"""How a rank broke its group's sequence (``raysleuth collectives --json``: ``culprits[].kind``)."""
+
+
 @dataclasses.dataclass
 class Entry:
     """One collective of one rank, as aligned."""
@@ -38,8 +44,7 @@ class Entry:
     op: str
     inputs: list = dataclasses.field(default_factory=list)
     """[[shape, dtype], ...]"""
-    state: str = "completed"
-    """completed | pending | error"""
+    state: EntryState = "completed"
     created: float | None = None
     file: str | None = None
     line: int | None = None
@@ -90,8 +95,7 @@ class Finding:
     """A rank that broke the sequence of one process group, and why."""
 
     rank: int
-    kind: str
-    """skipped | op | shape | dtype | mismatch | dead | stuck | behind | ahead"""
+    kind: FindingKind
     group: str
     seq: int | None
     reason: str

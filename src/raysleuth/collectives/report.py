@@ -18,7 +18,7 @@ from raysleuth import cluster, evidence
 from raysleuth.collectives.matcher import PENDING_AFTER, match
 from raysleuth.collectives.model import CollectiveVerdict, latest_job, positions_from_records
 from raysleuth.recorder import get_writer, open_store
-from raysleuth.recorder.reading import bulk, newest_per_worker, tails
+from raysleuth.recorder.reading import bulk, newest_per_worker, tail_records
 from raysleuth.recorder.store import COLUMNS
 
 CONTROL_KEY = "collectives.dump"
@@ -118,15 +118,7 @@ def read_collectives(store, job: str | None = None) -> list[dict[str, Any]]:
     moved whole in Python.
     """
     ids = newest_per_worker(store, "collectives")[-RECORD_LIMIT:]
-    records = []
-    for row, items in tails(store, ids, COLUMNS, ("calls", "flight_recorder.entries"), READ_PER_GROUP):
-        record = store._record(row).to_dict()
-        data = record["data"]
-        if items:  # a dump (not a foreign row): its entries back in
-            data["calls"] = items["calls"]
-            if isinstance(data.get("flight_recorder"), dict):
-                data["flight_recorder"]["entries"] = items["flight_recorder.entries"]
-        records.append(record)
+    records = tail_records(store, ids, COLUMNS, ("calls", "flight_recorder.entries"), READ_PER_GROUP)
     job = job if job is not None else latest_job(records)
     return [r for r in records if job is None or evidence.Collectives.from_record_dict(r).job_id in (None, job)]
 

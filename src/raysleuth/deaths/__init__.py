@@ -21,8 +21,8 @@ from raysleuth.deaths.classify import CAUSES, DeathCause, DeathEvidence, classif
 from raysleuth.deaths.parse import fatal_file_rank
 from raysleuth.explain import explain, mentioned_workers
 
-__all__ = ["CAUSES", "Death", "DeathReport", "FIXES", "consequences", "deaths_named_in", "find_deaths",
-           "record_deaths", "root_first", "stored_deaths"]
+__all__ = ["CAUSES", "Death", "DeathReport", "FIXES", "build_death", "consequences", "deaths_named_in",
+           "find_deaths", "record_deaths", "root_first", "stored_deaths"]
 
 #: What to do about each cause.
 FIXES = {

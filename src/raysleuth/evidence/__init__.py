@@ -18,14 +18,15 @@ from raysleuth.evidence.calls import Coroutines, DebugSessionRecord, LogprobGap,
 from raysleuth.evidence.events import CapsulesSkipped, Finished, Instrumented, RankKnown, SpoolDropped, Stall
 from raysleuth.evidence.failures import (ChainLink, Consistency, ConsistencyMismatch, Crash, CrashFrame, Death,
                                          DeathFrame, Explanation)
-from raysleuth.evidence.reports import (Collectives, Culprit, DoctorCheck, DoctorRun, StackFrame, StackGroup, StackRun,
-                                        StackVerdict, StragglerRun, TaskItem, TasksRun)
+from raysleuth.evidence.reports import (Collectives, Culprit, DoctorCheck, DoctorRun, NamedStraggler, SlowPhasePart,
+                                        StackFrame, StackGroup, StackRun, StackVerdict, StragglerRun, TaskItem, TasksRun,
+                                        WaitSite)
 
 __all__ = ["KINDS", "CapsulesSkipped", "ChainLink", "Collectives", "Consistency", "ConsistencyMismatch", "Coroutines",
            "Crash", "CrashFrame", "Culprit", "Death", "DeathFrame", "DebugSessionRecord", "DoctorCheck", "DoctorRun", "Event",
            "Evidence", "Explanation", "Finished", "Heartbeat", "Instrumented", "Log", "LogprobGap", "Memory",
-           "MemoryCapsule", "Part", "PoolCall", "RankKnown", "Row", "Span", "SpoolDropped", "StackFrame", "StackGroup", "StackRun",
-           "StackVerdict", "Stall", "StragglerRun", "TaskItem", "TasksRun", "VerlCall", "WeightSync", "kinds_table",
+           "MemoryCapsule", "NamedStraggler", "Part", "PoolCall", "RankKnown", "Row", "Span", "SlowPhasePart", "SpoolDropped", "StackFrame", "StackGroup", "StackRun",
+           "StackVerdict", "Stall", "StragglerRun", "TaskItem", "TasksRun", "VerlCall", "WaitSite", "WeightSync", "kinds_table",
            "read"]
 
 #: Every kind, in the order of the table.

@@ -149,6 +149,50 @@ class TasksRun(Evidence):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class WaitSite(Part):
+    """Where a straggler's peers spend the time it is slow (``stragglers[].phase.peers_wait``)."""
+
+    function: str | None = None
+    file: str | None = None
+    line: int | None = None
+    share: float | None = None
+    straggler_share: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SlowPhasePart(Part):
+    """A named straggler's slow phase, as sampled (``stragglers[].phase``)."""
+
+    function: str | None = None
+    file: str | None = None
+    line: int | None = None
+    share: float | None = None
+    peer_share: float | None = None
+    stack: tuple[str, ...] = ()
+    thread: str | None = None
+    samples: int | None = None
+    peer_samples: int | None = None
+    peers_wait: WaitSite | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NamedStraggler(Part):
+    """One rank a stored straggler report named (``stragglers[]``)."""
+
+    rank: int | None = None
+    median_lateness_s: float | None = None
+    share_of_step: float | None = None
+    late_share: float | None = None
+    collectives: int | None = None
+    cost_s: float | None = None
+    cost_share: float | None = None
+    wait_site: Any = None
+    phase: SlowPhasePart | None = None
+    node: str | None = None
+    pid: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class StragglerRun(Evidence):
     """A stored ``StragglerReport.to_dict()``: which rank entered collectives late, by how much."""
 
@@ -160,7 +204,7 @@ class StragglerRun(Evidence):
     state: str = "unread"
     summary: str = ""
     ranks: tuple[dict[str, Any], ...] = ()
-    stragglers: tuple[dict[str, Any], ...] = ()
+    stragglers: tuple[NamedStraggler, ...] = ()
     collectives: int | None = None
     threshold: float | None = None
     min_collectives: int | None = None

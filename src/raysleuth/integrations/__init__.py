@@ -1,7 +1,8 @@
 """Integrations with trainers users already have.
 
 - :mod:`raysleuth.integrations.verl` — instrument verl's ``RayWorkerGroup``
-  (``pip install "raysleuth[verl]"``);
-- :mod:`raysleuth.integrations.verl_weights` — check every weight sync of
-  every verl ``CheckpointEngine`` (installed by the zero-code worker setup).
+  (``pip install "raysleuth[verl]"``).
+
+verl's weight syncs are checked by the weights feature itself
+(:mod:`raysleuth.weights.verl`, installed by the zero-code worker setup).
 """

@@ -32,7 +32,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 __all__ = ["LeakPolicy", "LeakVerdict", "TrendFit", "detect_leak", "fit_trend", "kendall_tau", "leaks", "theil_sen"]
 
@@ -133,6 +133,12 @@ class LeakPolicy:
     allocator pools settle within it, a leak that paused does not."""
 
 
+LeakStatus = Literal["leak", "ok", "not enough data"]
+"""A series' leak verdict (``raysleuth memory --json``: ``workers[].status``)."""
+LeakPattern = Literal["steady", "climb", "recent"]
+"""What a leak's growth looks like: ``steady``, ``climb`` (the floor rose), ``recent`` (only at the end)."""
+
+
 @dataclasses.dataclass
 class LeakVerdict:
     """Is this series leaking, and the evidence: kind of growth, levels, slope, fit, window."""
@@ -142,9 +148,8 @@ class LeakVerdict:
     metric: str = "uss_bytes"
     samples: int = 0
     """Samples in the window (after warm-up)."""
-    status: str = "ok"
-    """``leak``, ``ok`` or ``not enough data``."""
-    pattern: str | None = None
+    status: LeakStatus = "ok"
+    pattern: LeakPattern | None = None
     """What the growth looks like: ``steady``, ``climb`` (the floor rose), ``recent``; None when flat."""
     slope_bytes_per_s: float | None = None
     slope_bytes_per_step: float | None = None

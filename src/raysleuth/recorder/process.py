@@ -116,8 +116,9 @@ def _create() -> RecordClient:
             node_id = runtime.whoami().node_id
         except Exception:
             node_id = None
-    _hand_spans_over(_client)
+    old = _client
     created = _client = RecordClient(sink, run_id=run_id, node_id=node_id)
+    _hand_spans_over(old, created)
     _client_pid = os.getpid()
     _provisional = created.provisional = not isinstance(sink, WriterSink)
     if not _provisional:
@@ -125,11 +126,15 @@ def _create() -> RecordClient:
     return created
 
 
-def _hand_spans_over(old: RecordClient | None) -> None:
-    """The process client changes: the old one stops taking waiting spans (the next span hands them to the new)."""
-    if old is not None:
+def _hand_spans_over(old: RecordClient | None, new: RecordClient | None) -> None:
+    """The process client changes: the old one stops taking waiting spans, and the new one takes those left
+    waiting at once (a span asks for a drainer only when none or a batch's worth wait, so spans left behind
+    would otherwise wait for the next batch's worth, or be lost at exit)."""
+    if old is not None and old is not new:
         old.drains = False
     _spans.DRAINER[0] = None
+    if new is not None and _spans.SPANS and not getattr(new, "_closed", False):
+        new.drain_spans()
 
 
 def _ray_initialized() -> bool:
@@ -210,7 +215,7 @@ def reset_client(client: RecordClient | None = None) -> RecordClient | None:
     with _client_lock:
         old, _client = _client, client
         _client_pid = os.getpid() if client is not None else None
-        _hand_spans_over(old)
+        _hand_spans_over(old, client)
         # a client made here before Ray was up stays provisional when put back; one made by hand stays
         _provisional = bool(getattr(client, "provisional", False))
     return old

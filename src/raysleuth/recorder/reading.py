@@ -30,7 +30,8 @@ from typing import Any
 
 from raysleuth.errors import StoreCorrupt, UsageError
 
-__all__ = ["buckets", "bulk", "identities", "loads", "newest_per_worker", "select", "span_totals", "tails", "where_clause"]
+__all__ = ["buckets", "bulk", "identities", "loads", "newest_per_worker", "select", "span_totals", "tail_records", "tails",
+           "where_clause"]
 
 #: Columns a reader may name (the records table's own).
 READABLE = ("id", "kind", "time", "rank", "step", "phase", "name", "level", "data", "seq", "world_size", "node_id",
@@ -234,6 +235,24 @@ def tails(store, ids: list[int], columns: Sequence[str], arrays: Sequence[str],
                 limit = keep * max(1, len(groups) if isinstance(groups, (dict, list)) else 1)
                 found = {path: _newest_items(store, row[0], path, limit) for path in arrays}
             yield row, found
+
+
+def tail_records(store, ids: list[int], columns: Sequence[str], arrays: Sequence[str],
+                 keep: int) -> list[dict[str, Any]]:
+    """The records of ``ids`` as dicts (:meth:`Record.to_dict`; ``columns``: the store's), each array at
+    ``arrays`` (paths) cut to its newest items as :func:`tails` picks them, put back where it was."""
+    records = []
+    for row, items in tails(store, ids, columns, arrays, keep):
+        record = store._record(row).to_dict()
+        for path, values in items.items():  # a dump (not a foreign row): its entries back in
+            *parents, last = path.split(".")
+            place = record["data"]
+            for name in parents:
+                place = place.get(name) if isinstance(place, dict) else None
+            if isinstance(place, dict):
+                place[last] = values
+        records.append(record)
+    return records
 
 
 #: Paths one ``json_extract`` takes (SQLite allows 127 arguments a function).

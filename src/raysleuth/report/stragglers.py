@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from raysleuth.evidence import StragglerRun
+from raysleuth.evidence import SlowPhasePart, StragglerRun, WaitSite
 from raysleuth.stragglers import stragglers_from_records
 
 
@@ -31,16 +31,15 @@ def straggler_section(reported: Sequence[StragglerRun], collective_records: Sequ
     return {"verdict": verdict, "reported": [_reported(record) for record in reported][-50:]}
 
 
-def _where(site: dict[str, Any]) -> str:
-    return f"{str(site.get('file') or '').rsplit('/', 1)[-1]}:{site.get('line')}"
+def _where(site: SlowPhasePart | WaitSite) -> str:
+    return f"{(site.file or '').rsplit('/', 1)[-1]}:{site.line}"
 
 
 def _reported(record: StragglerRun) -> dict[str, Any]:
     rows = []
     for straggler in record.stragglers:
-        phase: dict[str, Any] = straggler["phase"] if isinstance(straggler.get("phase"), dict) else {}
-        wait: dict[str, Any] = phase["peers_wait"] if isinstance(phase.get("peers_wait"), dict) else {}
-        rows.append({"rank": straggler.get("rank"), "function": phase.get("function") or "",
+        phase, wait = straggler.phase, straggler.phase.peers_wait if straggler.phase else None
+        rows.append({"rank": straggler.rank, "function": (phase.function if phase else None) or "",
                      "where": _where(phase) if phase else "",
-                     "peers_wait": f"{wait.get('function')} ({_where(wait)})" if wait else ""})
+                     "peers_wait": f"{wait.function} ({_where(wait)})" if wait else ""})
     return {"time": record.row.time, "job_id": record.job_id, "summary": record.summary, "stragglers": rows}

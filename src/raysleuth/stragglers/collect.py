@@ -17,7 +17,7 @@ import statistics
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from raysleuth import cluster, evidence
 from raysleuth.collectives.report import request_dump
@@ -197,8 +197,7 @@ def _stored_phases(report: StragglerReport, stored: list[evidence.StragglerRun])
         for row in reversed(stored):
             if report.job_id and row.job_id not in (None, report.job_id):
                 continue
-            phase = next((s["phase"] for s in row.stragglers
-                          if s.get("rank") == straggler.rank and isinstance(s.get("phase"), dict)), None)
+            phase = next((s.phase for s in row.stragglers if s.rank == straggler.rank and s.phase), None)
             straggler.phase = phase_from(phase)
             if straggler.phase is not None:
                 break
@@ -207,18 +206,14 @@ def _stored_phases(report: StragglerReport, stored: list[evidence.StragglerRun])
                             "`raysleuth watch --slow` records it while the job runs")
 
 
-def phase_from(data: Any) -> SlowPhase | None:
-    """A stored slow phase back as a :class:`SlowPhase`; None for data of another shape."""
-    if not isinstance(data, dict):
+def phase_from(part: evidence.SlowPhasePart | None) -> SlowPhase | None:
+    """A stored slow phase back as a :class:`SlowPhase`; None when a field it needs was not stored."""
+    if part is None or None in (part.function, part.file, part.thread, part.line, part.share, part.peer_share,
+                                part.samples, part.peer_samples):
         return None
-    text = all(isinstance(data.get(k), str) for k in ("function", "file", "thread"))
-    numbers = all(isinstance(data.get(k), (int, float)) and not isinstance(data.get(k), bool)
-                  for k in ("line", "share", "peer_share", "samples", "peer_samples"))
-    if not (text and numbers and isinstance(data.get("stack"), list)):
-        return None
-    wait = data.get("peers_wait")
-    wait_ok = isinstance(wait, dict) and isinstance(wait.get("file"), str) and isinstance(wait.get("share"), (int, float))
-    return SlowPhase(function=data["function"], file=data["file"], line=int(data["line"]), share=float(data["share"]),
-                     peer_share=float(data["peer_share"]), stack=[str(f) for f in data["stack"]],
-                     thread=data["thread"], samples=int(data["samples"]), peer_samples=int(data["peer_samples"]),
-                     peers_wait=wait if wait_ok else None)
+    wait = part.peers_wait
+    kept = wait.to_data() if wait is not None and wait.file is not None and wait.share is not None else None
+    return SlowPhase(function=str(part.function), file=str(part.file), line=int(part.line or 0),
+                     share=float(part.share or 0.0), peer_share=float(part.peer_share or 0.0), stack=list(part.stack),
+                     thread=str(part.thread), samples=int(part.samples or 0), peer_samples=int(part.peer_samples or 0),
+                     peers_wait=kept)

@@ -11,7 +11,8 @@ waits, ``classify`` is the pure logic, ``model`` the dataclasses):
   (robust statistics, :func:`raysleuth.tasks.classify.is_stuck`);
 - ``failed`` — failed tasks with the error type and, when ``raysleuth.explain``
   knows it, a cause and fix;
-- ``dead_actors`` — with the death cause Ray recorded and the rank.
+- ``deaths`` — every dead actor and task worker as a :class:`raysleuth.deaths.Death`
+  (rank, classified cause, evidence, Ray's own reason); ``dead_actors`` the actors among them.
 
 A listing cut at the State API's limit sets ``truncated`` and says which one.
 :func:`trace_ray_task` (in :mod:`raysleuth.tasks.lifecycle`) is one task's life.

@@ -10,13 +10,14 @@ from typing import Any
 from raysleuth import cluster
 from raysleuth.cluster import own
 from raysleuth.cluster.records import RayActor, RayTask
-from raysleuth.deaths import find_deaths
+from raysleuth.deaths import Death, build_death, find_deaths
+from raysleuth.deaths.classify import DeathEvidence, classify
 from raysleuth.explain import explain as explain_text  # the functions below take a flag named explain
 from raysleuth.labels.live import registered_labels
 from raysleuth.redaction import redact_text
 from raysleuth.stacks import dump_stacks
 from raysleuth.tasks.classify import RUNNING_STATES, TERMINAL_STATES, death_cause, is_stuck, seconds, short_name, started_at
-from raysleuth.tasks.model import DeadActor, FailedTask, StuckTask, TaskReport
+from raysleuth.tasks.model import FailedTask, StuckTask, TaskReport
 from raysleuth.tasks.pending import find_pending
 
 __all__ = ["find_tasks"]
@@ -95,7 +96,7 @@ def find_tasks(
     if failed:
         report.failed = _failed(tasks, actors_by_id, rank_of, explain)
     if dead:
-        report.dead_actors = _dead(actors, node_ips, rank_of, explain, job_id)
+        report.deaths = _dead(actors, node_ips, rank_of, explain, job_id)
         _classify_deaths(report, job_id)
     return report
 
@@ -134,23 +135,20 @@ def _listed_tasks(listing, *, unfinished: bool, failed: bool, peers: bool) -> li
 
 
 def _classify_deaths(report: TaskReport, job_id: str | None) -> None:
-    """Replace Ray's generic death reasons by the classified cause, rank and evidence (raysleuth.deaths)."""
+    """The forensics' deaths (logs, agents, the store: raysleuth.deaths) in place of those judged from Ray's
+    reasons alone; a dead actor the forensics did not see keeps its Ray-only one."""
     try:
         found = find_deaths(job_id=job_id)
     except Exception as error:
         report.warnings.append(f"death forensics failed, showing Ray's own reasons: {type(error).__name__}: {error}")
         return
-    report.deaths = found.deaths
     report.warnings += found.warnings
-    by_actor = {death.actor_id: death for death in found.deaths if death.actor_id}
-    for item in report.dead_actors:
-        death = by_actor.get(item.actor_id)
-        if death is None:
-            continue
-        item.cause, item.summary, item.evidence = death.cause, death.summary, death.evidence
-        item.fix = death.fix or item.fix
-        if death.rank is not None:
-            item.rank, item.rank_source = death.rank, death.rank_source
+    seen = {death.actor_id for death in found.deaths if death.actor_id}
+    for alone in report.deaths:
+        death = next((d for d in found.deaths if d.actor_id == alone.actor_id), None)
+        if death is not None and death.fix is None:
+            death.fix = alone.fix  # the knowledge base's fix for Ray's reason, when the forensics have none
+    report.deaths = found.deaths + [death for death in report.deaths if death.actor_id not in seen]
 
 
 def _stuck(tasks, now, factor, floor_s, node_ips, actors_by_id, rank_of) -> list[StuckTask]:
@@ -238,19 +236,19 @@ def _failed(tasks, actors_by_id, rank_of, explain: bool) -> list[FailedTask]:
     return result
 
 
-def _dead(actors, node_ips, rank_of, explain: bool, job_id: str | None) -> list[DeadActor]:
+def _dead(actors, node_ips, rank_of, explain: bool, job_id: str | None) -> list[Death]:
+    """Each dead actor's :class:`Death` from what Ray recorded alone (the forensics replace it when they run)."""
     result = []
     for actor in actors:
         if actor.state != "DEAD" or (job_id and actor.job_id != job_id):
             continue
-        cause = death_cause(actor)
-        fix = None
-        if explain and cause["cause"] not in ("killed", "out_of_scope", "exited"):
-            _c, fix = _explain(f"{cause['reason']}\n{cause['message']}")
-        result.append(DeadActor(
-            actor_id=actor.actor_id, class_name=actor.class_name or "?", name=actor.name or None,
-            rank=rank_of(actor.node_id, actor.pid, actor.name), death_cause=cause["cause"],
-            summary=cause["summary"], message=cause["message"][:2000], node_id=actor.node_id,
-            node_ip=node_ips.get(actor.node_id), pid=actor.pid, num_restarts=actor.num_restarts, fix=fix,
-        ))
+        found = DeathEvidence(actor=actor)
+        subject = {"actor": actor, "actor_id": actor.actor_id, "pid": actor.pid, "node_id": actor.node_id,
+                   "node_ip": node_ips.get(actor.node_id)}
+        death = build_death(subject, found, classify(found), {"rank": rank_of(actor.node_id, actor.pid, actor.name)},
+                            {})
+        ray_says = death_cause(actor)
+        if explain and death.fix is None and ray_says["cause"] not in ("killed", "out_of_scope", "exited"):
+            _c, death.fix = _explain(f"{ray_says['reason']}\n{ray_says['message']}")
+        result.append(death)
     return result

@@ -136,14 +136,25 @@ def complete_task_id(prefix: str, task_ids) -> str:
                      fix="give more characters of the id")
 
 
+def _listed_ids(prefix: str) -> list[str]:
+    """Task ids to complete ``prefix`` against. A busy cluster's listing stops at the State API's limit
+    before it reaches every task; the ones ``raysleuth tasks`` prints (not finished: pending, running,
+    failed) are then listed again, filtered by the GCS before that limit."""
+    listing = cluster.tasks(detail=False)
+    ids = [task.task_id for task in listing]
+    if listing.truncated and not any(task_id.startswith(prefix) for task_id in ids):
+        ids += [task.task_id for task in cluster.tasks(detail=False, not_states=("FINISHED",))]
+    return ids
+
+
 def _full_task_id(task_id: str, deadline: float) -> str:
     """A prefix completed against the cluster's task listing (polled until ``deadline`` for late events)."""
     while True:
-        listing = cluster.tasks(detail=False)
+        listing = _listed_ids(task_id)
         try:
-            return complete_task_id(task_id, (task.task_id for task in listing))
+            return complete_task_id(task_id, listing)
         except UsageError:
-            if time.monotonic() >= deadline or any(t.task_id.startswith(task_id) for t in listing):
+            if time.monotonic() >= deadline or any(listed.startswith(task_id) for listed in listing):
                 raise
         time.sleep(0.3)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from raysleuth.deaths import Death
+
 __all__ = ["DeadActor", "FailedTask", "PendingTask", "REASONS", "StuckTask", "TaskReport"]
 
 #: Why a task waits, and what each reason means.
@@ -76,27 +78,8 @@ class FailedTask:
     time: float | None = None
 
 
-@dataclasses.dataclass(kw_only=True)
-class DeadActor:
-    """A dead actor, its death cause and its rank."""
-
-    actor_id: str
-    class_name: str
-    name: str | None
-    rank: int | None
-    death_cause: str
-    summary: str
-    message: str
-    node_id: str | None = None
-    node_ip: str | None = None
-    pid: int | None = None
-    num_restarts: int = 0
-    fix: str | None = None
-    rank_source: str | None = None
-    cause: str | None = None
-    """The classified cause (:data:`raysleuth.deaths.CAUSES`); ``death_cause`` stays Ray's own reason."""
-    evidence: list[str] = dataclasses.field(default_factory=list)
-    """What decided ``cause`` (:mod:`raysleuth.deaths`)."""
+DeadActor = Death
+"""A dead actor is a :class:`raysleuth.deaths.Death` (one form for every dead worker; this name stays public)."""
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -106,10 +89,9 @@ class TaskReport:
     pending: list[PendingTask] = dataclasses.field(default_factory=list)
     stuck: list[StuckTask] = dataclasses.field(default_factory=list)
     failed: list[FailedTask] = dataclasses.field(default_factory=list)
-    dead_actors: list[DeadActor] = dataclasses.field(default_factory=list)
-    deaths: list[Any] = dataclasses.field(default_factory=list)
-    """Every dead actor and task worker with rank, classified cause, evidence and context
-    (:class:`raysleuth.deaths.Death`)."""
+    deaths: list[Death] = dataclasses.field(default_factory=list)
+    """Every dead actor and task worker with rank, classified cause, evidence and context; Ray's own reason
+    alone (classified) when the forensics could not run."""
     truncated: bool = False
     truncated_listings: list[str] = dataclasses.field(default_factory=list)
     warnings: list[str] = dataclasses.field(default_factory=list)
@@ -119,11 +101,16 @@ class TaskReport:
     @property
     def problem(self) -> bool:
         """Anything pending past the threshold (or infeasible), stuck, failed or dead."""
-        return bool(any(item.problem for item in self.pending) or self.stuck or self.failed or self.dead_actors
-                    or self.deaths)
+        return bool(any(item.problem for item in self.pending) or self.stuck or self.failed or self.deaths)
+
+    @property
+    def dead_actors(self) -> list[Death]:
+        """The deaths that were actors (``deaths`` holds task workers too)."""
+        return [death for death in self.deaths if death.actor_id]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
         result = dataclasses.asdict(self)
         result["problem"] = self.problem
+        result["dead_actors"] = [death.to_dict() for death in self.dead_actors]
         return result

@@ -7,7 +7,7 @@ engine. This package checks that copy on both sides, storing fingerprints
 - :mod:`.stream`: ``rs.weights_sent`` / ``rs.weights_received``, lazy
   pass-through wrappers of the ``(name, tensor)`` stream each side moves
   (verl's CheckpointEngine gets them with no code change through
-  :mod:`raysleuth.integrations.verl_weights`);
+  :mod:`.verl`: every ``CheckpointEngine`` verl's registry creates);
 - :mod:`.check`: ``rs.check_weight_sync``, what the engine really loaded
   (fused layouts and tensor-parallel slices from :mod:`.layouts`, a
   canonical cast between float precisions: :mod:`.prints`);

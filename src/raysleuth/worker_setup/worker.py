@@ -17,7 +17,7 @@ at start-up, because user code may need them at once (cheap):
     - the coroutine tracker of async actors (``raysleuth.coroutines.install()``: what each pending
       asyncio task awaits, read on the control thread);
     - the weight-sync check of every verl CheckpointEngine the job creates
-      (``raysleuth.integrations.verl_weights.install()``: an import hook only);
+      (``raysleuth.weights.verl.install()``: an import hook only);
     - the control thread (:mod:`raysleuth.control`).
 
 on the control thread, ``DEFER_S`` seconds later, off the start-up path:
@@ -158,7 +158,7 @@ def _install_collectives() -> Any:
 
 def _install_weight_sync() -> Any:
     # lazy: a part of the zero-code setup, loaded when it installs (worker start-up)
-    from raysleuth.integrations import verl_weights
+    from raysleuth.weights import verl as verl_weights
 
     return verl_weights.install()  # waits for the job to import verl's CheckpointEngine; imports nothing
 
