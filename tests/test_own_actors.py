@@ -31,3 +31,37 @@ def test_titles_and_the_names_the_writer_and_agents_use():
     assert own.is_own_title("ray::NodeAgent.run_tool") and not own.is_own_title("ray::DDPRank.train")
     assert own.is_own(name=writer.WRITER_NAME, namespace=None) and writer.NAMESPACE == own.NAMESPACE
     assert own.is_own(name=agents.AGENT_PREFIX + "0123456789abcdef") and agents.NAMESPACE == own.NAMESPACE
+
+
+def test_calls_on_the_writer_and_the_agents_leave_no_task_events(ray_cluster):
+    """Every worker's control poll, delivery and meeting is a call on raysleuth's own actors, several a second
+    a rank: Ray keeps no task event of them (they would evict the job's own from the GCS's bounded store and
+    crowd `ray list tasks`). A user actor's calls, made alongside, are listed: the events do flow."""
+    import time
+
+    import ray
+
+    from raysleuth import cluster
+    from raysleuth.agents import call_agents
+    from raysleuth.recorder import get_writer
+
+    @ray.remote(num_cpus=0)
+    class Neighbour:
+        def hello(self) -> int:
+            return 1
+
+    neighbour = Neighbour.remote()
+    writer = get_writer()
+    for _ in range(5):
+        assert ray.get(neighbour.hello.remote(), timeout=60) == 1
+        ray.get(writer.info.remote(), timeout=60)
+        assert all(result.ok for result in call_agents("ping", timeout=60))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # task events reach the GCS about a second late
+        names = [task.name or "" for task in cluster.tasks(detail=False)]
+        if sum(name.endswith("Neighbour.hello") for name in names) >= 5:
+            break
+        time.sleep(1)
+    assert sum(name.endswith("Neighbour.hello") for name in names) >= 5
+    assert not [name for name in names if own.is_own(class_name=name)], "raysleuth's own calls left task events"
+    ray.kill(neighbour)

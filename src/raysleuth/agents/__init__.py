@@ -39,7 +39,7 @@ from raysleuth.agents.host import (
 from raysleuth.agents.controls import ControlRelay, CountRelay
 from raysleuth.agents.ranks import is_ray_worker, rank_hints, read_train_logs, thread_times
 from raysleuth.agents.spools import SpoolForwarder
-from raysleuth.cluster.own import AGENT_PREFIX, NAMESPACE, WRITER_NAME
+from raysleuth.cluster.own import AGENT_PREFIX, NAMESPACE, OWN_TASK_EVENTS, WRITER_NAME
 from raysleuth.errors import ClusterUnreachable
 
 __all__ = ["AgentResult", "NodeAgent", "call_agents", "find_tool", "get_agents", "rank_hints", "read_train_logs",
@@ -289,6 +289,7 @@ def _agent(node_id: str, exists: bool) -> Any:
     return ray.remote(NodeAgent).options(
         name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0, max_concurrency=16,
         max_restarts=3, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+        enable_task_events=OWN_TASK_EVENTS,
     ).remote()
 
 

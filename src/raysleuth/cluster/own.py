@@ -6,7 +6,7 @@ Names only, no import of the recorder or the agents (both sit beside this packag
 
 from __future__ import annotations
 
-__all__ = ["AGENT_PREFIX", "NAMESPACE", "OWN_CLASSES", "WRITER_NAME", "is_own", "is_own_title"]
+__all__ = ["AGENT_PREFIX", "NAMESPACE", "OWN_CLASSES", "OWN_TASK_EVENTS", "WRITER_NAME", "is_own", "is_own_title"]
 
 NAMESPACE = "raysleuth"
 """The Ray namespace every raysleuth actor lives in."""
@@ -16,6 +16,11 @@ AGENT_PREFIX = "raysleuth-agent-"
 """Each node agent's name: this prefix and the first 16 characters of its node id."""
 OWN_CLASSES = ("EvidenceWriter", "NodeAgent")
 """Their classes."""
+OWN_TASK_EVENTS = False
+"""Whether Ray records task events for their calls (``enable_task_events``). Off: every worker's control poll,
+every delivery and every meeting is a call on them, several a second per rank. Recorded, those calls fill the
+GCS's task-event store (``RAY_task_events_max_num_task_in_gcs``, 100,000) and evict the job's own tasks, which
+``raysleuth tasks``, ``trace`` and the stacks verdict read, and they would crowd ``ray list tasks``."""
 
 
 def is_own(*, name: str | None = None, class_name: str | None = None, namespace: str | None = None) -> bool:

@@ -259,5 +259,6 @@ def get_writer(*, create: bool = True, home: Path | str | None = None):
             max_task_retries=0,
             max_concurrency=8,
             num_cpus=0,
+            enable_task_events=own.OWN_TASK_EVENTS,
             resources={ray_private.HEAD_NODE_RESOURCE: 0.001},
         ).remote(str(home or runtime.settings().home), cluster.session_name())
