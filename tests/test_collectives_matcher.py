@@ -259,3 +259,13 @@ def test_a_live_rank_that_did_not_answer_is_cannot_tell_not_a_problem():
     assert unknown.unanswered == [1] and unknown.missing == [] and unknown.exit_code == 2
     ranks[1] = _rank(1, [_ar(s) for s in range(1, 39)], dumped_at=200.0)
     assert _report(ranks, answered=[0, 1]).exit_code == 0
+
+
+def test_a_rank_that_answered_a_moment_before_its_peers_is_not_silent():
+    """A healthy job at 20 collectives a second: rank 1 answered the request 0.4 s before rank 0, so its newest
+    entries end 8 collectives earlier and none is in the newest rows shown. It answered, with positions: not
+    "left no positions" (that was a false exit 1 on a healthy job)."""
+    ranks = [_rank(0, [_ar(s) for s in range(1, 377)], dumped_at=200.4),
+             _rank(1, [_ar(s) for s in range(1, 369)], dumped_at=200.0)]
+    report = _report(ranks, answered=[0, 1])
+    assert report.missing == [] and report.unanswered == [] and report.exit_code == 0, report.to_dict()["summary"]

@@ -194,7 +194,10 @@ def missing_data(report: CollectivesReport, had_records: bool, group: str | None
     maybe_alive = {item["rank"] for item in report.ranks if item.get("alive") is not False}
     late = maybe_alive - set(report.answered) if report.live and report.requested else set()
     for item in report.verdict.groups:
-        silent = [rank for rank in item.ranks if not any(rank in row["ranks"] for row in item.rows)]
+        # a rank that answered with entries is not silent, though its dump, taken a moment before its peers'
+        # in a fast job, holds none of the newest rows shown
+        silent = [rank for rank in item.ranks if not any(rank in row["ranks"] for row in item.rows)
+                  and not (rank in report.answered and item.last.get(rank))]
         unanswered.update(rank for rank in silent if rank in late)
         gone = [rank for rank in silent if rank not in late]
         if gone:
