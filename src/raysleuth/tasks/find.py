@@ -146,8 +146,12 @@ def _classify_deaths(report: TaskReport, job_id: str | None) -> None:
     seen = {death.actor_id for death in found.deaths if death.actor_id}
     for alone in report.deaths:
         death = next((d for d in found.deaths if d.actor_id == alone.actor_id), None)
-        if death is not None and death.fix is None:
+        if death is None:
+            continue
+        if death.fix is None:
             death.fix = alone.fix  # the knowledge base's fix for Ray's reason, when the forensics have none
+        if death.rank is None and alone.rank is not None:
+            death.rank, death.rank_source = alone.rank, alone.rank_source or "registered"  # its instruments said
     report.deaths = found.deaths + [death for death in report.deaths if death.actor_id not in seen]
 
 
