@@ -85,8 +85,8 @@ class Part:
         return cls._fields
 
     @classmethod
-    def from_data(cls: type[P], data: dict[str, Any]) -> P:
-        """The part from a stored dict: fields of the wrong type or missing get their defaults."""
+    def _fitted(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """The fields of ``data`` that fit this class's types (the others are left to their defaults)."""
         values = {}
         for name, check, _ in cls._schema():
             value = data.get(name, _MISSING)
@@ -94,7 +94,12 @@ class Part:
                 value = check(value)
             if value is not _MISSING:
                 values[name] = value
-        return cls(**values)
+        return values
+
+    @classmethod
+    def from_data(cls: type[P], data: dict[str, Any]) -> P:
+        """The part from a stored dict: fields of the wrong type or missing get their defaults."""
+        return cls(**cls._fitted(data))
 
     def to_data(self) -> dict[str, Any]:
         """The JSON-ready dict a writer stores (parts as dicts, tuples as lists)."""
@@ -174,14 +179,7 @@ class Evidence(Part):
         """The kind from one stored record (data that is not an object reads as empty)."""
         stored = record.data if isinstance(getattr(record, "data", None), dict) else {}
         data = cls.upgrade(stored, cls.version_of(stored))
-        values = {}
-        for name, check, _ in cls._schema():
-            value = data.get(name, _MISSING)
-            if value is not _MISSING:
-                value = check(value)
-            if value is not _MISSING:
-                values[name] = value
-        return cls(**values, row=Row.of(record), raw=stored)
+        return cls(**cls._fitted(data), row=Row.of(record), raw=stored)
 
     @classmethod
     def from_record_dict(cls: type[E], record: dict[str, Any]) -> E:
