@@ -136,7 +136,7 @@ def test_run_folders_and_files_are_private_whatever_the_umask(tmp_path):
         client.record("log", {"message": "urgent"}, level="WARNING")
         client.record("log", {"message": "queued"})
         client.flush(timeout=5)
-        wal = client._wal.path
+        wal = client._files.wal.path
         spooled = client.spool_path
         assert wal.exists() and spooled.exists()
         files = [home / "runs" / "private" / "evidence.sqlite", home / "runs" / "latest", wal, spooled]

@@ -42,10 +42,17 @@ cluster.shutdown()
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("", 0))
-        return probe.getsockname()[1]
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports: every probe stays bound until all are chosen (one at a time, the kernel
+    may hand the same port out twice: CI once got the dashboard's port again for the agent's)."""
+    probes = [socket.socket() for _ in range(count)]
+    try:
+        for probe in probes:
+            probe.bind(("", 0))
+        return [probe.getsockname()[1] for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +61,8 @@ def dashboard_cluster(tmp_path_factory):
     env = {key: value for key, value in os.environ.items() if not key.startswith(("RAYSLEUTH_", "RAY_ADDRESS"))}
     env.update(RAY_TMPDIR=str(ray_tmp), RAYSLEUTH_HOME=str(home), RAY_raylet_start_wait_time_s="180",
                PYTHONPATH=os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")]))
-    dashboard_port = _free_port()
-    process = subprocess.Popen([sys.executable, "-c", CLUSTER_SCRIPT, str(dashboard_port), str(_free_port())],
+    dashboard_port, agent_port = _free_ports(2)
+    process = subprocess.Popen([sys.executable, "-c", CLUSTER_SCRIPT, str(dashboard_port), str(agent_port)],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     address = process.stdout.readline().strip()
     assert address, "the cluster did not start"

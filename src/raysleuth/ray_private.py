@@ -37,6 +37,7 @@ What raysleuth uses, and why:
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
 
 from raysleuth.errors import RaySleuthError
@@ -54,6 +55,7 @@ __all__ = [
     "global_node",
     "global_worker",
     "function_execution_table",
+    "is_ray_worker_process",
     "ray_call",
     "ray_train_thread_runner",
     "remote_function_body",
@@ -118,6 +120,20 @@ def services() -> Any:
 def global_worker() -> Any:
     """``ray._private.worker.global_worker``: this process's Ray worker."""
     return require("ray._private.worker", "global_worker")
+
+
+def is_ray_worker_process() -> bool:
+    """Whether this process is a Ray worker (a task or actor process), read from Python state alone.
+
+    Never calls into Ray's core worker: at a worker's interpreter exit the core
+    worker is already gone, and any call into it from then on ends the process
+    at once (Ray's ``QuickExit``), skipping the rest of Python's exit.
+    """
+    try:
+        ray, worker = sys.modules.get("ray"), sys.modules.get("ray._private.worker")  # never imports Ray
+        return ray is not None and worker is not None and getattr(worker.global_worker, "mode", None) == ray.WORKER_MODE
+    except Exception:
+        return False
 
 
 def global_node() -> Any:

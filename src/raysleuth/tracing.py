@@ -38,7 +38,7 @@ from typing import Any, Literal, TypeVar, overload
 
 from raysleuth import ray_private, runtime
 from raysleuth.recorder import get_client, record
-from raysleuth.recorder.client import register_lazy_data
+from raysleuth.recorder.spans import register_lazy_data
 from raysleuth.recorder.spans import DRAINER, SPAN_CAPACITY, SPAN_FIELDS, SPAN_WAKE, SPANS, span_dropped
 
 __all__ = ["Span", "enable_detailed_tracing", "event", "span", "trace", "detailed_tracing_active"]

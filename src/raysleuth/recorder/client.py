@@ -17,9 +17,10 @@ re-sent, oldest first, once the sink answers again. Rows carry
 When the process ends (interpreter exit, a Ray worker told to exit when its
 job ends, ``ray.shutdown()`` in a driver that imported raysleuth), what is
 still queued or in flight is first written to the spool — a few
-milliseconds, so a kill right after loses nothing — then delivered for at
-most :data:`EXIT_DELIVERY_S` seconds. What did not arrive stays in the spool
-for the writer (which ingests abandoned spool files of its run) or the CLI.
+milliseconds, so a kill right after loses nothing — then a driver delivers it
+for at most :data:`EXIT_DELIVERY_S` seconds (a Ray worker's core worker is gone
+by then: it calls no Ray). What did not arrive stays in the spool for the
+writer or node agent (which ingest abandoned spool files) or the CLI.
 """
 
 from __future__ import annotations
@@ -36,13 +37,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from raysleuth import runtime
+from raysleuth import ray_private, runtime
 from raysleuth.recorder import spool, store
-from raysleuth.recorder.spans import DRAINER, SPAN_FIELDS, SPANS, _span_drops
+from raysleuth.recorder.spans import DRAINER, SPAN_FIELDS, SPANS, _lazy_data, _span_drops
 from raysleuth.recorder.sinks import Sink
-from raysleuth.recorder.write_ahead import WriteAhead
+from raysleuth.recorder.write_ahead import ClientFiles
 
-__all__ = ["ClientStats", "RecordClient", "register_lazy_data"]
+__all__ = ["ClientStats", "RecordClient"]
 
 log = logging.getLogger("raysleuth.recorder")
 
@@ -103,8 +104,8 @@ class RecordClient:
             self.spool_path = spool.spool_path(runtime.settings().home, self.run_id, self.client_id, node_id)
         #: The most the spool file (and the write-ahead file) may hold; rows beyond it are dropped, counted.
         self.spool_max_bytes = spool.MAX_BYTES if spool_max_bytes is None else spool_max_bytes
-        self._wal = WriteAhead(self.spool_path.with_name(self.spool_path.name[: -len(".jsonl")] + ".wal.jsonl"),
-                               self.spool_max_bytes)
+        self._files = ClientFiles(self.spool_path, self.spool_max_bytes)  # write-ahead and flight files
+        self._ahead = bool(getattr(sink, "CALLS_RAY", False))
         self._inflight: list | None = None
         self._last_header: dict[str, Any] | None = None
         self.drains = False
@@ -132,8 +133,8 @@ class RecordClient:
                 {} if data is None else data,
                 next(self._seq),
             )
-            if level in URGENT_LEVELS and self._wal.enabled:
-                self._wal.write(row, buffer, self.header)  # queues it too, under the same lock as the file is emptied
+            if level in URGENT_LEVELS and self._files.wal.enabled:
+                self._files.wal.write(row, buffer, self.header)  # queues it too, under the same lock as the file is emptied
             else:
                 buffer.append(row)
             self.stats.recorded += 1
@@ -184,7 +185,7 @@ class RecordClient:
                 _span_drops[0] = 0
 
     def _clear_write_ahead(self, remove: bool = False) -> None:
-        self._wal.clear(self._buffer, remove)
+        self._files.clear(self._buffer, remove)
 
     # ---------------------------------------------------------- background
 
@@ -194,7 +195,7 @@ class RecordClient:
                 return
             self._thread = threading.Thread(target=self._run, name="raysleuth-recorder", daemon=True)
             self._thread.start()
-            atexit.register(self.close)
+            atexit.register(self._close_at_exit)
 
     def _run(self) -> None:
         while not self._closed:
@@ -250,12 +251,17 @@ class RecordClient:
                     return False
                 while self._buffer:
                     batch = self._take_batch(track=True)  # what an exit must save if it comes now
+                    ahead = self._ahead and ray_private.is_ray_worker_process()  # a driver's exit cancels first
+                    if ahead:
+                        self._files.flight.write_batch(batch, header)  # on disk before this thread calls into Ray
                     try:
                         self.sink.deliver(header, batch)
                         self.stats.delivered += len(batch)
+                        if ahead:
+                            self._files.landed()
                     except Exception as error:
                         self._failed(error)
-                        self._spool(header, batch)
+                        self._spool(header, batch)  # the flight file keeps it too until the spool is delivered
                         while self._buffer:
                             self._spool(header, self._take_batch())
                         return False
@@ -316,11 +322,22 @@ class RecordClient:
             return True
         return _within(deadline, self._deliver_pending, "raysleuth-recorder-flush")
 
-    def close(self, timeout: float | None = None) -> bool:
+    def _close_at_exit(self) -> None:
+        """Interpreter exit. A Ray worker's core worker is gone by now (a call into it would end the process before
+        the user's exit handlers): spool and hand over, for the writer or node agent. A driver delivers a while."""
+        gone = ray_private.is_ray_worker_process()
+        try:
+            if gone and hasattr(self.sink, "cancel"):
+                self.sink.cancel(0.0)  # this thread and the delivering one: no new call into Ray from here on
+        except Exception:
+            pass
+        self.close(ray_gone=gone)
+
+    def close(self, timeout: float | None = None, *, ray_gone: bool = False) -> bool:
         """Save what is left to the spool, deliver it for at most ``timeout`` s, stop the thread.
 
-        Runs at interpreter exit (atexit; a Ray worker's SIGTERM ends in it too).
-        True when everything reached the sink; else the spool file is handed
+        Runs at interpreter exit (atexit; a Ray worker's SIGTERM ends in it too). ``ray_gone``: no call
+        into Ray (hand over at once). True when everything reached the sink; else the spool file is handed
         over (renamed ``<host>-closed-<client>.jsonl``) to the writer or CLI.
         """
         if self._closed:
@@ -330,9 +347,10 @@ class RecordClient:
         deadline = time.monotonic() + (EXIT_DELIVERY_S if timeout is None else timeout)
         try:
             try:
-                header = self.header()
+                header = None if ray_gone else self.header()  # gone: asking Ray who we are would end the process
             except Exception:  # Ray half torn down: the last header this client knew is as good
-                header = self._last_header or {"client_id": self.client_id, "pid": os.getpid()}
+                header = None
+            header = header or self._last_header or {"client_id": self.client_id, "pid": os.getpid()}
             pending = list(self._inflight or ()) + self._take_all()
             if pending:
                 self._spool(header, pending)  # on disk first: a kill from here on loses nothing
@@ -340,6 +358,9 @@ class RecordClient:
             if not self.spool_path.exists():
                 self._clear_write_ahead(remove=True)  # everything it holds was delivered
                 return True
+            if ray_gone:
+                self._hand_over()
+                return False
             def attempt() -> bool:
                 if not self._deliver_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
                     return False
@@ -365,22 +386,8 @@ class RecordClient:
         return rows
 
     def _hand_over(self) -> None:
-        """Name the spool file so the writer and the CLI know no live client will send it."""
-        host = os.uname().nodename
-        try:
-            if self.spool_path.exists():
-                os.replace(self.spool_path, self.spool_path.with_name(f"{host}-closed-{self.client_id}.jsonl"))
-        except OSError:
-            pass
-        self._wal.hand_over(self._wal.path.with_name(f"{host}-closed-{self.client_id}.wal.jsonl"))
-
-
-_lazy_data: dict[str, Callable[[tuple], dict[str, Any]]] = {}
-
-
-def register_lazy_data(kind: str, build: Callable[[tuple], dict[str, Any]]) -> None:
-    """Rows of ``kind`` whose data is a plain tuple get their dict from ``build(tuple)`` when taken."""
-    _lazy_data[kind] = build
+        """Name the spool and its files so the writer and the CLI know no live client will send them."""
+        self._files.hand_over(self.client_id)
 
 
 def _within(deadline: float, work: Callable[[], bool], name: str) -> bool:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import collections
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["DRAINER", "SPANS", "SPAN_CAPACITY", "SPAN_FIELDS", "SPAN_WAKE", "forget_spans", "span_dropped"]
+__all__ = ["DRAINER", "SPANS", "SPAN_CAPACITY", "SPAN_FIELDS", "SPAN_WAKE", "forget_spans", "register_lazy_data",
+           "span_dropped"]
 
 #: Spans waiting for the process client's thread: ``rs.span`` extends it by its :data:`SPAN_FIELDS` plain
 #: values (one ``extend``, atomic under the GIL: no object the garbage collector follows is kept per span,
@@ -34,3 +35,11 @@ def forget_spans() -> None:
     SPANS.clear()
     DRAINER[0] = None
     _span_drops[0] = 0
+
+
+_lazy_data: dict[str, Callable[[tuple], dict[str, Any]]] = {}
+
+
+def register_lazy_data(kind: str, build: Callable[[tuple], dict[str, Any]]) -> None:
+    """Rows of ``kind`` whose data is a plain tuple get their dict from ``build(tuple)`` when the client takes them."""
+    _lazy_data[kind] = build

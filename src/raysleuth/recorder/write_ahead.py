@@ -1,9 +1,20 @@
-"""The write-ahead file: urgent rows on disk before ``record`` returns.
+"""Write-ahead files: rows on disk before the moment that could lose them.
+
+Two per client: urgent rows before ``record`` returns (:meth:`WriteAhead.write`),
+and the batch in flight before a delivery calls into Ray
+(:meth:`WriteAhead.write_batch`, the *flight file*, emptied when the writer
+answers).
 
 A worker that Ray ends without a chance to run Python (its actor killed
 with force when the job ends) keeps its WARNING-and-above records: each is
 one ``write`` to ``<spool file>.wal.jsonl`` (0600), emptied once the
 records are delivered or spooled.
+
+The flight file (``<spool file>.flight.jsonl``) is for the exit Ray does
+run: a worker leaving on its own (``exit_actor``, its handle out of scope)
+destroys its core worker before Python's exit, and a call into Ray from any
+thread in that moment ends the process at once (Ray's ``QuickExit``). A
+delivery that starts then would lose its batch; the batch is on disk first.
 
 Signals: a SIGTERM handler runs in the main thread, possibly while that
 thread is inside :meth:`WriteAhead.write` holding the lock. The exit path
@@ -23,7 +34,7 @@ from typing import Any, Callable
 from raysleuth.recorder.files import private_file
 from raysleuth.recorder.store import redacted_row
 
-__all__ = ["WriteAhead"]
+__all__ = ["ClientFiles", "WriteAhead"]
 
 
 class WriteAhead:
@@ -58,6 +69,26 @@ class WriteAhead:
                 self._bytes += len(data)
             except Exception:
                 self.enabled = False  # read-only home, disk full: the normal path still delivers
+            finally:
+                self._owner = None
+
+    def write_batch(self, rows: list, header: dict[str, Any]) -> None:
+        """Put ``rows`` (redacted already) in the file, after what it holds, in one ``write``. Never raises."""
+        with self._lock:
+            self._owner = threading.get_ident()
+            try:
+                if self._bytes >= self.max_bytes or not self.enabled:
+                    return
+                if self._fd is None:
+                    self._fd = private_file(self.path)
+                lines = [json.dumps({"header": header}, default=repr, separators=(",", ":"))] if not self._headed else []
+                lines.extend(json.dumps(list(row), default=repr, separators=(",", ":")) for row in rows)
+                data = ("\n".join(lines) + "\n").encode("utf-8")
+                os.write(self._fd, data)
+                self._headed = True
+                self._bytes += len(data)
+            except Exception:
+                self.enabled = False
             finally:
                 self._owner = None
 
@@ -102,3 +133,37 @@ class WriteAhead:
         finally:
             if held:
                 self._lock.release()
+
+
+_NOTHING: deque = deque()  # no rows queued: the flight file is emptied whatever the buffer holds
+
+
+class ClientFiles:
+    """A client's files beside its spool: the write-ahead file (urgent rows) and the flight file (the batch in
+    a delivery that calls Ray), named ``<spool file stem>.wal.jsonl`` and ``.flight.jsonl``."""
+
+    def __init__(self, spool_path: Path, max_bytes: int) -> None:
+        self.spool_path = spool_path
+        stem = spool_path.name[: -len(".jsonl")]
+        self.wal = WriteAhead(spool_path.with_name(stem + ".wal.jsonl"), max_bytes)
+        self.flight = WriteAhead(spool_path.with_name(stem + ".flight.jsonl"), max_bytes)
+
+    def landed(self) -> None:
+        """The batch in flight reached the writer."""
+        self.flight.clear(_NOTHING)
+
+    def clear(self, buffer: deque, remove: bool = False) -> None:
+        """Everything written ahead was delivered or spooled (``remove``: delete the files)."""
+        self.wal.clear(buffer, remove)
+        self.flight.clear(_NOTHING, remove)
+
+    def hand_over(self, client_id: str) -> None:
+        """Rename the spool and both files ``<host>-closed-<client>…`` for the writer, node agent or CLI."""
+        closed = f"{os.uname().nodename}-closed-{client_id}"
+        try:
+            if self.spool_path.exists():
+                os.replace(self.spool_path, self.spool_path.with_name(closed + ".jsonl"))
+        except OSError:
+            pass
+        self.wal.hand_over(self.wal.path.with_name(closed + ".wal.jsonl"))
+        self.flight.hand_over(self.flight.path.with_name(closed + ".flight.jsonl"))
