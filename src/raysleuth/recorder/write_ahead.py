@@ -24,14 +24,14 @@ thread holds, and waits at most a second for another thread's.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections import deque
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from raysleuth.recorder.files import private_file
+from raysleuth.recorder.spool import _line
 from raysleuth.recorder.store import redacted_row
 
 __all__ = ["ClientFiles", "WriteAhead"]
@@ -55,20 +55,8 @@ class WriteAhead:
         with self._lock:
             self._owner = threading.get_ident()
             try:
-                buffer.append(row)
-                if self._bytes >= self.max_bytes:
-                    return  # full: the row is still queued (and spooled, under the spool's own cap)
-                if self._fd is None:
-                    self._fd = private_file(self.path)
-                text = json.dumps(list(redacted_row(row)), default=repr, separators=(",", ":")) + "\n"
-                if not self._headed:
-                    text = json.dumps({"header": header()}, default=repr, separators=(",", ":")) + "\n" + text
-                    self._headed = True
-                data = text.encode("utf-8")
-                os.write(self._fd, data)
-                self._bytes += len(data)
-            except Exception:
-                self.enabled = False  # read-only home, disk full: the normal path still delivers
+                buffer.append(row)  # full or failing, the row is still queued (and spooled, under the spool's cap)
+                self._append((row,), header, redact=True)
             finally:
                 self._owner = None
 
@@ -77,20 +65,27 @@ class WriteAhead:
         with self._lock:
             self._owner = threading.get_ident()
             try:
-                if self._bytes >= self.max_bytes or not self.enabled:
-                    return
-                if self._fd is None:
-                    self._fd = private_file(self.path)
-                lines = [json.dumps({"header": header}, default=repr, separators=(",", ":"))] if not self._headed else []
-                lines.extend(json.dumps(list(row), default=repr, separators=(",", ":")) for row in rows)
-                data = ("\n".join(lines) + "\n").encode("utf-8")
-                os.write(self._fd, data)
-                self._headed = True
-                self._bytes += len(data)
-            except Exception:
-                self.enabled = False
+                self._append(rows, lambda: header)
             finally:
                 self._owner = None
+
+    def _append(self, rows: Iterable[tuple], header: Callable[[], dict[str, Any]], redact: bool = False) -> None:
+        """One ``write`` of ``rows`` as spool lines, after a header line if the file has none. The caller holds
+        the lock. Never raises: a read-only home or a full disk disables the file (the normal path still delivers)."""
+        try:
+            if self._bytes >= self.max_bytes or not self.enabled:
+                return
+            if self._fd is None:
+                self._fd = private_file(self.path)
+            text = "".join(_line(list(redacted_row(row) if redact else row)) for row in rows)
+            if not self._headed:
+                text = _line({"header": header()}) + text
+            data = text.encode("utf-8")
+            os.write(self._fd, data)
+            self._headed = True
+            self._bytes += len(data)
+        except Exception:
+            self.enabled = False
 
     def _hold(self) -> bool:
         """Take the lock, unless this thread holds it already (a signal handler that interrupted
