@@ -49,6 +49,38 @@ def test_spans_nest_set_phase_and_record(store):
     assert spans["boom"].data["error"] == "KeyError"
 
 
+def test_a_phase_set_inside_a_span_keeps_the_span_the_parent_and_records_carry_the_phase(store):
+    """One context variable holds the innermost scope: a span, or a phase set inside one."""
+    database, client = store
+    with rs.span("train") as outer:
+        token = runtime.set_phase("optimizer")
+        assert runtime.current_phase() == "optimizer"
+        with rs.span("clip") as inner:
+            assert runtime.current_phase() == "clip"
+            rs.event("clipped", norm=1.5)
+        assert runtime.current_phase() == "optimizer"
+        runtime._phase.reset(token)
+        assert runtime.current_phase() == "train"
+    assert runtime.current_phase() is None
+
+    def steps():  # a span left open across yields, closed in another context
+        with rs.span("gen"):
+            yield 1
+            yield 2
+
+    generator = steps()
+    next(generator)
+    import contextvars
+
+    contextvars.copy_context().run(lambda: list(generator))
+    assert client.flush(10)
+    spans = {record.name: record for record in database.query("span")}
+    assert spans["clip"].data["parent_id"] == outer.span_id and inner.parent_id == outer.span_id
+    assert spans["train"].data["parent_id"] is None
+    assert "gen" in spans
+    assert [record.phase for record in database.query("event")] == ["clip"]
+
+
 def test_trace_decorator_functions_methods_async_and_events(store):
     database, client = store
 

@@ -23,7 +23,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Mapping
+import collections.abc
 from pathlib import Path
 
 from raysleuth.modes import MODES, read_mode
@@ -95,13 +95,13 @@ class Settings:
     """Interface debug servers listen on. Never 0.0.0.0 unless asked."""
     retain: str | None = None
     """How much evidence ``raysleuth gc`` keeps: an age (``7d``), a size (``20GB``) or both (``7d,20GB``)."""
-    sources: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    sources: collections.abc.Mapping[str, str] = dataclasses.field(default_factory=dict)
     """For each ``RAYSLEUTH_*`` name that was set: the variable that won."""
     warnings: tuple[str, ...] = ()
     """Values that were set but invalid, and what was used instead."""
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+    def from_env(cls, env: collections.abc.Mapping[str, str] | None = None) -> "Settings":
         """Read the settings from ``env`` (default: ``os.environ``)."""
         env = os.environ if env is None else env
         values: dict[str, str] = {}
@@ -156,7 +156,7 @@ def settings() -> Settings:
     return _settings
 
 
-def reload_settings(env: Mapping[str, str] | None = None, **overrides) -> Settings:
+def reload_settings(env: collections.abc.Mapping[str, str] | None = None, **overrides) -> Settings:
     """Re-read the environment (or ``env``), apply ``overrides``, and use the result."""
     global _settings
     new = Settings.from_env(env)
@@ -185,10 +185,8 @@ def set_rank(rank: int, world_size: int | None = None) -> None:
 
 def _env_int(name: str) -> int | None:
     value = os.environ.get(name)
-    if value is None:
-        return None
     try:
-        return int(value)
+        return None if value is None else int(value)
     except ValueError:
         return None
 
@@ -269,7 +267,10 @@ def get_world_size() -> int | None:
 # ------------------------------------------------------------ step and phase
 
 _step: contextvars.ContextVar[int | None] = contextvars.ContextVar("raysleuth_step", default=None)
-_phase: contextvars.ContextVar[str | None] = contextvars.ContextVar("raysleuth_phase", default=None)
+_phase: contextvars.ContextVar = contextvars.ContextVar("raysleuth_phase", default=None)
+"""The innermost scope: an open ``rs.span`` (one variable: setting one is most of a span's cost), a set_phase's
+``_Phase`` or None; each has ``name`` (the phase) and ``span_id`` (the parent of spans opened inside)."""
+_Phase = collections.namedtuple("_Phase", "name span_id")
 _last_step: int | None = None
 
 
@@ -287,13 +288,13 @@ def current_step() -> int | None:
 
 
 def set_phase(phase: str | None) -> contextvars.Token:
-    """Set the current phase (the innermost span's name)."""
-    return _phase.set(phase)
+    """Set the current phase (the innermost span's name); spans opened inside stay children of the open one."""
+    return _phase.set(_Phase(phase, getattr(_phase.get(), "span_id", None)))
 
 
 def current_phase() -> str | None:
     """The current phase, or ``None``."""
-    return _phase.get()
+    return getattr(_phase.get(), "name", None)
 
 
 # ----------------------------------------------------------------- identity

@@ -46,10 +46,9 @@ __all__ = ["Span", "enable_detailed_tracing", "event", "span", "trace", "detaile
 F = TypeVar("F", bound=Callable[..., Any])
 
 _span_ids = itertools.count(1)
-_parent: contextvars.ContextVar[int | None] = contextvars.ContextVar("raysleuth_span", default=None)
 _now = time.time
 _thread_id = threading.get_ident
-_phase_var = runtime._phase  # the phase contextvar, set directly on the hot path
+_scope = runtime._phase  # the innermost span or phase (name, span_id), set directly on the hot path
 _step_var = runtime._step  # the step contextvar, read directly on the hot path
 _queue = SPANS.extend  # the fields, not a tuple: nothing the garbage collector follows is left behind
 _SPANS_MAX = SPAN_CAPACITY * SPAN_FIELDS
@@ -67,45 +66,42 @@ class Span:
     drained batch).
     """
 
-    __slots__ = ("name", "step", "attrs", "start", "end", "span_id", "parent_id", "_phase_token",
-                 "_parent_token")
+    __slots__ = ("name", "step", "attrs", "start", "end", "span_id", "parent_id", "_token")
 
     def __init__(self, name: str, step: int | None = None, attrs: dict[str, Any] | None = None) -> None:
         self.name = name
         self.step = step
         self.attrs = attrs
         self.end = 0.0
-        self._parent_token: contextvars.Token | None = None  # set while the span records
+        self._token: contextvars.Token | None = None  # set while the span records
 
     def __enter__(self) -> "Span":
         try:
             if (runtime._settings or runtime.settings()).mode == "off":
                 self.start = 0.0
                 return self
-            self.span_id = span_id = next(_span_ids)
-            self.parent_id = _parent.get()
+            self.span_id = next(_span_ids)
+            outer = _scope.get()  # the open span (or phase): its id is this span's parent
+            self.parent_id = None if outer is None else outer.span_id
             if self.step is None:
                 step = _step_var.get()
                 self.step = step if step is not None else runtime._last_step
-            self._phase_token = _phase_var.set(self.name)
-            self._parent_token = _parent.set(span_id)
+            self._token = _scope.set(self)  # the span is the scope: its name is the phase, its id the parent
             self.start = _now()
         except Exception:
-            self._parent_token = None
+            self._token = None
         return self
 
     def __exit__(self, exc_type, exc, tb) -> Literal[False]:
-        token = self._parent_token
+        token = self._token
         if token is None:
             return False
         end = self.end = _now()
         try:
-            _parent.reset(token)
-            _phase_var.reset(self._phase_token)
-        except Exception:  # exited in another context (generators): just clear
+            _scope.reset(token)
+        except Exception:  # exited in another context (generators): put back the scope it opened in
             try:
-                _parent.set(self.parent_id)
-                runtime.set_phase(None)
+                _scope.set(None if token.old_value is contextvars.Token.MISSING else token.old_value)
             except Exception:
                 pass
         try:
@@ -250,7 +246,8 @@ def _record_call(kind: str, target: Any, result: Any, kwargs: dict) -> None:
     else:
         actor_id = None
     step = runtime.current_step()
-    parent = _parent.get()
+    scope = _scope.get()
+    parent = None if scope is None else scope.span_id
     span_id = next(_span_ids)
     phase = runtime.current_phase()
 
