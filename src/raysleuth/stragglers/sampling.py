@@ -15,12 +15,14 @@ the key thread's; py-spy has no flag to pick one). ``--idle``, ``--threads``
 and ``--full-filenames`` cost nothing measurable, and the phase needs them:
 the slow read and the peers' wait are idle time (without ``--idle``, 13 of
 114 samples were left), the key thread is told apart by its thread, and
-own code by its full path. So the cost is cut by taking fewer samples over
-a longer window: 2 a second for 5 s (11 samples, 0.55-0.70% of a core while
-it samples, start-up included) instead of 5 a second for 3 s (16 samples,
-1.06-1.23%). One py-spy per node would not help: it takes one ``--pid``
-(``--subprocesses`` would sample every worker under the raylet), and the
-start-up is per process sampled anyway.
+own code by its full path. So the cost is cut by taking few samples over a
+long window, which spreads the start-up too: 1 a second for 8 s (9
+samples, about 0.33% of a core while it samples, start-up included)
+instead of 2 a second for 5 s (11 samples, 0.59-0.73%) or 5 a second for
+3 s (16 samples, 1.06-1.23%); a verdict comes 3 s later. One py-spy per
+node would not help: it takes one ``--pid`` (``--subprocesses`` would
+sample every worker under the raylet), and the start-up is per process
+sampled anyway.
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ from typing import Any
 
 from raysleuth import agents
 
-RATE = 2
+RATE = 1
 """Samples per second."""
-SECONDS = 5.0
+SECONDS = 8.0
 """How long to sample."""
 
 
