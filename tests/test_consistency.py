@@ -230,3 +230,31 @@ def test_an_incomplete_meeting_keeps_its_topics_until_every_rank_that_came_has_c
     while ray.get(writer.read.remote(f"{base}/fp"), timeout=30) and time.monotonic() < deadline:
         time.sleep(0.1)  # drop is fire-and-forget
     assert ray.get(writer.read.remote(f"{base}/fp"), timeout=30) == {}  # the last one cleans up
+
+
+def test_a_fingerprint_round_reads_only_what_the_ranks_do_not_all_agree_on(ranks):
+    """O(tensors) a rank, not every rank's digests of every tensor: the writer leaves out what all ranks signed
+    alike, and a rank whose post is an error still comes whole."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from raysleuth.consistency.exchange import MailboxExchange
+    from raysleuth.recorder.writer import get_writer
+
+    writer, base = get_writer(), f"consistency/test-agreed/{time.time_ns()}"
+    exchanges = [MailboxExchange(rank, 4, 30.0, base, writer) for rank in range(4)]
+
+    def meet(exchange):
+        if exchange.rank == 3:
+            return exchange.round("fp", {"error": "rank 3 could not fingerprint"}, expected=[3]), set()
+        values = {"same": f"digests of same on {exchange.rank}", "odd": f"digests of odd on {exchange.rank}"}
+        signatures = {"same": "s1", "odd": "o2" if exchange.rank == 2 else "o1"}
+        return exchange.round_agreed("fp", values, signatures, expected=[0, 1, 2, 3])
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(meet, exchanges))
+    for posted, agreed in answers[:3]:
+        assert agreed == {"same"}
+        assert posted == {0: {"odd": "digests of odd on 0"}, 1: {"odd": "digests of odd on 1"},
+                          2: {"odd": "digests of odd on 2"}, 3: {"error": "rank 3 could not fingerprint"}}
+    for exchange in exchanges:
+        exchange.close([0, 1, 2, 3], complete=True)

@@ -11,9 +11,13 @@ missing; after such a timeout the process group may be unusable, as after
 any collective timeout).
 
 Scaling: the writer relays every value. A round costs each rank one post,
-one read of every rank's value (a few hundred bytes per tensor: the chunk
-digests) and a few polls of a count; a meeting ends with one ``leave``
-each. Every rank still reads every value (O(world_size^2) bytes in all).
+one read and a few polls of a count; a meeting ends with one ``leave``
+each. In a fingerprint round (:meth:`Exchange.round_agreed`) each rank
+posts a signature per tensor beside its digests, and the writer leaves out
+of every read the tensors all ranks signed alike: a rank reads O(tensors)
+when the ranks agree, plus every rank's digests of the tensors they do not
+(O(world_size) per such tensor), not every rank's digests of every tensor
+(O(world_size^2) bytes in all). Other rounds read every rank's value.
 """
 
 from __future__ import annotations
@@ -48,6 +52,13 @@ class Exchange:
     def round(self, label: str, value: Any, expected: list[int]) -> dict[int, Any]:
         """Post ``value``; return what the ``expected`` ranks posted (fewer on timeout)."""
         raise NotImplementedError
+
+    def round_agreed(self, label: str, values: dict[str, Any], signatures: dict[str, str],
+                     expected: list[int]) -> tuple[dict[int, dict[str, Any]], set[str]]:
+        """Post ``values`` (by key) with a ``signature`` per key; return each rank's values for the keys the
+        ranks do not all sign alike (a rank's post whole when it has no signatures: an error), and the keys
+        every rank signed alike, whose values are left out. Here: everything comes, nothing is left out."""
+        return self.round(label, values, expected), set()
 
     def close(self, arrived: list[int], complete: bool) -> None:
         """Clean up once this rank has read the last round."""
@@ -91,6 +102,9 @@ class MailboxExchange(Exchange):
 
         return ray.get(getattr(self.writer, method).remote(*args), timeout=timeout)
 
+    def _read(self, method: str, *args: Any) -> Any:
+        return self._call(method, *args, timeout=max(30.0, self.timeout))
+
     def _count(self, topic: str) -> int:
         import ray
 
@@ -102,27 +116,42 @@ class MailboxExchange(Exchange):
         return int(self._call("count", topic))
 
     def round(self, label: str, value: Any, expected: list[int]) -> dict[int, Any]:
+        wanted = {str(rank) for rank in expected}
+        posted = self._meet(label, value, wanted, lambda topic: self._read("read", topic), lambda got: got)
+        return {int(member): item for member, item in posted.items() if member in wanted}
+
+    def round_agreed(self, label: str, values: dict[str, Any], signatures: dict[str, str],
+                     expected: list[int]) -> tuple[dict[int, dict[str, Any]], set[str]]:
+        """One post; the writer leaves out the keys every rank signed alike (:meth:`EvidenceWriter.read_disputed`):
+        a rank reads O(keys), not every rank's values (O(world_size^2) bytes in all)."""
+        wanted = {str(rank) for rank in expected}
+        members = sorted(wanted)
+        answer = self._meet(label, {"agree": signatures, "values": values}, wanted,
+                            lambda topic: self._read("read_disputed", topic, members), lambda got: got["members"])
+        posts = answer["posts"]
+        return ({int(member): posts.get(member, {}) for member in answer["members"] if member in wanted},
+                set(answer["agreed"]))
+
+    def _meet(self, label: str, value: Any, wanted: set[str], read: Any, members_of: Any) -> Any:
+        """Post ``value``, wait (polling a count) until every ``wanted`` member posted or the timeout, then read."""
         topic = f"{self.base}/{label}"
         self.topics.append(topic)
         count = self._call("post", topic, str(self.rank), value)
         deadline = time.monotonic() + self.timeout
-        wanted = {str(rank) for rank in expected}
-        posted: dict[str, Any] | None = None
+        got: Any = None
         pause = POLL_FIRST_S
         while True:
             if count >= len(wanted):  # enough posts: read them (a post by a rank not expected may inflate it)
-                posted = self._call("read", topic, timeout=max(30.0, self.timeout))
-                if wanted <= set(posted):
-                    break
+                got = read(topic)
+                if wanted <= set(members_of(got)):
+                    return got
             left = deadline - time.monotonic()
             if left <= 0:
                 break
             time.sleep(min(pause, left))
             pause = min(POLL_MAX_S, pause * 1.5)
             count = self._count(topic)
-        if posted is None or not wanted <= set(posted):
-            posted = self._call("read", topic, timeout=max(30.0, self.timeout))  # past the deadline: what came
-        return {int(member): item for member, item in posted.items() if member in wanted}
+        return read(topic)  # past the deadline: what came
 
     def close(self, arrived: list[int], complete: bool) -> None:
         """Leave the meeting; the writer drops its topics once every rank that joined it has left.

@@ -54,6 +54,11 @@ AGENT_FORWARD_S = 5.0
 AGENTS_CONTROL = "agents"
 
 
+def _signed(post: Any) -> bool:
+    """A post of :meth:`EvidenceWriter.read_disputed`'s shape (signatures and values by key)."""
+    return isinstance(post, dict) and isinstance(post.get("agree"), dict) and isinstance(post.get("values"), dict)
+
+
 class EvidenceWriter:
     """Actor body: writes batches into ``<home>/runs/<run_id>/evidence.sqlite``."""
 
@@ -66,6 +71,10 @@ class EvidenceWriter:
         self.registry: dict[str, dict[str, Any]] = {}
         self.controls: dict[str, Any] = {}
         self.mailboxes: dict[str, dict[str, Any]] = {}
+        self._disputed: dict[str, tuple[Any, dict[str, Any]]] = {}
+        """topic -> ((posts so far, the members read), :meth:`read_disputed`'s answer)."""
+        self._posts: collections.Counter[str] = collections.Counter()
+        """Posts taken per topic (a repost changes the answer)."""
         self._lock = threading.Lock()
         #: RPCs taken, by method (``info()["calls"]``): what the ingest bench reads per second and per rank.
         self.calls: collections.Counter[str] = collections.Counter()
@@ -164,6 +173,7 @@ class EvidenceWriter:
             self.calls["post"] += 1
             box = self.mailboxes.setdefault(topic, {})
             box[member] = value
+            self._posts[topic] += 1
             return len(box)
 
     def read(self, topic: str) -> dict[str, Any]:
@@ -171,6 +181,32 @@ class EvidenceWriter:
         with self._lock:
             self.calls["read"] += 1
             return dict(self.mailboxes.get(topic, {}))
+
+    def read_disputed(self, topic: str, members: list[str]) -> dict[str, Any]:
+        """``members``' posts under ``topic``, less what they all agree on (O(keys) a reader, not O(members x keys)).
+
+        A post ``{"agree": {key: signature}, "values": {key: value}}`` keeps only the values of the keys
+        whose signature is not the same in every such post among ``members``; ``agreed`` lists the others,
+        ``members`` who posted, and ``posts`` only the posts left with anything. Any other post comes whole.
+        Worked out once per topic and set of posts, whoever reads first.
+        """
+        with self._lock:
+            self.calls["read"] += 1
+            box = self.mailboxes.get(topic, {})
+            posts = {member: box[member] for member in members if member in box}
+            key = (self._posts[topic], tuple(sorted(posts)))
+            cached = self._disputed.get(topic)
+            if cached is not None and cached[0] == key:
+                return cached[1]
+            signed = [post["agree"] for post in posts.values() if _signed(post)]
+            agreed = {name for name, signature in signed[0].items()
+                      if all(other.get(name) == signature for other in signed[1:])} if signed else set()
+            kept = {member: {name: value for name, value in post["values"].items() if name not in agreed}
+                    if _signed(post) else post for member, post in posts.items()}
+            result = {"agreed": sorted(agreed), "members": sorted(posts),
+                      "posts": {member: value for member, value in kept.items() if value}}
+            self._disputed[topic] = (key, result)
+            return result
 
     def count(self, topic: str) -> int:
         """How many members posted under ``topic`` (what a waiting rank polls: an int, not the posts)."""
@@ -189,6 +225,8 @@ class EvidenceWriter:
                 return False
             for topic in [*topics, done_topic]:
                 self.mailboxes.pop(topic, None)
+                self._disputed.pop(topic, None)
+                self._posts.pop(topic, None)
             return True
 
     def drop(self, topic: str) -> None:
@@ -196,6 +234,8 @@ class EvidenceWriter:
         with self._lock:
             self.calls["drop"] += 1
             self.mailboxes.pop(topic, None)
+            self._disputed.pop(topic, None)
+            self._posts.pop(topic, None)
 
 
 def _own_node_id() -> str | None:
