@@ -14,7 +14,8 @@ import json
 from pathlib import Path
 
 import pytest
-from scale_reference import old_build_timeline
+from scale_reference import normal_events as _normal
+from scale_reference import old_build_timeline, old_span_section
 
 import raysleuth.timeline as timeline_module
 from raysleuth.cli import main
@@ -81,14 +82,6 @@ def store_path(tmp_path_factory) -> Path:
     return path
 
 
-def _normal(events: list[dict]) -> list[str]:
-    """The events, each node's process number replaced by its name (numbered in reading order)."""
-    names = {event["pid"]: event["args"]["name"] for event in events if event.get("name") == "process_name"}
-    return sorted(json.dumps({**event, "pid": names.get(event["pid"])} | (
-        {"args": {"sort_index": None}} if event.get("name") == "process_sort_index" else {}), sort_keys=True)
-        for event in events)
-
-
 def test_the_trace_text_is_the_encoders_and_the_events_are_the_old_readers(store_path, tmp_path):
     written = export_timeline(tmp_path / "t.json", run=str(store_path), ray_tasks=False)
     text = (tmp_path / "t.json").read_text()
@@ -148,3 +141,26 @@ def test_the_cli_says_what_it_left_out_and_all_keeps_everything(store_path, tmp_
             assert result["left_out"] == 0 and result["spans"] == 404 and not result["warnings"]
         else:
             assert result["left_out"] > 0 and result["cut_since"] and "--all" in result["warnings"][0]
+
+
+def test_the_reports_step_section_is_what_it_was():
+    """``span_section`` over totals with missing phases, Ray calls, ties, ints, non-finite and foreign values."""
+    import random
+
+    from raysleuth.report.sections import span_section
+
+    rng = random.Random(27)
+    for ranks in (3, 40):
+        totals = []
+        for step in range(30):
+            for rank in range(ranks):
+                for phase in ("forward", "backward", "ray.call:Worker.step", "opt"):
+                    if rng.random() < 0.2:
+                        continue  # a rank that did not record this phase in this step
+                    seconds = rng.choice([round(rng.uniform(0.1, 2.0), 3), 1.0, 1, 5.0 if rank == 7 else 0.5])
+                    totals.append((step, rank, phase, seconds))
+        totals += [(3, 1, "forward", float("nan")), (4, 2, "opt", float("inf")), (5, None, "opt", 1.0),
+                   (None, 1, "opt", 1.0), (6, 1, "opt", "x"), (7, 0, "forward", -0.0)]
+        new, old = span_section(totals), old_span_section(totals)
+        assert json.dumps(new, sort_keys=True) == json.dumps(old, sort_keys=True)  # NaN spelled, so it compares
+        assert span_section(totals)["stragglers"]
