@@ -40,8 +40,7 @@ from raysleuth.collectives.report import read_collectives
 from raysleuth.memory import memory_report
 from raysleuth.options import format_ranks
 from raysleuth.recorder import open_store
-from raysleuth.recorder.counting import count_span
-from raysleuth.recorder.reading import identities
+from raysleuth.recorder.counting import count_span, time_range, writers
 from raysleuth.report import overview, sections
 from raysleuth.report.weights import weights_section
 from raysleuth.report.stragglers import straggler_section
@@ -117,8 +116,9 @@ def build_report_data(store) -> dict[str, Any]:
     kinds = store.kinds()
     meta = store.meta()
     fetched = {section: _newest(store, names) for section, names in {**SECTION_KINDS, **RECORD_KINDS}.items()}
+    first, last = time_range(store, kinds)  # the summary: every writer, and the run's first and last record
     sample = [SimpleNamespace(rank=rank, node_ip=ip, hostname=host, actor_class=actor, time=when)
-              for rank, ip, host, actor, first, last in identities(store) for when in (first, last)]
+              for rank, ip, host, actor in writers(store) for when in (first, last)]
     return {
         "capped": _capped(store, fetched),
         "summary": sections.summary_section(kinds, meta, sample),
