@@ -211,3 +211,47 @@ def old_judge(ys: list[float], policy: LeakPolicy) -> dict[str, Any]:
     return {"start": start, "end": end, "tau": tau, "floor": floor_growth, "recent": recent_growth,
             "pattern": pattern}
 
+
+
+def old_span_section(totals) -> dict[str, Any]:
+    """``raysleuth.report.sections.span_section`` as it was: nested defaultdicts, the timeline's row grouping."""
+    import statistics
+    from collections import defaultdict
+
+    from raysleuth.timeline.summary import phases_from_totals, stragglers_of
+
+    table: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))
+    phases: set[str] = set()
+    for step, rank, phase, seconds in totals:
+        if step is None or rank is None or type(seconds) not in (int, float):
+            continue
+        phases.add(phase)
+        table[step][rank][phase] += float(seconds)
+    steps = sorted(table)
+    ranks = sorted({rank for step in table.values() for rank in step})
+    step_totals = {rank: [round(sum(table[step][rank].values()), 4) if rank in table[step] else None for step in steps]
+                   for rank in ranks}
+    mean_phase = {
+        rank: {phase: round(statistics.fmean([table[s][rank][phase] for s in steps if rank in table[s]] or [0.0]), 4)
+               for phase in sorted(phases)}
+        for rank in ranks
+    }
+    rows = phases_from_totals((step, phase, rank, seconds) for step, by_rank in table.items()
+                              for rank, by_phase in by_rank.items() for phase, seconds in by_phase.items())
+    index = {step: number for number, step in enumerate(steps)}
+    stragglers = [{"step": row.step, "rank": int(row.slowest), "phase": row.phase, "seconds": round(row.slowest_s, 4),
+                   "median": round(row.median_s, 4), "ratio": round(row.lag_ratio, 2),
+                   "step_seconds": step_totals[int(row.slowest)][index[row.step]]}
+                  for row in stragglers_of(rows)]
+    return {"steps": steps, "ranks": ranks, "phases": sorted(phases), "totals": step_totals,
+            "mean_phase": mean_phase, "stragglers": stragglers}
+
+
+def normal_events(events) -> list[str]:
+    """Trace events with each node's process number replaced by the node's name (numbered in reading order)."""
+    import json
+
+    names = {event["pid"]: event["args"]["name"] for event in events if event.get("name") == "process_name"}
+    return sorted(json.dumps({**event, "pid": names.get(event["pid"])} | (
+        {"args": {"sort_index": None}} if event.get("name") == "process_sort_index" else {}), sort_keys=True)
+        for event in events)

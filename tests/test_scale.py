@@ -26,6 +26,7 @@ from scale_reference import (
     old_memory_report,
     old_timeline_summary_rows,
 )
+from scale_reference import normal_events as _events
 
 from raysleuth.cli import main
 from raysleuth.collectives import match
@@ -133,14 +134,6 @@ def test_timeline_summary_answers_as_before(run):
     new = timeline_summary(run=str(run))
     assert [vars(row) for row in new] == [vars(row) for row in old]
     assert any(row.slowest == "5" for row in new)  # the synthetic straggler
-
-
-def _events(events) -> list[str]:
-    """The events with each node's process number replaced by the node's name (numbered in reading order)."""
-    names = {event["pid"]: event["args"]["name"] for event in events if event.get("name") == "process_name"}
-    return sorted(json.dumps({**event, "pid": names.get(event["pid"])} | (
-        {"args": {"sort_index": None}} if event.get("name") == "process_sort_index" else {}), sort_keys=True)
-        for event in events)
 
 
 def test_timeline_export_streams_the_same_events(run, tmp_path):

@@ -29,6 +29,8 @@ def timeline(
                                                 help="Only up to 30s / 10m / 2h ago, or an ISO time.")] = None,
     summary: Annotated[bool, typer.Option("--summary", help="Print per step and phase: duration per rank, slowest rank, lag.")] = False,
     ray_tasks: Annotated[bool, typer.Option("--ray-tasks/--no-ray-tasks", help="Merge Ray's task events (needs the cluster).")] = True,
+    every: Annotated[bool, typer.Option("--all", help="With -o: every record, however many (by default a trace over "
+                                                      "100,000 records keeps the newest that fit, and says so).")] = False,
     lag_threshold: Annotated[float, typer.Option("--lag", help="With --summary: exit 1 when a rank lags the median by this ratio.", callback=non_negative)] = 0.0,
     address: AddressOption = None,
     run: RunOption = None,
@@ -37,7 +39,7 @@ def timeline(
 ) -> None:
     """One timeline of the job: Ray tasks + spans + events + memory, one process per node, one thread per rank."""
     # lazy: a command loads its feature when it runs (the CLI starts in 0.25 s, not 0.9 s)
-    from raysleuth.timeline import export_timeline, timeline_summary
+    from raysleuth.timeline import TRACE_LIMIT, export_timeline, timeline_summary
 
     if not summary and output is None:
         raise UsageError("timeline needs -o FILE (the trace to write) or --summary",
@@ -47,7 +49,8 @@ def timeline(
     run = name_run(run, home)
     if output is not None:
         exported = export_timeline(output, address, run=run, home=home_path(home), steps=steps,
-                                   ranks=ranks, jobs=job, ray_tasks=ray_tasks, since=since, until=until)
+                                   ranks=ranks, jobs=job, ray_tasks=ray_tasks, since=since, until=until,
+                                   limit=None if every else TRACE_LIMIT)
         result["timeline"] = exported.to_dict()
         if not json_:
             console.print(f"wrote [bold]{escape(str(exported.path))}[/bold]: {exported.spans} spans, {exported.ray_tasks} Ray tasks, "

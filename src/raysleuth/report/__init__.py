@@ -18,8 +18,8 @@ memory curves one point per worker and time bucket, step phases one total
 per step, rank and phase, leak verdicts from the fast
 :func:`~raysleuth.memory.memory_report`; past 16 ranks the charts draw the
 ranks as one band plus the ranks that stand out. Every other section reads
-at most :data:`MAX_RECORDS` records (the newest), and the page says so
-where it cut.
+at most :data:`MAX_RECORDS` records (the newest), and the page says where it
+cut: how many records the section shows, the run holds and it left out.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from raysleuth.collectives.report import read_collectives
 from raysleuth.memory import memory_report
 from raysleuth.options import format_ranks
 from raysleuth.recorder import open_store
-from raysleuth.recorder.reading import identities
+from raysleuth.recorder.counting import count_span, time_range, writers
 from raysleuth.report import overview, sections
 from raysleuth.report.weights import weights_section
 from raysleuth.report.stragglers import straggler_section
@@ -92,15 +92,35 @@ def _newest(store, kinds: tuple) -> list:
     return records
 
 
+def _held(store, kinds: tuple) -> int:
+    """How many records the query of :func:`_newest` matches in all (its ``limit`` aside)."""
+    if kinds and isinstance(kinds[0], str):
+        return count_span(store, list(kinds))[0]
+    names = {kind.NAME for kind in kinds}
+    name = next(iter(names)) if len(names) == 1 and None not in names else None
+    return count_span(store, sorted({kind.KIND for kind in kinds}), name=name)[0]
+
+
+def _capped(store, fetched: dict[str, list]) -> dict[str, dict[str, int]]:
+    """Per section cut to :data:`MAX_RECORDS`: the records it shows, the run holds and it left out."""
+    capped = {}
+    for section, names in {**SECTION_KINDS, **RECORD_KINDS}.items():
+        held = _held(store, names)  # counted on the index: a query cut at its limit may show fewer
+        if held > MAX_RECORDS:
+            capped[section] = {"kept": len(fetched[section]), "held": held, "left_out": held - MAX_RECORDS}
+    return capped
+
+
 def build_report_data(store) -> dict[str, Any]:
     """Every section's data from an open :class:`~raysleuth.recorder.EvidenceStore` (no charts yet)."""
     kinds = store.kinds()
     meta = store.meta()
     fetched = {section: _newest(store, names) for section, names in {**SECTION_KINDS, **RECORD_KINDS}.items()}
+    first, last = time_range(store, kinds)  # the summary: every writer, and the run's first and last record
     sample = [SimpleNamespace(rank=rank, node_ip=ip, hostname=host, actor_class=actor, time=when)
-              for rank, ip, host, actor, first, last in identities(store) for when in (first, last)]
+              for rank, ip, host, actor in writers(store) for when in (first, last)]
     return {
-        "capped": {section: MAX_RECORDS for section, records in fetched.items() if len(records) >= MAX_RECORDS},
+        "capped": _capped(store, fetched),
         "summary": sections.summary_section(kinds, meta, sample),
         "doctor": _robust(sections.doctor_section, fetched["doctor"]),
         "stacks": _robust(sections.stack_section, fetched["stacks"]),
@@ -251,7 +271,7 @@ def render_report(data: dict[str, Any], *, title: str, trace_href: str | None = 
         # A literal "</script>" inside the bundle would end the tag early.
         plotly_js = get_plotlyjs().replace("</script>", "<\\/script>")
     template = env.get_template("report.html.j2")
-    return template.render(title=title, data=data, charts=_charts(data), plotly_js=plotly_js,
+    return template.render(title=title, data=data, charts=_charts(data), plotly_js=plotly_js, max_records=MAX_RECORDS,
                            trace_href=trace_href, store_path=store_path,
                            generated=_format_time(time.time()), escape=html.escape)
 

@@ -48,13 +48,17 @@ def memory_curves(store, leaking: set) -> dict[str, Any]:
     curves: dict[str, dict[str, list]] = {}
     peaks: dict[str, float] = {}
     ranks: dict[str, Any] = {}
+    writer = None
     for rank, pid, _bucket, when, value in buckets(store, "memory", "rss_bytes", width, start=start):
-        label = sections.rank_label(rank) + (f" · pid {pid}" if pid else "")
-        curve = curves.setdefault(label, {"x": [], "y": []})
-        curve["x"].append(round(when - start, 3))
-        curve["y"].append(round(value / 2**20, 2))
-        peaks[label] = max(peaks.get(label, 0.0), curve["y"][-1])
-        ranks[label] = rank
+        if writer != (rank, pid):  # the rows come worker by worker
+            writer, label = (rank, pid), sections.rank_label(rank) + (f" · pid {pid}" if pid else "")
+            curve = curves.setdefault(label, {"x": [], "y": []})
+            xs, ys = curve["x"], curve["y"]
+            ranks[label] = rank
+        xs.append(round(when - start, 3))
+        y = round(value / 2**20, 2)
+        ys.append(y)
+        peaks[label] = max(peaks.get(label, 0.0), y)
     if len(curves) <= ALONE:
         return {"curves": dict(sorted(curves.items())), "band": None, "grouped": ""}
     alone = {label for label in curves if ranks[label] in leaking}

@@ -19,7 +19,8 @@ from typing import Any
 from raysleuth.collectives import match
 from raysleuth.collectives.model import positions_from_records
 from raysleuth.evidence import Consistency, Crash, Death, DoctorRun, Log, StackRun, TasksRun
-from raysleuth.timeline.summary import phases_from_totals, stragglers_of
+from raysleuth.timeline.model import _number
+from raysleuth.timeline.summary import phase_rows, stragglers_of
 
 __all__ = [
     "collective_section",
@@ -218,25 +219,39 @@ def span_section(totals: Iterable[tuple[int, int, str, float]]) -> dict[str, Any
     ``raysleuth timeline --summary`` marks): per step and phase, the slowest
     rank when it took at least 1.5× the median of the ranks.
     """
-    # step -> rank -> phase -> seconds
-    table: dict[int, dict[int, dict[str, float]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))
+    table: dict[int, dict[int, dict[str, float]]] = {}  # step -> rank -> phase -> seconds
     phases: set[str] = set()
     for step, rank, phase, seconds in totals:
         if step is None or rank is None or type(seconds) not in (int, float):
             continue
         phases.add(phase)
-        table[step][rank][phase] += float(seconds)
+        by_rank = table.get(step)
+        if by_rank is None:
+            by_rank = table[step] = {}
+        by_phase = by_rank.get(rank)
+        if by_phase is None:
+            by_phase = by_rank[rank] = {}
+        by_phase[phase] = by_phase.get(phase, 0.0) + float(seconds)
     steps = sorted(table)
     ranks = sorted({rank for step in table.values() for rank in step})
-    step_totals = {rank: [round(sum(table[step][rank].values()), 4) if rank in table[step] else None for step in steps]
-                   for rank in ranks}
+    step_totals = {rank: [] for rank in ranks}
+    for step in steps:
+        by_rank = table[step]
+        for rank, column in step_totals.items():
+            by_phase = by_rank.get(rank)
+            column.append(None if by_phase is None else round(sum(by_phase.values()), 4))
+    ordered = sorted(phases)
+    for by_rank in table.values():  # a rank seen in a step spent 0 s in the phases it did not record there
+        for by_phase in by_rank.values():
+            if len(by_phase) < len(ordered):
+                for phase in ordered:
+                    by_phase.setdefault(phase, 0.0)
     mean_phase = {
         rank: {phase: round(statistics.fmean([table[s][rank][phase] for s in steps if rank in table[s]] or [0.0]), 4)
-               for phase in sorted(phases)}
+               for phase in ordered}
         for rank in ranks
     }
-    rows = phases_from_totals((step, phase, rank, seconds) for step, by_rank in table.items()
-                                 for rank, by_phase in by_rank.items() for phase, seconds in by_phase.items())
+    rows = phase_rows(_grouped(table))
     index = {step: number for number, step in enumerate(steps)}
     stragglers = [{"step": row.step, "rank": int(row.slowest), "phase": row.phase, "seconds": round(row.slowest_s, 4),
                    "median": round(row.median_s, 4), "ratio": round(row.lag_ratio, 2),
@@ -244,3 +259,28 @@ def span_section(totals: Iterable[tuple[int, int, str, float]]) -> dict[str, Any
                   for row in stragglers_of(rows)]
     return {"steps": steps, "ranks": ranks, "phases": sorted(phases), "totals": step_totals,
             "mean_phase": mean_phase, "stragglers": stragglers}
+
+
+def _grouped(table: dict[int, dict[int, dict[str, float]]]) -> dict[tuple[int, str], dict[str, float]]:
+    """Seconds per (step, phase) and rank (``"3"``), as :func:`~raysleuth.timeline.summary.phases_from_totals`
+    groups (step, phase, rank, seconds) totals: Ray calls left out, a number that is not finite read as 0."""
+    grouped: dict[tuple[int, str], dict[str, float]] = {}
+    labels: dict[int, str] = {}
+    kept: dict[str, str | None] = {}
+    for step, by_rank in table.items():
+        for rank, by_phase in by_rank.items():
+            who = labels.get(rank)
+            if who is None:
+                who = labels[rank] = str(rank)
+            for phase, seconds in by_phase.items():
+                name = kept.get(phase, "")
+                if name == "":
+                    name = kept[phase] = None if str(phase).startswith("ray.call:") else str(phase)
+                if name is None:
+                    continue
+                durations = grouped.get((int(step), name))
+                if durations is None:
+                    durations = grouped[(int(step), name)] = {}
+                value = seconds if type(seconds) is float and seconds - seconds == 0 else _number(seconds, 0.0)
+                durations[who] = durations.get(who, 0.0) + value
+    return grouped

@@ -24,6 +24,10 @@ class Timeline:
     warnings: list[str] = dataclasses.field(default_factory=list)
     written: int | None = None
     """Trace events written to ``path`` (an export)."""
+    cut_since: float | None = None
+    """Where a trace over its budget starts (:mod:`raysleuth.timeline.budget`); None: nothing was cut."""
+    left_out: int = 0
+    """Records of the selection before :attr:`cut_since`, left out of the trace (a warning says so)."""
 
     def to_chrome(self) -> dict[str, Any]:
         """The Chrome trace JSON object (``traceEvents`` + metadata)."""

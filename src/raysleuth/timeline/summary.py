@@ -40,10 +40,18 @@ def _summarize_rows(rows: Iterable[tuple]) -> list[StepPhase]:
             who = ranks[rank] = str(rank)
         grouped[(int(step), phase)][who] += duration if type(duration) is float and duration - duration == 0 \
             else _number(duration, 0.0)
+    return phase_rows(grouped)
+
+
+def phase_rows(grouped: dict[tuple[int, str], dict[str, float]]) -> list[StepPhase]:
+    """The :class:`StepPhase` rows of seconds grouped per (step, phase) and rank (``"3"``), in (step, phase) order.
+
+    Among ranks as slow as each other the first in ``grouped`` order is the slowest.
+    """
     result = []
     for (step, phase), durations in sorted(grouped.items()):
         median = statistics.median(durations.values())
-        slowest = max(durations, key=lambda who: durations[who])
+        slowest = max(durations, key=durations.__getitem__)
         lag = durations[slowest] - median
         result.append(StepPhase(step=step, phase=phase, durations=dict(sorted(durations.items())), median_s=median,
                                 slowest=slowest, slowest_s=durations[slowest], lag_s=lag,

@@ -1,0 +1,57 @@
+"""The report reads at most ``MAX_RECORDS`` records a section and says, per section, how many it left out.
+
+A real store written through ``EvidenceStore.write_batch``; the cap made small so a small run meets it. No Ray.
+"""
+
+from __future__ import annotations
+
+import raysleuth.report as report
+from raysleuth.recorder.store import EvidenceStore
+
+
+def test_a_cut_section_says_what_it_shows_and_what_it_left_out(tmp_path, monkeypatch):
+    path = tmp_path / "runs" / "logs" / "evidence.sqlite"
+    path.parent.mkdir(parents=True)
+    store = EvidenceStore(path)
+    header = {"node_ip": "10.0.0.1", "pid": 4242, "client_id": "c0", "actor_class": "TrainWorker"}
+    store.write_batch(header, [("log", 1_780_000_000.0 + n, 0, None, None, "train", "WARNING",
+                                {"message": f"slow loader {n}"}, n) for n in range(30)])
+    store.close()
+    monkeypatch.setattr(report, "MAX_RECORDS", 10)
+    result = report.generate_report(tmp_path / "r.html", run=str(path))
+    store = EvidenceStore(path, readonly=True)
+    data = report.build_report_data(store)
+    store.close()
+    assert data["capped"] == {"logs": {"kept": 10, "held": 30, "left_out": 20}}
+    assert [line["message"] for line in data["logs"]["rank 0"]] == [f"slow loader {n}" for n in range(20, 30)]
+    html = result.path.read_text()
+    assert "logs shows 10 of the run's 30 and leaves out the oldest 20" in html
+    monkeypatch.setattr(report, "MAX_RECORDS", 30)  # the whole run fits: nothing said
+    store = EvidenceStore(path, readonly=True)
+    assert report.build_report_data(store)["capped"] == {}
+    store.close()
+
+
+def test_the_run_summary_reads_writers_and_times_on_the_index_as_it_read_them_by_grouping(tmp_path):
+    from types import SimpleNamespace
+
+    from raysleuth.recorder.reading import identities
+    from raysleuth.report import sections
+
+    path = tmp_path / "evidence.sqlite"
+    store = EvidenceStore(path)
+    for rank in range(6):
+        header = {"node_ip": f"10.0.0.{rank // 2}", "hostname": f"h{rank // 2}", "pid": 100 + rank,
+                  "client_id": f"c{rank}", "actor_class": "TrainWorker" if rank else None}
+        store.write_batch(header, [(kind, 1_780_000_000.0 + 7 * rank + n, rank if n else None, n, None, None, None,
+                                    {"step": n}, n * 3 + k) for n in range(5)
+                                   for k, kind in enumerate(("span", "memory", "heartbeat"))])
+    store.add("doctor", {"ok": True}, time=1_779_999_000.0, hostname="laptop")
+    store.close()
+    store = EvidenceStore(path, readonly=True)
+    old = [SimpleNamespace(rank=rank, node_ip=ip, hostname=host, actor_class=actor, time=when)
+           for rank, ip, host, actor, first, last in identities(store) for when in (first, last)]
+    data = report.build_report_data(store)
+    assert data["summary"] == sections.summary_section(store.kinds(), store.meta(), old)
+    assert data["summary"]["start"] == 1_779_999_000.0 and data["summary"]["ranks"] == [0, 1, 2, 3, 4, 5]
+    store.close()
