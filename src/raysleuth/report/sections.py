@@ -234,7 +234,7 @@ def span_section(totals: Iterable[tuple[int, int, str, float]]) -> dict[str, Any
         by_phase[phase] = by_phase.get(phase, 0.0) + float(seconds)
     steps = sorted(table)
     ranks = sorted({rank for step in table.values() for rank in step})
-    step_totals = {rank: [] for rank in ranks}
+    step_totals: dict[Any, list[float | None]] = {rank: [] for rank in ranks}
     for step in steps:
         by_rank = table[step]
         for rank, column in step_totals.items():
