@@ -244,3 +244,37 @@ def test_detail_armed_on_demand_records_each_calls_file_line_and_shapes():
         hook.set_detail(False)
     assert [(c["line"], c["input"]) for c in calls] == [(None, []), (line, [[[2, 3], "float32"]]), (None, [])], calls
     assert calls[1]["file"] == __file__ and calls[1]["call"] == 1
+
+
+def test_the_wrapper_takes_the_collectives_own_parameters_and_passes_every_argument_on():
+    """Each collective's wrapper is written with its own parameters (no *args/**kwargs packing on the hot path):
+    a parameter named like the wrapper's own state (``op``) reaches the collective, keyword-only ones too, and a
+    function with ``*args`` gets the forwarding form; a stack shows the wrapper as raysleuth's own frame."""
+    import inspect
+    import linecache
+
+    from raysleuth.collectives import hook, wrapper
+
+    def all_reduce(tensor, op="sum", group=None, async_op=False, *, timeout=5):
+        return tensor, op, group, async_op, timeout
+
+    def barrier(*args, **kwargs):
+        return args, kwargs
+
+    wrapped, forwarding = hook._wrap("all_reduce", all_reduce), hook._wrap("barrier", barrier)
+    assert "*" not in str(inspect.signature(wrapped).parameters.get("tensor"))
+    hook._default_name[0] = "own"
+    try:
+        start = hook._next[0]
+        assert wrapped("t") == ("t", "sum", None, False, 5)
+        assert wrapped("t", "max", async_op=True, timeout=9) == ("t", "max", None, True, 9)
+        assert forwarding(1, group=None, extra=2) == ((1,), {"group": None, "extra": 2})
+        entries = [entry for entry, _ in hook.raw_entries() if entry[hook._ID] >= start]
+    finally:
+        hook._default_name[0] = None
+    assert [(e[hook._OP], e[hook._ASYNC]) for e in entries] == [("all_reduce", False), ("all_reduce", True),
+                                                                ("barrier", False)]
+    code = wrapped.__code__
+    assert code.co_filename == wrapper.FILE and code.co_name == "collective" == forwarding.__code__.co_name
+    assert linecache.getline(wrapper.FILE, code.co_firstlineno).startswith("def collective(")
+    assert "_rs_args" not in code.co_varnames and "_rs_args" in forwarding.__code__.co_varnames

@@ -32,6 +32,7 @@ import time
 from typing import Any, Callable
 
 from raysleuth import runtime
+from raysleuth.collectives import wrapper
 
 RING_SIZE = 512
 """Wrapper records kept per process (oldest overwritten); a power of two."""
@@ -190,43 +191,16 @@ def _wrap(op: str, original: Callable) -> Callable:
     formatted or resolved here (see :func:`entries`).
     """
     group_at = _group_index(original)
-    if group_at < 0:
-        group_at = sys.maxsize  # never a position in args
     input_at, output_at = OPS[op]
-    time_ns, current_step, ident, steps = time.time_ns, _current_step, threading.get_ident, runtime
-    ring, ends, counter, progress, detail, seqs, default = _ring, _ends, _next, _progress, _detail, _seqs, _default_name
-    asynchronous = op in ("isend", "irecv")
-
-    @functools.wraps(original)
-    def collective(*args, **kwargs):
-        slot = -1
-        try:
-            group = kwargs.get("group") if kwargs else None
-            if group is None and group_at < len(args):
-                group = args[group_at]
-            name = default[0] if group is None and default[0] else _group_name(group)
-            seq = seqs[name] = seqs.get(name, 0) + 1
-            n = counter[0]
-            counter[0] = n + 1
-            slot = n & _MASK
-            ends[slot] = None  # before the entry: a reader never pairs this entry with the slot's old end
-            ring[slot] = mine = (n, name, seq, op,
-                                 asynchronous or bool(kwargs.get("async_op")) if kwargs else asynchronous,
-                                 current_step() if steps._last_step is not None else None,  # None: no step set yet
-                                 ident(), _details(args, input_at, output_at) if detail[0] else None, time_ns())
-        except Exception:
-            slot = -1
-        try:
-            result = original(*args, **kwargs)
-        except BaseException:
-            if slot >= 0 and ring[slot] is mine:
-                ends[slot] = -time_ns()
-            raise
-        progress[0] += 1
-        if slot >= 0 and ring[slot] is mine:  # not overwritten meanwhile (512 calls from other threads)
-            ends[slot] = time_ns()
-        return result
-
+    namespace = {
+        "_rs_hook": sys.modules[__name__], "_rs_op": op, "_rs_asynchronous": op in ("isend", "irecv"),
+        "_rs_group_at": sys.maxsize if group_at < 0 else group_at, "_rs_input_at": input_at,
+        "_rs_output_at": output_at, "_rs_time_ns": time.time_ns, "_rs_current_step": _current_step,
+        "_rs_ident": threading.get_ident, "_rs_steps": runtime, "_rs_ring": _ring, "_rs_ends": _ends,
+        "_rs_counter": _next, "_rs_progress": _progress, "_rs_detail": _detail, "_rs_seqs": _seqs,
+        "_rs_default": _default_name, "_RS_MASK": _MASK,
+    }
+    collective = functools.wraps(original)(wrapper.build(original, namespace))
     collective.__raysleuth_collective__ = True  # type: ignore[attr-defined]
     return collective
 
@@ -320,7 +294,8 @@ def _waiting_frames() -> dict[int, tuple]:
     try:
         for thread, top in sys._current_frames().items():
             frame: Any = top
-            while frame is not None and frame.f_code is not _COLLECTIVE_CODE:
+            while frame is not None and not (frame.f_code.co_name == "collective"
+                                             and frame.f_code.co_filename == wrapper.FILE):
                 frame = frame.f_back
             user = _user_frame(frame.f_back) if frame is not None else None
             if user is not None:
@@ -358,5 +333,3 @@ def _tune_skip_dirs() -> None:
         pass
 
 
-_COLLECTIVE_CODE = _wrap("barrier", lambda group=None: None).__code__
-"""The code object every wrapped collective runs (found on a thread's stack at dump time)."""
