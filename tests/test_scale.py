@@ -24,6 +24,7 @@ from scale_reference import (
     old_judge,
     old_mann_kendall_s,
     old_memory_report,
+    old_theil_sen,
     old_timeline_summary_rows,
 )
 
@@ -32,7 +33,8 @@ from raysleuth.collectives import match
 from raysleuth.collectives.model import _call_at, positions_from_records
 from raysleuth.collectives.report import read_collectives
 from raysleuth.memory import memory_report
-from raysleuth.memory.trend import LeakPolicy, _judge, _mann_kendall_s, kendall_tau
+from raysleuth.memory.pairs import _median_in_place
+from raysleuth.memory.trend import LeakPolicy, _judge, _mann_kendall_s, kendall_tau, theil_sen
 from raysleuth.options import format_ranks, parse_ranks
 from raysleuth.recorder.store import EvidenceStore
 from raysleuth.timeline import export_timeline, summarize_steps, timeline_summary
@@ -106,6 +108,35 @@ def test_the_leak_test_counts_every_pair_in_n_log_n():
             assert _mann_kendall_s(np.asarray(values, dtype=float)) == old_mann_kendall_s(values), n
     tau, z = kendall_tau(np.arange(5000.0))
     assert tau == 1.0 and z > 50
+
+
+def test_the_median_of_the_pairs_is_numpys_median():
+    """Selected among the values around the middle: the same value as np.median, ties, NaN and infinities too."""
+    rng = np.random.default_rng(41)
+    for n in (1, 2, 3, 4095, 4096, 4097, 41_328, 41_329):
+        for values in (rng.normal(size=n), rng.integers(0, 3, n) * 1.0, np.full(n, 2.5), np.sort(rng.normal(size=n)),
+                       np.repeat([0.0, 1.0], [n // 2, n - n // 2]), rng.standard_cauchy(n),
+                       np.where(rng.random(n) < 0.3, np.inf, rng.normal(size=n)),
+                       rng.integers(-8, 8, n) * 2.0**20 / (10 * rng.integers(1, 288, n))):
+            expected, got = float(np.median(values)), _median_in_place(values.copy())
+            assert got == expected or (np.isnan(got) and np.isnan(expected)), n
+    with_nan = rng.normal(size=50_000)
+    with_nan[7] = np.nan
+    assert np.isnan(_median_in_place(with_nan))
+
+
+def test_theil_sen_answers_as_every_pair_in_fresh_arrays():
+    """Times, steps that repeat (pairs of equal x left out), one x only, noisy plateaus and slopes, thinned."""
+    rng = np.random.default_rng(8)
+    for trial in range(120):
+        n = int(rng.integers(2, 700))
+        x = np.sort(rng.integers(0, max(2, n // (1 + trial % 3)), n)).astype(float)
+        if trial % 5 == 0:
+            x = np.arange(n) * 10.0
+        if trial % 7 == 0:
+            x = np.zeros(n)
+        y = 6e9 + rng.integers(-8, 8, n) * 2.0**20 + rng.integers(0, 3) * x * 2.0**14
+        assert theil_sen(x.tolist(), y.tolist()) == old_theil_sen(x.tolist(), y.tolist()), trial
 
 
 def test_the_leak_test_counts_its_trend_tests_only_where_they_decide():

@@ -29,10 +29,11 @@ line (slope, R²) is still reported as evidence.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Sequence
 from typing import Any, Literal
+
+from raysleuth.memory.pairs import _mann_kendall_s, _median_in_place, _pair_differences, _pairs, _scratch
 
 __all__ = ["LeakPolicy", "LeakVerdict", "TrendFit", "detect_leak", "fit_trend", "kendall_tau", "leaks", "theil_sen"]
 
@@ -65,28 +66,20 @@ def theil_sen(x: Sequence[float], y: Sequence[float], *, max_points: int = 300) 
     if len(xs) > max_points:
         keep = np.linspace(0, len(xs) - 1, max_points).round().astype(int)
         xs, ys = xs[keep], ys[keep]
-    i, j = _pairs(len(xs))
-    dx = xs[j] - xs[i]
-    usable = dx != 0
-    if usable.all():  # distinct x (times): no pair to drop, no copies
-        slopes = (ys[j] - ys[i]) / dx
-    elif not usable.any():
+    dx, dy, other = _scratch(len(_pairs(len(xs))[0]))
+    _pair_differences(xs, dx, other)
+    usable = np.count_nonzero(dx)
+    if usable == len(dx):  # distinct x (times): no pair to drop; the slopes in reused buffers, nothing allocated
+        slopes = np.divide(_pair_differences(ys, dy, other), dx, out=dy)
+    elif not usable:
         return 0.0, float(np.median(ys))
-    else:
-        slopes = (ys[j] - ys[i])[usable] / dx[usable]
-    slope = float(np.median(slopes, overwrite_input=True))
+    else:  # repeated x (steps: two samples in one step): the pairs of distinct x only
+        kept = dx != 0
+        slopes = np.compress(kept, np.divide(_pair_differences(ys, dy, other), dx, out=dy, where=kept),
+                             out=other[:usable])
+    slope = _median_in_place(slopes)
     intercept = float(np.median(ys - slope * xs))
     return slope, intercept
-
-
-@functools.lru_cache(maxsize=8)
-def _pairs(n: int):
-    """Every index pair i < j of n points (cached: a run's workers share a few lengths; at most 600 points)."""
-    import numpy as np
-
-    i, j = np.triu_indices(n, k=1)
-    i.flags.writeable = j.flags.writeable = False
-    return i, j
 
 
 EVIDENCE_POINTS = 300
@@ -188,36 +181,6 @@ def kendall_tau(values: Sequence[float]) -> tuple[float, float]:
     variance = n * (n - 1) * (2 * n + 5) / 18
     z = (s - np.sign(s)) / math.sqrt(variance) if s else 0.0
     return s / pairs, float(z)
-
-
-def _mann_kendall_s(ys) -> int:
-    """Sum over i < j of sign(ys[j] - ys[i]): per level, each right block against its sorted left sibling."""
-    import numpy as np
-
-    n = len(ys)
-    if n <= 600:  # pairwise is faster here (the pairs are cached per length)
-        i, j = _pairs(n)
-        return int(np.sign(ys[j] - ys[i]).sum())
-    ranks = np.unique(ys, return_inverse=True)[1].astype(np.int64).reshape(-1)  # equal values, equal ranks
-    size = 1 << (n - 1).bit_length()
-    padded = np.zeros(size, dtype=np.int64)
-    padded[:n] = ranks
-    valid = np.arange(size) < n  # padding sits at the end: it is never left of a real sample
-    key = int(ranks.max()) + 2
-    total, block = 0, 1
-    while block < size:
-        pairs = padded.reshape(-1, 2, block)
-        rows = np.arange(pairs.shape[0], dtype=np.int64)[:, None] * key
-        left = (np.sort(pairs[:, 0, :], axis=1) + rows).reshape(-1)
-        right = (pairs[:, 1, :] + rows).reshape(-1)
-        mask = valid.reshape(-1, 2, block)[:, 1, :].reshape(-1)
-        below = np.searchsorted(left, right, "left")
-        above = np.searchsorted(left, right, "right")
-        starts = np.repeat(np.arange(pairs.shape[0], dtype=np.int64) * block, block)
-        # later sample above an earlier one: +1; below: -1
-        total += int(((below - starts) - (starts + block - above))[mask].sum())
-        block *= 2
-    return total
 
 
 def _growth_is_large(growth: float, start: float, policy: LeakPolicy, fraction_needed: float | None = None) -> bool:
