@@ -264,7 +264,12 @@ def _dumped_at(dump: evidence.Collectives) -> float:
 
 def latest_job(records: Iterable[dict[str, Any]]) -> str | None:
     """The job of the newest record (a run may hold several jobs' collectives)."""
-    newest = max(map(evidence.Collectives.from_record_dict, records), key=_dumped_at, default=None)
+    return newest_job(map(evidence.Collectives.from_record_dict, records))
+
+
+def newest_job(dumps: Iterable[evidence.Collectives]) -> str | None:
+    """:func:`latest_job` of dumps already read (a dump's fields are checked once, not once per question)."""
+    newest = max(dumps, key=_dumped_at, default=None)
     return newest.job_id if newest else None
 
 
@@ -274,10 +279,15 @@ def positions_from_records(records: Iterable[dict[str, Any]], *, alive: set | No
 
     ``alive``: the (node_ip, pid) pairs still running (None: unknown).
     """
-    records = list(records)
-    job = job if job is not None else latest_job(records)
+    return positions_from_dumps(list(map(evidence.Collectives.from_record_dict, records)), alive=alive, job=job)
+
+
+def positions_from_dumps(dumps: list[evidence.Collectives], *, alive: set | None = None,
+                         job: str | None = None) -> list[RankPositions]:
+    """:func:`positions_from_records` of dumps already read."""
+    job = job if job is not None else newest_job(dumps)
     ranks: dict[int, RankPositions] = {}
-    for dump in sorted(map(evidence.Collectives.from_record_dict, records), key=_dumped_at):
+    for dump in sorted(dumps, key=_dumped_at):
         data = dump.raw
         if job is not None and dump.job_id not in (None, job):
             continue

@@ -19,8 +19,8 @@ def _median_in_place(values) -> float:
 
     ``np.median`` selects three times over everything (its two middle order statistics and a NaN check). Here
     the largest value tells whether any is NaN; a sorted sample of about a thousand values, evenly spaced, brackets the
-    middle; one count and one cut keep the values inside the bracket (a few thousand), and the middle order
-    statistics are selected among those, shifted by the count below. When the bracket misses the middle (an odd
+    middle; one count and one cut keep the values inside the bracket (a few thousand), sorted, and the middle order
+    statistics are read there, shifted by the count below. When the bracket misses the middle (an odd
     sample), everything is selected, as before. Ties change nothing: the values equal to a bound are inside.
     Reorders ``values``.
     """
@@ -38,11 +38,19 @@ def _median_in_place(values) -> float:
         high = sample[min(len(sample) - 1, len(sample) // 2 + spread)]
         below = int(np.count_nonzero(values < low))
         inside = values[(values >= low) & (values <= high)]
-        if below <= first and below + len(inside) > half:
-            values, half, first = inside, half - below, first - below
+        if below <= first and below + len(inside) > half:  # sorted: numpy's selection crawls through long ties
+            inside.sort()
+            return _middle(inside, half - below, first - below)
     values.partition(half)
+    return _middle(values, half, first, partitioned=True)
+
+
+def _middle(values, half: int, first: int, *, partitioned: bool = False) -> float:
+    """The median from ``values`` sorted, or partitioned at ``half`` (the lower middle is then the largest below)."""
     middle = float(values[half])
-    return middle if first == half else (float(values[:half].max()) + middle) / 2
+    if first == half:
+        return middle
+    return (float(values[:half].max() if partitioned else values[first]) + middle) / 2
 
 
 def _pair_differences(values, out, scratch):
