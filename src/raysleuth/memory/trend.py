@@ -30,10 +30,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from raysleuth.memory.pairs import _mann_kendall_s, _median_in_place, _pair_differences, _pairs, _scratch
+from raysleuth.memory.pairs import (
+    _mann_kendall_s,
+    _median_in_place,
+    _pair_differences,
+    _pairs,
+    _scratch,
+    _value_differences,
+)
 
 __all__ = ["LeakPolicy", "LeakVerdict", "TrendFit", "detect_leak", "fit_trend", "kendall_tau", "leaks", "theil_sen"]
 
@@ -70,12 +78,12 @@ def theil_sen(x: Sequence[float], y: Sequence[float], *, max_points: int = 300) 
     _pair_differences(xs, dx, other)
     usable = np.count_nonzero(dx)
     if usable == len(dx):  # distinct x (times): no pair to drop; the slopes in reused buffers, nothing allocated
-        slopes = np.divide(_pair_differences(ys, dy, other), dx, out=dy)
+        slopes = np.divide(_value_differences(ys, other), dx, out=dy)
     elif not usable:
         return 0.0, float(np.median(ys))
     else:  # repeated x (steps: two samples in one step): the pairs of distinct x only
         kept = dx != 0
-        slopes = np.compress(kept, np.divide(_pair_differences(ys, dy, other), dx, out=dy, where=kept),
+        slopes = np.compress(kept, np.divide(_value_differences(ys, other), dx, out=dy, where=kept),
                              out=other[:usable])
     slope = _median_in_place(slopes)
     intercept = float(np.median(ys - slope * xs))
@@ -240,10 +248,13 @@ def _steady(trend: tuple[float, float], large: bool, policy: LeakPolicy) -> bool
     return tau >= policy.min_tau and z >= 2.5 and (large or tau >= 0.9)
 
 
+_TIME = operator.itemgetter(0)
+
+
 def _window(times, values, steps, policy: LeakPolicy) -> tuple[list, list]:
     """(every point, the points after warm-up), points as (time, value, step) in time order."""
     points = [(float(t), float(v), s) for t, v, s in zip(times, values, steps or [None] * len(times)) if v is not None]
-    points.sort(key=lambda point: point[0])
+    points.sort(key=_TIME)  # stable, as a sort by each point's time
     first_time = points[0][0] if points else 0.0
     skip = int(math.ceil(len(points) * policy.warmup_fraction)) if len(points) >= 2 else 0
     return points, [p for p in points[skip:] if p[0] - first_time >= policy.warmup_seconds]
