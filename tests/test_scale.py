@@ -217,6 +217,39 @@ def test_collectives_read_the_newest_dump_of_each_rank(run):
     assert "ranks 0-6,8-" in new.culprits[0].reason  # the waiting ranks as ranges, not 99 numbers
 
 
+def _cut(record: dict, arrays: tuple, keep: int) -> dict:
+    """A stored dump with each array cut in Python to its newest ``keep`` items per group, objects only."""
+    data = record["data"]
+    groups = data.get("groups")
+    limit = keep * max(1, len(groups) if isinstance(groups, (dict, list)) else 1)
+    for path in arrays:
+        *parents, last = path.split(".")
+        place = data
+        for name in parents:
+            place = place.get(name) if isinstance(place, dict) else None
+        if isinstance(place, dict) and last in place:
+            items = place[last] if isinstance(place[last], list) else []
+            place[last] = [item for item in items[-limit:] if isinstance(item, dict)]
+    return record
+
+
+def test_the_newest_dumps_read_in_sql_are_the_stored_dumps_cut_in_python(run):
+    """Every worker's newest dump (and the one that is not JSON), in (time, id) order, its arrays cut as Python
+    cuts them: one statement for the rows and their newest entries, the order taken from the ids."""
+    from raysleuth.recorder.reading import newest_per_worker, tail_records
+    from raysleuth.recorder.store import COLUMNS
+
+    store = _open(run)
+    ids = newest_per_worker(store, "collectives")
+    arrays = ("calls", "flight_recorder.entries")
+    fast = tail_records(store, ids, COLUMNS, arrays, 64)
+    wanted = set(ids)
+    slow = sorted((_cut(row.to_dict(), arrays, 64) for row in store.query("collectives") if row.id in wanted),
+                  key=lambda record: (record["time"], record["id"]))
+    assert fast == slow
+    assert len(fast) > 100 and any(len(record["data"].get("calls", [])) == 64 for record in fast)
+
+
 def test_the_newest_entries_are_picked_in_sql_as_python_would_cut_them(tmp_path):
     """Three groups: the last 3 x 64 calls (over one json_extract's paths), items that are not objects left out."""
     from raysleuth.recorder.reading import tails
