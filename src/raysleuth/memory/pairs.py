@@ -33,7 +33,7 @@ def _median_in_place(values) -> float:
     first = half if len(values) % 2 else half - 1  # the lower middle order statistic
     if len(values) >= 4096:
         sample = np.sort(values[:: len(values) // 1024])
-        spread = 3 * int(math.sqrt(len(sample))) + 1
+        spread = 2 * int(math.sqrt(len(sample))) + 1  # four standard errors of the sample's middle
         low = sample[max(0, len(sample) // 2 - spread)]
         high = sample[min(len(sample) - 1, len(sample) // 2 + spread)]
         below = int(np.count_nonzero(values < low))
