@@ -45,6 +45,15 @@ def _median_in_place(values) -> float:
     return _middle(values, half, first, partitioned=True)
 
 
+def _median_list(values: list[float]) -> float:
+    """``np.median`` of a short list of floats (a fifth of a window), the same value, without numpy's overhead."""
+    if not values or any(value != value for value in values):
+        return math.nan
+    ordered = sorted(map(float, values))
+    half = len(ordered) // 2
+    return ordered[half] if len(ordered) % 2 else (ordered[half - 1] + ordered[half]) / 2
+
+
 def _middle(values, half: int, first: int, *, partitioned: bool = False) -> float:
     """The median from ``values`` sorted, or partitioned at ``half`` (the lower middle is then the largest below)."""
     middle = float(values[half])

@@ -37,6 +37,7 @@ from typing import Any, Literal
 from raysleuth.memory.pairs import (
     _mann_kendall_s,
     _median_in_place,
+    _median_list,
     _pair_differences,
     _pairs,
     _scratch,
@@ -208,13 +209,13 @@ def _judge(ys: list[float], policy: LeakPolicy, *, evidence: bool = True) -> dic
 
     n = len(ys)
     k = max(2, n // 5)
-    start, end = float(np.median(ys[:k])), float(np.median(ys[-k:]))
+    start, end = _median_list(ys[:k]), _median_list(ys[-k:])
     trend = kendall_tau(ys) if evidence else None
     half = n // 2
     floor_growth = float(min(ys[half:]) - min(ys[:half]))
     third = max(3, n // 3)
     recent, earlier = ys[-third:], ys[:-third]
-    recent_growth = float(np.median(recent[-max(2, third // 3):]) - max(earlier)) if earlier else 0.0
+    recent_growth = float(_median_list(recent[-max(2, third // 3):]) - max(earlier)) if earlier else 0.0
     base = min(ys[:half]) if half else start
     growth = end - start
     # every sample above the one before (tau near 1): steadiness is the evidence, size only needs the byte floor
