@@ -235,7 +235,7 @@ def tails(store, ids: list[int], columns: Sequence[str], arrays: Sequence[str],
             rows = {row[0]: row for row in _rows(store, header(chunk, False), list(chunk), malformed=_Malformed)}
         except _Malformed:  # a row that is not JSON: read as it is, its arrays as none
             rows = {row[0]: row for row in _rows(store, header(chunk, True), list(chunk))}
-        for full in map(rows.pop, order):
+        for full in filter(None, (rows.pop(record_id, None) for record_id in order)):  # gone meanwhile: left out
             row, texts = full[:len(selected)], iter(full[len(selected):])
             data = loads(row[at]) if isinstance(row[at], str) else None
             found: dict[str, list[Any]] = {}
