@@ -26,6 +26,23 @@ def old_mann_kendall_s(values) -> int:
     return int(np.sign(ys[j] - ys[i]).sum())
 
 
+def old_theil_sen(x, y, *, max_points: int = 300) -> tuple[float, float]:
+    """Every pair's slope in fresh arrays, and numpy's median, as theil_sen counted them."""
+    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if len(xs) < 2:
+        return 0.0, float(ys[0]) if len(ys) else 0.0
+    if len(xs) > max_points:
+        keep = np.linspace(0, len(xs) - 1, max_points).round().astype(int)
+        xs, ys = xs[keep], ys[keep]
+    i, j = np.triu_indices(len(xs), k=1)
+    dx = xs[j] - xs[i]
+    usable = dx != 0
+    if not usable.any():
+        return 0.0, float(np.median(ys))
+    slope = float(np.median((ys[j] - ys[i])[usable] / dx[usable]))
+    return slope, float(np.median(ys - slope * xs))
+
+
 def old_summarise(records: list, policy: LeakPolicy | None = None) -> WorkerMemory:
     """One worker's :class:`WorkerMemory` from its ``memory`` records (one source, time order)."""
     last = records[-1]

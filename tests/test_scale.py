@@ -24,6 +24,7 @@ from scale_reference import (
     old_judge,
     old_mann_kendall_s,
     old_memory_report,
+    old_theil_sen,
     old_timeline_summary_rows,
 )
 from scale_reference import normal_events as _events
@@ -33,7 +34,8 @@ from raysleuth.collectives import match
 from raysleuth.collectives.model import _call_at, positions_from_records
 from raysleuth.collectives.report import read_collectives
 from raysleuth.memory import memory_report
-from raysleuth.memory.trend import LeakPolicy, _judge, _mann_kendall_s, kendall_tau
+from raysleuth.memory.pairs import _median_in_place, _median_list
+from raysleuth.memory.trend import LeakPolicy, _judge, _mann_kendall_s, kendall_tau, theil_sen
 from raysleuth.options import format_ranks, parse_ranks
 from raysleuth.recorder.store import EvidenceStore
 from raysleuth.timeline import export_timeline, summarize_steps, timeline_summary
@@ -109,6 +111,41 @@ def test_the_leak_test_counts_every_pair_in_n_log_n():
     assert tau == 1.0 and z > 50
 
 
+def test_the_median_of_the_pairs_is_numpys_median():
+    """Selected among the values around the middle: the same value as np.median, ties, NaN and infinities too."""
+    rng = np.random.default_rng(41)
+    for n in (1, 2, 3, 4095, 4096, 4097, 41_328, 41_329):
+        for values in (rng.normal(size=n), rng.integers(0, 3, n) * 1.0, np.full(n, 2.5), np.sort(rng.normal(size=n)),
+                       np.repeat([0.0, 1.0], [n // 2, n - n // 2]), rng.standard_cauchy(n),
+                       np.where(rng.random(n) < 0.3, np.inf, rng.normal(size=n)),
+                       rng.integers(-8, 8, n) * 2.0**20 / (10 * rng.integers(1, 288, n))):
+            expected, got = float(np.median(values)), _median_in_place(values.copy())
+            assert got == expected or (np.isnan(got) and np.isnan(expected)), n
+    for n in range(1, 70):  # a fifth of a window, as the leak test's levels read it
+        for values in (rng.normal(size=n), rng.integers(0, 3, n) * 1.0, np.where(rng.random(n) < 0.3, np.inf, -np.inf)):
+            with np.errstate(invalid="ignore"):  # inf and -inf in the middle: NaN, both ways
+                expected = float(np.median(values))
+            got = _median_list(values.tolist())
+            assert got == expected or (np.isnan(got) and np.isnan(expected)), n
+    with_nan = rng.normal(size=50_000)
+    with_nan[7] = np.nan
+    assert np.isnan(_median_in_place(with_nan))
+
+
+def test_theil_sen_answers_as_every_pair_in_fresh_arrays():
+    """Times, steps that repeat (pairs of equal x left out), one x only, noisy plateaus and slopes, thinned."""
+    rng = np.random.default_rng(8)
+    for trial in range(120):
+        n = int(rng.integers(2, 700))
+        x = np.sort(rng.integers(0, max(2, n // (1 + trial % 3)), n)).astype(float)
+        if trial % 5 == 0:
+            x = np.arange(n) * 10.0
+        if trial % 7 == 0:
+            x = np.zeros(n)
+        y = 6e9 + rng.integers(-8, 8, n) * 2.0**20 + rng.integers(0, 3) * x * 2.0**14
+        assert theil_sen(x.tolist(), y.tolist()) == old_theil_sen(x.tolist(), y.tolist()), trial
+
+
 def test_the_leak_test_counts_its_trend_tests_only_where_they_decide():
     """Each pattern needs growth of some size: the Kendall tests skipped where it is missing change no pattern."""
     rng = np.random.default_rng(5)
@@ -177,6 +214,39 @@ def test_collectives_read_the_newest_dump_of_each_rank(run):
     assert new.to_dict() == old.to_dict()
     assert [culprit.rank for culprit in new.culprits] == [7]
     assert "ranks 0-6,8-" in new.culprits[0].reason  # the waiting ranks as ranges, not 99 numbers
+
+
+def _cut(record: dict, arrays: tuple, keep: int) -> dict:
+    """A stored dump with each array cut in Python to its newest ``keep`` items per group, objects only."""
+    data = record["data"]
+    groups = data.get("groups")
+    limit = keep * max(1, len(groups) if isinstance(groups, (dict, list)) else 1)
+    for path in arrays:
+        *parents, last = path.split(".")
+        place = data
+        for name in parents:
+            place = place.get(name) if isinstance(place, dict) else None
+        if isinstance(place, dict) and last in place:
+            items = place[last] if isinstance(place[last], list) else []
+            place[last] = [item for item in items[-limit:] if isinstance(item, dict)]
+    return record
+
+
+def test_the_newest_dumps_read_in_sql_are_the_stored_dumps_cut_in_python(run):
+    """Every worker's newest dump (and the one that is not JSON), in (time, id) order, its arrays cut as Python
+    cuts them: one statement for the rows and their newest entries, the order taken from the ids."""
+    from raysleuth.recorder.reading import newest_per_worker, tail_records
+    from raysleuth.recorder.store import COLUMNS
+
+    store = _open(run)
+    ids = newest_per_worker(store, "collectives")
+    arrays = ("calls", "flight_recorder.entries")
+    fast = tail_records(store, ids, COLUMNS, arrays, 64)
+    wanted = set(ids)
+    slow = sorted((_cut(row.to_dict(), arrays, 64) for row in store.query("collectives") if row.id in wanted),
+                  key=lambda record: (record["time"], record["id"]))
+    assert fast == slow
+    assert len(fast) > 100 and any(len(record["data"].get("calls", [])) == 64 for record in fast)
 
 
 def test_the_newest_entries_are_picked_in_sql_as_python_would_cut_them(tmp_path):

@@ -107,11 +107,15 @@ def _align(name, info, positions, dead, pending_after, last) -> GroupAlignment:
 
 def _mismatch(name, label, members, dead) -> list[Finding]:
     """The first sequence number at which ranks called different collectives."""
-    seqs = sorted({s for item in members.values() for s in item.groups[name]})
+    tables = [(r, item.groups[name]) for r, item in members.items()]
+    seqs = sorted({s for _, table in tables for s in table})
     for seq in seqs:
-        here = {r: item.groups[name][seq] for r, item in members.items() if seq in item.groups[name]}
+        here = {r: table[seq] for r, table in tables if seq in table}
         if len(here) < 2:
             continue
+        first = next(iter(here.values()))
+        if all(entry.op == first.op and entry.inputs == first.inputs for entry in here.values()):
+            continue  # the same call everywhere: one signature (compared without building them)
         by_sig: dict[tuple, list[int]] = defaultdict(list)
         for rank, entry in here.items():
             by_sig[entry.signature()].append(rank)

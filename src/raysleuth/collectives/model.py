@@ -159,24 +159,30 @@ def entries_from_dump(data: dict[str, Any]) -> dict[str, dict[int, Entry]]:
         for call in calls:
             by_group[str(call.get("pg"))].append(call)
         sorted_calls = {group: _Calls(listed) for group, listed in by_group.items()}
+        done_in: dict[str, int] = {}
         for raw in fr:
-            if raw.get("is_p2p") or not raw.get("collective_seq_id"):
+            get = raw.get
+            if get("is_p2p") or not get("collective_seq_id"):
                 continue
-            group = str((raw.get("process_group") or ["?"])[0])
+            group = str((get("process_group") or ["?"])[0])
             seq = int(raw["collective_seq_id"])
-            created = raw.get("time_created_ns")
-            joined = sorted_calls[group].at(int(created) if isinstance(created, (int, float)) else None) \
-                if group in sorted_calls else None
-            done = _int((status.get(group) or {}).get("last_completed_collective"), -1)
-            blocking = str(raw.get("profiling_name") or "").startswith("gloo:")
-            state = "completed" if seq <= done or (blocking and _returned_around(joined, raw.get("time_created_ns"))) \
-                else "pending"
+            created = get("time_created_ns")
+            group_calls = sorted_calls.get(group)
+            joined = group_calls.at(int(created) if isinstance(created, (int, float)) else None) \
+                if group_calls is not None else None
+            done = done_in.get(group)
+            if done is None:
+                done = done_in[group] = _int((status.get(group) or {}).get("last_completed_collective"), -1)
+            profiled = get("profiling_name")
+            label = str(profiled) if profiled else None
+            blocking = label is not None and label.startswith("gloo:")
+            state = "completed" if seq <= done or (blocking and _returned_around(joined, created)) else "pending"
             if joined is not None and joined.get("state") == "error":
                 state = "error"
-            inputs = [[list(shape), _DTYPES.get(dtype, str(dtype).lower())]
-                      for shape, dtype in zip(raw.get("input_sizes") or [], raw.get("input_dtypes") or [])]
-            groups[group][seq] = _entry(seq, str(raw.get("profiling_name") or "?").split(":")[-1], inputs, state,
-                                        (raw.get("time_created_ns") or 0) / 1e9 or None, joined)
+            inputs = [[list(shape), _dtype(dtype)] for shape, dtype in zip(get("input_sizes") or [],
+                                                                           get("input_dtypes") or [])]
+            groups[group][seq] = _entry(seq, label.split(":")[-1] if label is not None else "?", inputs, state,
+                                        (created or 0) / 1e9 or None, joined)
         return dict(groups)
     for call in calls:
         state = {"started": "pending", "error": "error"}.get(str(call.get("state")), "completed")
@@ -184,6 +190,12 @@ def entries_from_dump(data: dict[str, Any]) -> dict[str, dict[int, Entry]]:
                                                                 list(call.get("input") or []), state,
                                                                 (call.get("start_ns") or 0) / 1e9 or None, call)
     return dict(groups)
+
+
+def _dtype(name: Any) -> str:
+    """torch's dtype name in a Flight Recorder entry (``Float``) as the wrapper writes it (``float32``)."""
+    known = _DTYPES.get(name)
+    return known if known is not None else str(name).lower()
 
 
 def _int(value: Any, default: int) -> int:
@@ -199,9 +211,10 @@ class _Calls:
     __slots__ = ("calls", "starts")
 
     def __init__(self, calls: list[dict]) -> None:
-        order = sorted(range(len(calls)), key=lambda k: (_start(calls[k]), k))
+        starts = [_start(call) for call in calls]
+        order = sorted(range(len(calls)), key=starts.__getitem__)  # stable: equal starts in list order
         self.calls = [(calls[k], k) for k in order]
-        self.starts = [_start(calls[k]) for k in order]
+        self.starts = [starts[k] for k in order]
 
     def at(self, created_ns: int | None) -> dict | None:
         """The wrapper call during which torch created this entry (the last one started before it).
@@ -264,7 +277,12 @@ def _dumped_at(dump: evidence.Collectives) -> float:
 
 def latest_job(records: Iterable[dict[str, Any]]) -> str | None:
     """The job of the newest record (a run may hold several jobs' collectives)."""
-    newest = max(map(evidence.Collectives.from_record_dict, records), key=_dumped_at, default=None)
+    return newest_job(map(evidence.Collectives.from_record_dict, records))
+
+
+def newest_job(dumps: Iterable[evidence.Collectives]) -> str | None:
+    """:func:`latest_job` of dumps already read (a dump's fields are checked once, not once per question)."""
+    newest = max(dumps, key=_dumped_at, default=None)
     return newest.job_id if newest else None
 
 
@@ -274,10 +292,15 @@ def positions_from_records(records: Iterable[dict[str, Any]], *, alive: set | No
 
     ``alive``: the (node_ip, pid) pairs still running (None: unknown).
     """
-    records = list(records)
-    job = job if job is not None else latest_job(records)
+    return positions_from_dumps(list(map(evidence.Collectives.from_record_dict, records)), alive=alive, job=job)
+
+
+def positions_from_dumps(dumps: list[evidence.Collectives], *, alive: set | None = None,
+                         job: str | None = None) -> list[RankPositions]:
+    """:func:`positions_from_records` of dumps already read."""
+    job = job if job is not None else newest_job(dumps)
     ranks: dict[int, RankPositions] = {}
-    for dump in sorted(map(evidence.Collectives.from_record_dict, records), key=_dumped_at):
+    for dump in sorted(dumps, key=_dumped_at):
         data = dump.raw
         if job is not None and dump.job_id not in (None, job):
             continue

@@ -16,7 +16,7 @@ from typing import Any
 
 from raysleuth import cluster, evidence
 from raysleuth.collectives.matcher import PENDING_AFTER, match
-from raysleuth.collectives.model import CollectiveVerdict, latest_job, positions_from_records
+from raysleuth.collectives.model import CollectiveVerdict, newest_job, positions_from_dumps
 from raysleuth.recorder import get_writer, open_store
 from raysleuth.recorder.reading import bulk, newest_per_worker, tail_records
 from raysleuth.recorder.store import COLUMNS
@@ -117,10 +117,18 @@ def read_collectives(store, job: str | None = None) -> list[dict[str, Any]]:
     SQLite picks those entries by their place from the end of each array: a 180 KB dump is never parsed or
     moved whole in Python.
     """
+    return _read_dumps(store, job)[0]
+
+
+def _read_dumps(store, job: str | None) -> tuple[list[dict[str, Any]], list[evidence.Collectives]]:
+    """:func:`read_collectives`, and each record read as a dump (its fields checked once)."""
     ids = newest_per_worker(store, "collectives")[-RECORD_LIMIT:]
-    records = tail_records(store, ids, COLUMNS, ("calls", "flight_recorder.entries"), READ_PER_GROUP)
-    job = job if job is not None else latest_job(records)
-    return [r for r in records if job is None or evidence.Collectives.from_record_dict(r).job_id in (None, job)]
+    with bulk():
+        records = tail_records(store, ids, COLUMNS, ("calls", "flight_recorder.entries"), READ_PER_GROUP)
+        dumps = [evidence.Collectives.from_record_dict(r) for r in records]
+    job = job if job is not None else newest_job(dumps)
+    kept = [k for k, dump in enumerate(dumps) if job is None or dump.job_id in (None, job)]
+    return [records[k] for k in kept], [dumps[k] for k in kept]
 
 
 def collect_collectives(address: str | None = None, *, run: str | None = None, home: Path | str | None = None,
@@ -137,27 +145,26 @@ def collect_collectives(address: str | None = None, *, run: str | None = None, h
         cluster.connect(address)
         run = cluster.session_name()
     store = open_store(run, home=home)
-    try:
-        answered: set[int] = set()
-        if live and request:
-            request_id, asked_at = request_dump(wait, home=home)
-            if request_id is None:
-                notes.append("could not reach raysleuth's writer to ask for a dump; using stored dumps")
-            else:
-                answered = _wait_for_answers(store, request_id, asked_at, wait, job)
-        with bulk():
-            records = read_collectives(store, job)
-    finally:
-        store.close()
-    alive = _alive_processes() if live else None
-    with bulk():
-        positions = positions_from_records(records, alive=alive, job=job)
+    with bulk():  # a thousand dumps' entries stay alive until the verdict: nothing for the collector to walk
+        try:
+            answered: set[int] = set()
+            if live and request:
+                request_id, asked_at = request_dump(wait, home=home)
+                if request_id is None:
+                    notes.append("could not reach raysleuth's writer to ask for a dump; using stored dumps")
+                else:
+                    answered = _wait_for_answers(store, request_id, asked_at, wait, job)
+            records, dumps = _read_dumps(store, job)
+        finally:
+            store.close()
+        alive = _alive_processes() if live else None
+        positions = positions_from_dumps(dumps, alive=alive, job=job)
         verdict = match(positions, pending_after=pending_after, last=last, group=group)
     if records and live and request_id and positions and not answered:
         notes.append(f"no worker answered the dump request within {wait:.0f}s; positions are from earlier dumps")
-    if positions and any(evidence.Collectives.from_record_dict(r).detail is False for r in records):
+    if positions and any(dump.detail is False for dump in dumps):
         notes.append(LIGHT_NOTE)
-    job_id = job or latest_job(records)
+    job_id = job or newest_job(dumps)
     ranks = [{"rank": p.rank, "pid": p.pid, "node_ip": p.node_ip, "alive": p.alive, "dumped_at": p.dumped_at}
              for p in positions]
     seen = sorted({str(info.get("desc") or name) if info.get("desc") not in (None, "", "undefined") else name

@@ -29,10 +29,20 @@ line (slope, R²) is still reported as evidence.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
+import operator
 from collections.abc import Sequence
 from typing import Any, Literal
+
+from raysleuth.memory.pairs import (
+    _mann_kendall_s,
+    _median_in_place,
+    _median_list,
+    _pair_differences,
+    _pairs,
+    _scratch,
+    _value_differences,
+)
 
 __all__ = ["LeakPolicy", "LeakVerdict", "TrendFit", "detect_leak", "fit_trend", "kendall_tau", "leaks", "theil_sen"]
 
@@ -65,28 +75,20 @@ def theil_sen(x: Sequence[float], y: Sequence[float], *, max_points: int = 300) 
     if len(xs) > max_points:
         keep = np.linspace(0, len(xs) - 1, max_points).round().astype(int)
         xs, ys = xs[keep], ys[keep]
-    i, j = _pairs(len(xs))
-    dx = xs[j] - xs[i]
-    usable = dx != 0
-    if usable.all():  # distinct x (times): no pair to drop, no copies
-        slopes = (ys[j] - ys[i]) / dx
-    elif not usable.any():
+    dx, dy, other = _scratch(len(_pairs(len(xs))[0]))
+    _pair_differences(xs, dx, other)
+    usable = np.count_nonzero(dx)
+    if usable == len(dx):  # distinct x (times): no pair to drop; the slopes in reused buffers, nothing allocated
+        slopes = np.divide(_value_differences(ys, other), dx, out=dy)
+    elif not usable:
         return 0.0, float(np.median(ys))
-    else:
-        slopes = (ys[j] - ys[i])[usable] / dx[usable]
-    slope = float(np.median(slopes, overwrite_input=True))
+    else:  # repeated x (steps: two samples in one step): the pairs of distinct x only
+        kept = dx != 0
+        slopes = np.compress(kept, np.divide(_value_differences(ys, other), dx, out=dy, where=kept),
+                             out=other[:usable])
+    slope = _median_in_place(slopes)
     intercept = float(np.median(ys - slope * xs))
     return slope, intercept
-
-
-@functools.lru_cache(maxsize=8)
-def _pairs(n: int):
-    """Every index pair i < j of n points (cached: a run's workers share a few lengths; at most 600 points)."""
-    import numpy as np
-
-    i, j = np.triu_indices(n, k=1)
-    i.flags.writeable = j.flags.writeable = False
-    return i, j
 
 
 EVIDENCE_POINTS = 300
@@ -190,36 +192,6 @@ def kendall_tau(values: Sequence[float]) -> tuple[float, float]:
     return s / pairs, float(z)
 
 
-def _mann_kendall_s(ys) -> int:
-    """Sum over i < j of sign(ys[j] - ys[i]): per level, each right block against its sorted left sibling."""
-    import numpy as np
-
-    n = len(ys)
-    if n <= 600:  # pairwise is faster here (the pairs are cached per length)
-        i, j = _pairs(n)
-        return int(np.sign(ys[j] - ys[i]).sum())
-    ranks = np.unique(ys, return_inverse=True)[1].astype(np.int64).reshape(-1)  # equal values, equal ranks
-    size = 1 << (n - 1).bit_length()
-    padded = np.zeros(size, dtype=np.int64)
-    padded[:n] = ranks
-    valid = np.arange(size) < n  # padding sits at the end: it is never left of a real sample
-    key = int(ranks.max()) + 2
-    total, block = 0, 1
-    while block < size:
-        pairs = padded.reshape(-1, 2, block)
-        rows = np.arange(pairs.shape[0], dtype=np.int64)[:, None] * key
-        left = (np.sort(pairs[:, 0, :], axis=1) + rows).reshape(-1)
-        right = (pairs[:, 1, :] + rows).reshape(-1)
-        mask = valid.reshape(-1, 2, block)[:, 1, :].reshape(-1)
-        below = np.searchsorted(left, right, "left")
-        above = np.searchsorted(left, right, "right")
-        starts = np.repeat(np.arange(pairs.shape[0], dtype=np.int64) * block, block)
-        # later sample above an earlier one: +1; below: -1
-        total += int(((below - starts) - (starts + block - above))[mask].sum())
-        block *= 2
-    return total
-
-
 def _growth_is_large(growth: float, start: float, policy: LeakPolicy, fraction_needed: float | None = None) -> bool:
     fraction = growth / start if start > 0 else (1.0 if growth > 0 else 0.0)
     needed = policy.min_growth_fraction if fraction_needed is None else fraction_needed
@@ -237,13 +209,13 @@ def _judge(ys: list[float], policy: LeakPolicy, *, evidence: bool = True) -> dic
 
     n = len(ys)
     k = max(2, n // 5)
-    start, end = float(np.median(ys[:k])), float(np.median(ys[-k:]))
+    start, end = _median_list(ys[:k]), _median_list(ys[-k:])
     trend = kendall_tau(ys) if evidence else None
     half = n // 2
     floor_growth = float(min(ys[half:]) - min(ys[:half]))
     third = max(3, n // 3)
     recent, earlier = ys[-third:], ys[:-third]
-    recent_growth = float(np.median(recent[-max(2, third // 3):]) - max(earlier)) if earlier else 0.0
+    recent_growth = float(_median_list(recent[-max(2, third // 3):]) - max(earlier)) if earlier else 0.0
     base = min(ys[:half]) if half else start
     growth = end - start
     # every sample above the one before (tau near 1): steadiness is the evidence, size only needs the byte floor
@@ -277,10 +249,13 @@ def _steady(trend: tuple[float, float], large: bool, policy: LeakPolicy) -> bool
     return tau >= policy.min_tau and z >= 2.5 and (large or tau >= 0.9)
 
 
+_TIME = operator.itemgetter(0)
+
+
 def _window(times, values, steps, policy: LeakPolicy) -> tuple[list, list]:
     """(every point, the points after warm-up), points as (time, value, step) in time order."""
     points = [(float(t), float(v), s) for t, v, s in zip(times, values, steps or [None] * len(times)) if v is not None]
-    points.sort(key=lambda point: point[0])
+    points.sort(key=_TIME)  # stable, as a sort by each point's time
     first_time = points[0][0] if points else 0.0
     skip = int(math.ceil(len(points) * policy.warmup_fraction)) if len(points) >= 2 else 0
     return points, [p for p in points[skip:] if p[0] - first_time >= policy.warmup_seconds]

@@ -207,7 +207,9 @@ def tails(store, ids: list[int], columns: Sequence[str], arrays: Sequence[str],
     An array keeps its last ``keep`` items per entry of ``$.groups`` (at least ``keep``); an item that is
     not an object is left out. SQLite picks the items by their place from the end (``$.calls[#-1]``, many
     paths in one ``json_extract``: one parse of the dump, only those items written out), so a reader that
-    needs the newest positions of big dumps never parses or moves a whole dump in Python.
+    needs the newest positions of big dumps never parses or moves a whole dump in Python. The newest ``keep``
+    of every array come in the same statement as the rows (one parse of each dump for all of its arrays); a
+    dump of more groups asks again for its longer tails.
     """
     for path in arrays:
         if not _FIELD.match(path):
@@ -215,25 +217,34 @@ def tails(store, ids: list[int], columns: Sequence[str], arrays: Sequence[str],
     removed = f"json_remove(data, {', '.join(repr(f'$.{path}') for path in arrays)})"
     selected = ["id"] + ["NULL" if store.schema_version < 2 and c == "job_id" else c for c in columns]
     at = selected.index("data")
+    newest = [_items_sql(path, keep) for path in arrays]
 
     def header(chunk: list[int], guarded: bool) -> str:
         parts = list(selected)
         parts[at] = f"CASE WHEN json_valid(data) THEN {removed} ELSE data END" if guarded else removed
-        return f"SELECT {', '.join(parts)} FROM records WHERE id IN ({','.join('?' * len(chunk))}) ORDER BY time, id"
+        parts += [f"CASE WHEN json_valid(data) THEN {sql} END" if guarded else sql for calls in newest for sql in calls]
+        return f"SELECT {', '.join(parts)} FROM records WHERE id IN ({','.join('?' * len(chunk))})"
 
     for start in range(0, len(ids), 5000):
         chunk = ids[start:start + 5000]
+        # the order from the ids alone: sorting the rows themselves (the entries' text, 45 KB a dump) spilled
+        # SQLite's sorter to a temporary file and back
+        order = [row[0] for row in _rows(store, f"SELECT id FROM records WHERE id IN ({','.join('?' * len(chunk))})"
+                                                " ORDER BY time, id", list(chunk))]
         try:
-            rows = list(_rows(store, header(chunk, False), list(chunk), malformed=_Malformed))
+            rows = {row[0]: row for row in _rows(store, header(chunk, False), list(chunk), malformed=_Malformed)}
         except _Malformed:  # a row that is not JSON: read as it is, its arrays as none
-            rows = list(_rows(store, header(chunk, True), list(chunk)))
-        for row in rows:
+            rows = {row[0]: row for row in _rows(store, header(chunk, True), list(chunk))}
+        for full in filter(None, (rows.pop(record_id, None) for record_id in order)):  # gone meanwhile: left out
+            row, texts = full[:len(selected)], iter(full[len(selected):])
             data = loads(row[at]) if isinstance(row[at], str) else None
             found: dict[str, list[Any]] = {}
             if isinstance(data, dict):
                 groups = data.get("groups")
                 limit = keep * max(1, len(groups) if isinstance(groups, (dict, list)) else 1)
-                found = {path: _newest_items(store, row[0], path, limit) for path in arrays}
+                for path, calls in zip(arrays, newest):
+                    read = [next(texts) for _ in calls]
+                    found[path] = _newest_items(store, row[0], path, limit) if limit != keep else _items(read)
             yield row, found
 
 
@@ -259,13 +270,29 @@ def tail_records(store, ids: list[int], columns: Sequence[str], arrays: Sequence
 _PATHS_A_CALL = 100
 
 
-def _newest_items(store, record_id: int, path: str, limit: int) -> list[Any]:
-    """The last ``limit`` items of the array at ``path`` in one record's data that are objects, oldest first."""
-    items: list[Any] = []
+def _item_paths(path: str, limit: int) -> Iterator[list[str]]:
+    """The JSON paths of the last ``limit`` items of the array at ``path``, newest first, at most
+    :data:`_PATHS_A_CALL` a call, each call's list ending in one item more (two or more paths: a JSON array back)."""
     for first in range(1, limit + 1, _PATHS_A_CALL):
         back = range(first, min(limit, first + _PATHS_A_CALL - 1) + 1)
-        paths = [f"$.{path}[#-{k}]" for k in back] + [f"$.{path}[#-{limit + 1}]"]  # two or more: a JSON array back
-        sql = f"SELECT json_extract(data, {', '.join('?' * len(paths))}) FROM records WHERE id = ?"
-        text = next(_rows(store, sql, [*paths, record_id]))[0]
+        yield [f"$.{path}[#-{k}]" for k in back] + [f"$.{path}[#-{limit + 1}]"]
+
+
+def _items_sql(path: str, limit: int) -> list[str]:
+    """:func:`_item_paths` as ``json_extract`` calls to put in a SELECT (the paths are checked: quoted as they are)."""
+    return [f"json_extract(data, {', '.join(repr(p) for p in paths)})" for paths in _item_paths(path, limit)]
+
+
+def _items(texts: Iterable[str | None]) -> list[Any]:
+    """The items that are objects, oldest first, from the JSON arrays of :func:`_item_paths`' calls."""
+    items: list[Any] = []
+    for text in texts:
         items.extend(loads(text, [])[:-1])
     return [item for item in reversed(items) if isinstance(item, dict)]
+
+
+def _newest_items(store, record_id: int, path: str, limit: int) -> list[Any]:
+    """The last ``limit`` items of the array at ``path`` in one record's data that are objects, oldest first."""
+    sql = "SELECT json_extract(data, {}) FROM records WHERE id = ?"
+    return _items(next(_rows(store, sql.format(", ".join("?" * len(paths))), [*paths, record_id]))[0]
+                  for paths in _item_paths(path, limit))
