@@ -53,7 +53,7 @@ class _Series:
         ranked = [k for k in range(len(rows)) if rows[k][2] is not None]
         if ranked and (float(times[ranked[-1]]), int(ids[ranked[-1]])) >= self._rank_at:
             self.rank, self._rank_at = rows[ranked[-1]][2], (float(times[ranked[-1]]), int(ids[ranked[-1]]))
-        steps = columns[3]
+        steps: Any = columns[3]
         if not set(map(type, steps)) <= _STEPS:  # SQLite gives ints and None: anything else reads as no step
             steps = [s if isinstance(s, int) and not isinstance(s, bool) else None for s in steps]
         self.chunks.append((times, ids, _floats(steps), *(_floats(c) for c in columns[9:])))
