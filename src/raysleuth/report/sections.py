@@ -19,8 +19,7 @@ from typing import Any
 from raysleuth.collectives import match
 from raysleuth.collectives.model import positions_from_records
 from raysleuth.evidence import Consistency, Crash, Death, DoctorRun, Log, StackRun, TasksRun
-from raysleuth.timeline.model import _number
-from raysleuth.timeline.summary import phase_rows, stragglers_of
+from raysleuth.timeline.summary import phases_from_totals, stragglers_of
 
 __all__ = [
     "collective_section",
@@ -251,7 +250,8 @@ def span_section(totals: Iterable[tuple[int, int, str, float]]) -> dict[str, Any
                for phase in ordered}
         for rank in ranks
     }
-    rows = phase_rows(_grouped(table))
+    rows = phases_from_totals((step, phase, rank, seconds) for step, by_rank in table.items()
+                              for rank, by_phase in by_rank.items() for phase, seconds in by_phase.items())
     index = {step: number for number, step in enumerate(steps)}
     stragglers = [{"step": row.step, "rank": int(row.slowest), "phase": row.phase, "seconds": round(row.slowest_s, 4),
                    "median": round(row.median_s, 4), "ratio": round(row.lag_ratio, 2),
@@ -260,27 +260,3 @@ def span_section(totals: Iterable[tuple[int, int, str, float]]) -> dict[str, Any
     return {"steps": steps, "ranks": ranks, "phases": sorted(phases), "totals": step_totals,
             "mean_phase": mean_phase, "stragglers": stragglers}
 
-
-def _grouped(table: dict[int, dict[int, dict[str, float]]]) -> dict[tuple[int, str], dict[str, float]]:
-    """Seconds per (step, phase) and rank (``"3"``), as :func:`~raysleuth.timeline.summary.phases_from_totals`
-    groups (step, phase, rank, seconds) totals: Ray calls left out, a number that is not finite read as 0."""
-    grouped: dict[tuple[int, str], dict[str, float]] = {}
-    labels: dict[int, str] = {}
-    kept: dict[str, str | None] = {}
-    for step, by_rank in table.items():
-        for rank, by_phase in by_rank.items():
-            who = labels.get(rank)
-            if who is None:
-                who = labels[rank] = str(rank)
-            for phase, seconds in by_phase.items():
-                name = kept.get(phase, "")
-                if name == "":
-                    name = kept[phase] = None if str(phase).startswith("ray.call:") else str(phase)
-                if name is None:
-                    continue
-                durations = grouped.get((int(step), name))
-                if durations is None:
-                    durations = grouped[(int(step), name)] = {}
-                value = seconds if type(seconds) is float and seconds - seconds == 0 else _number(seconds, 0.0)
-                durations[who] = durations.get(who, 0.0) + value
-    return grouped
