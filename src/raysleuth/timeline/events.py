@@ -81,15 +81,19 @@ def _value(value: Any) -> str:
         return encode_basestring_ascii(value)
     if value is None:
         return "null"
-    if kind is float and value - value == 0:
-        return float.__repr__(value)
+    if kind is float:
+        return _float_text(value)
     return _encode(value)
+
+
+def _float_text(value: float) -> str:
+    """A float as the C encoder spells it (``repr``; ``NaN``/``Infinity`` where it is not finite)."""
+    return float.__repr__(value) if value - value == 0 else _encode(value)
 
 
 def _us_text(seconds: float) -> str:
     """:func:`~raysleuth.timeline.model._us` of ``seconds`` as JSON text."""
-    value = round(seconds * 1e6, 1)
-    return float.__repr__(value) if value - value == 0 else _encode(value)
+    return _float_text(round(seconds * 1e6, 1))
 
 
 class _Writer:
@@ -197,9 +201,7 @@ class _Writer:
                 if number is None:
                     if len(spelled_values) > 100_000:
                         spelled_values.clear()
-                    rounded = round(float(value) / 2**20, 2)
-                    number = spelled_values[value] = (float.__repr__(rounded) if rounded - rounded == 0
-                                                      else _encode(rounded))
+                    number = spelled_values[value] = _float_text(round(float(value) / 2**20, 2))
                 parts.append(spelled + number)
         if not parts:
             return None
