@@ -174,3 +174,26 @@ def test_a_spool_whose_pid_now_names_a_younger_process_is_abandoned(tmp_path):
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_a_spool_whose_writer_was_killed_and_not_yet_reaped_is_abandoned(tmp_path):
+    """A Ray worker ended with SIGKILL is a zombie until its raylet waits for it, and the driver hears of the
+    death first: its pid still answers a signal, but its files must be taken (the CI once read nothing here)."""
+    import socket
+
+    folder = spool.node_spool_dir(tmp_path, "run-z", None)
+    folder.mkdir(parents=True)
+    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        left = folder / f"{socket.gethostname()}-{writer.pid}-c1.jsonl"
+        left.write_text("")
+        writer.kill()
+        deadline = time.monotonic() + 10
+        while open(f"/proc/{writer.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":  # not waited for
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        os.kill(writer.pid, 0)  # the pid still answers: the case this test is about
+        assert left in spool.abandoned(tmp_path, "run-z", [None])
+    finally:
+        writer.kill()
+        writer.wait()

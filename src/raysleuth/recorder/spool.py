@@ -246,14 +246,18 @@ PID_REUSE_SLACK_S = 1.0
 
 
 def _younger_than(pid: int, path: Path) -> bool:
-    """The pid is live but was given to a process started after the file's last write: the writer is gone.
+    """The pid is live but was given to a process started after the file's last write, or is a zombie: the
+    writer is gone.
 
     A busy node wraps its pids within minutes (Ray starts workers all the time; ``pid_max`` is often 32768),
     and a file whose pid now names a stranger was never ingested."""
     try:
         import psutil
 
-        return psutil.Process(pid).create_time() > path.stat().st_mtime + PID_REUSE_SLACK_S
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:  # ended, not yet reaped (a killed Ray worker, until its raylet waits)
+            return True
+        return process.create_time() > path.stat().st_mtime + PID_REUSE_SLACK_S
     except ImportError:
         return False
     except Exception as error:  # gone between the two looks, or no /proc entry: gone; unreadable: keep it
