@@ -15,8 +15,8 @@ What each rank writes (``light``, the default mode; ``full`` in brackets):
 - a WARNING log every 10 minutes [an INFO log every step as well]; one
   ERROR log on rank ``culprit``;
 - a ``rank`` event, a ``joined`` collectives dump at the start and a
-  ``request`` dump at the end (256 wrapper calls and 256 Flight Recorder
-  entries): rank ``culprit`` completed #N and never entered #N+1, where
+  ``request`` dump at the end (as many wrapper calls and Flight Recorder
+  entries as a worker's dump holds, ``DUMP_LIMIT``): rank ``culprit`` completed #N and never entered #N+1, where
   every other rank waits;
 - one ``consistency`` check record per 10 minutes (rank 0 writes it).
 """
@@ -48,10 +48,13 @@ def identity(rank: int, world: int) -> dict[str, Any]:
 
 
 def _calls_and_fr(rank: int, top: int, stuck: bool, end: float) -> tuple[list, dict]:
-    """The newest 256 wrapper calls and Flight Recorder entries of one rank at the end of the run."""
+    """The newest wrapper calls and Flight Recorder entries of one rank at the end of the run, as many as a
+    worker's dump holds (``DUMP_LIMIT`` per group)."""
+    from raysleuth.collectives.record import DUMP_LIMIT
+
     last = top - 1 if stuck else top
     calls, entries = [], []
-    for seq in range(max(1, last - 255), last + 1):
+    for seq in range(max(1, last - DUMP_LIMIT + 1), last + 1):
         start_ns = int((end - 30.0 - (top - seq) * 0.05) * 1e9)  # the newest one has waited 30 s
         pending = seq == last and not stuck
         end_ns = None if pending else start_ns + 4_000_000

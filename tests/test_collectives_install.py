@@ -278,3 +278,48 @@ def test_the_wrapper_takes_the_collectives_own_parameters_and_passes_every_argum
     assert code.co_filename == wrapper.FILE and code.co_name == "collective" == forwarding.__code__.co_name
     assert linecache.getline(wrapper.FILE, code.co_firstlineno).startswith("def collective(")
     assert "_rs_args" not in code.co_varnames and "_rs_args" in forwarding.__code__.co_varnames
+
+
+def test_a_dump_holds_the_newest_entries_per_group_that_readers_read_and_answers_as_a_longer_one(tmp_path):
+    """A dump keeps :data:`ENTRIES_PER_GROUP` per process group, the newest (it kept 256, three quarters never
+    read): a worker's dump cut so gives every reader the same positions as the longer dump it used to write."""
+    result = run(f"""
+        import socket
+        import raysleuth.collectives as collectives
+        collectives.install()
+        import torch, torch.distributed as dist
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{{port}}", rank=0, world_size=1)
+        group = dist.new_group([0], group_desc="weight_sync")
+        from raysleuth.collectives.model import ENTRIES_PER_GROUP, positions_from_dumps
+        from raysleuth.collectives.record import snapshot
+        from raysleuth.collectives.report import _read_dumps
+        from raysleuth.recorder.store import EvidenceStore
+        for n in range(ENTRIES_PER_GROUP + 40):
+            dist.all_reduce(torch.ones(2))
+            if n % 20 == 0:
+                dist.broadcast(torch.ones(3), src=0, group=group)
+        cut, longer = snapshot("request"), snapshot("request", limit=256)
+        seqs = {{}}
+        for call in cut["calls"]:
+            seqs.setdefault(call["pg"], []).append(call["seq"])
+        default = [pg for pg in seqs if len(seqs[pg]) > 10][0]
+        assert seqs[default] == list(range(41, ENTRIES_PER_GROUP + 41)), seqs   # the newest, in order
+        assert [len(v) for pg, v in seqs.items() if pg != default] == [6], seqs  # a short group keeps all
+        assert len(longer["calls"]) == ENTRIES_PER_GROUP + 46
+        from raysleuth.collectives.matcher import match
+        answers = []
+        for name, data in (("cut", cut), ("longer", longer)):
+            store = EvidenceStore("{tmp_path}/" + name + ".sqlite")
+            store.write_batch({{"pid": 1, "client_id": "c"}}, [("collectives", 1.0, 0, None, None, "request", "INFO",
+                                                              data, 1)])
+            positions = positions_from_dumps(_read_dumps(store, None)[1])
+            newest = {{g: sorted((s, e.describe(), e.state) for s, e in entries.items())[-ENTRIES_PER_GROUP:]
+                      for g, entries in positions[0].groups.items()}}
+            answers.append((newest, match(positions).to_dict()))
+        assert answers[0] == answers[1] and len(answers[0][0][default]) == ENTRIES_PER_GROUP, answers
+        print("ok")
+    """, RAYSLEUTH_HOME=str(tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().endswith("ok")

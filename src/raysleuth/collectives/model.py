@@ -22,6 +22,9 @@ from typing import Any, Iterable, Literal
 from raysleuth import evidence
 
 RULE = "collective positions"
+ENTRIES_PER_GROUP = 64
+"""Entries per process group a worker's dump holds and a reader reads, the newest (the matcher shows 8; its
+pattern check needs 48). Older ones are never read: the newest already show where the ranks part."""
 _DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16", "Long": "int64",
            "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8", "Bool": "bool",
            "ComplexFloat": "complex64", "ComplexDouble": "complex128"}

@@ -45,11 +45,14 @@ from raysleuth.collectives.hook import (
     set_detail,
     wrap_collectives,
 )
+from raysleuth.collectives.model import ENTRIES_PER_GROUP
 
 FR_BUFFER_SIZE = "2000"
 """Flight Recorder entries torch keeps per process in full mode (``TORCH_FR_BUFFER_SIZE`` unless set)."""
-DUMP_LIMIT = 256
-"""At most this many entries per process group in one dump (the newest)."""
+DUMP_LIMIT = ENTRIES_PER_GROUP
+"""At most this many entries per process group in one dump (the newest): what readers read
+(:data:`~raysleuth.collectives.model.ENTRIES_PER_GROUP`). 256 before: a 1,000-rank run's two dumps a worker took
+184 MB, 29 % of its store, three quarters of it never read."""
 FULL_MODE_INTERVAL = 1.0
 HEARTBEAT_INTERVAL = 2.0
 

@@ -16,15 +16,16 @@ from typing import Any
 
 from raysleuth import cluster, evidence
 from raysleuth.collectives.matcher import PENDING_AFTER, match
-from raysleuth.collectives.model import CollectiveVerdict, newest_job, positions_from_dumps
+from raysleuth.collectives.model import ENTRIES_PER_GROUP, CollectiveVerdict, newest_job, positions_from_dumps
 from raysleuth.recorder import get_writer, open_store
 from raysleuth.recorder.reading import bulk, newest_per_worker, tail_records
 from raysleuth.recorder.store import COLUMNS
 
 CONTROL_KEY = "collectives.dump"
 RECORD_LIMIT = 20_000
-READ_PER_GROUP = 64
-"""Entries of each dump read per process group, the newest (the matcher shows 8; its pattern check needs 48)."""
+READ_PER_GROUP = ENTRIES_PER_GROUP
+"""Entries of each dump read, the newest (what a dump holds per process group; a dump written before it held
+256 is cut to these in SQL)."""
 
 
 @dataclasses.dataclass
