@@ -58,8 +58,10 @@ def test_close_spools_first_and_never_hangs_the_exit(tmp_path):
 
 
 def test_a_spool_of_a_process_that_is_gone_becomes_its_own_run_for_readers(tmp_path):
-    open_run(tmp_path, "old-run").add("log", {"message": "the previous job"})
-    folder = spool.spool_dir(tmp_path, "new-run")
+    previous = open_run(tmp_path, "old-run")
+    previous.add("log", {"message": "the previous job"})
+    previous.close()  # closed by the cyclic collector otherwise (sqlite3's statement cache holds the connection):
+    folder = spool.spool_dir(tmp_path, "new-run")  # its last write could then come after the spool's
     path = folder / f"{os.uname().nodename}-{_dead_pid()}-abc.jsonl"
     spool.append(path, {"client_id": "abc", "job_id": "05000000", "pid": 1}, [
         ["log", time.time(), 2, None, None, "train", "ERROR", {"message": "rank 2 error"}, 0],
@@ -90,7 +92,7 @@ def test_a_run_recorded_before_job_ids_is_migrated_or_read_as_it_is(tmp_path):
     assert reader.query("log", job="02000000") == [] and reader.jobs() == {}
     reader.close()
     writer = EvidenceStore(path)
-    assert writer.schema_version == SCHEMA_VERSION == 2
+    assert writer.schema_version == SCHEMA_VERSION == 3
     writer.write_batch({"client_id": "c", "job_id": "03000000"}, [["log", 2.0, 1, None, None, "n", "INFO", {}, 0]])
     assert [r.job_id for r in writer.query("log")] == [None, "03000000"]
     assert writer.jobs() == {"03000000": 1}

@@ -75,3 +75,87 @@ def test_wal_mode(tmp_path):
     store = open_run(tmp_path, "wal")
     mode = sqlite3.connect(store.path).execute("PRAGMA journal_mode").fetchone()[0]
     assert mode == "wal"
+
+
+def _identity(rank: int) -> dict:
+    """A batch header as a Ray rank's client sends it (what every row carried in a version 2 file)."""
+    return {"world_size": 64, "node_id": f"{rank // 8:056x}", "node_ip": f"10.0.0.{rank // 8 + 1}",
+            "hostname": f"gpu-node-{rank // 8:04d}", "pid": 20_000 + rank, "actor_id": f"{rank:032x}",
+            "actor_name": f"TrainWorker_rank{rank}", "actor_class": "TrainWorker", "client_id": f"client{rank:08d}",
+            "job_id": "01000000"}
+
+
+def _version_2_file(path, rows_per_rank: int) -> list[tuple]:
+    """A store written by raysleuth before version 3: every identity column in every row."""
+    from raysleuth.recorder.store import COLUMNS, MIGRATIONS
+    from raysleuth.recorder.schema import statements
+
+    db = sqlite3.connect(path)
+    for number in range(2):
+        for statement in statements(MIGRATIONS[number]):
+            db.execute(statement)
+    db.execute("PRAGMA user_version=2")
+    written = []
+    for rank in range(8):
+        header = _identity(rank)
+        for n in range(rows_per_rank):
+            row = ("heartbeat", 1000.0 + n, rank, n, None, None, None, '{"step":%d}' % n, n)
+            written.append(row + tuple(header[c] for c in COLUMNS[9:]))
+    written.append(("event", 5.0, None, None, None, "x", None, "{not json", None) + (None,) * 10)  # a foreign row
+    db.executemany(f"INSERT INTO records ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})", written)
+    db.commit()
+    db.close()
+    return written
+
+
+def test_a_version_2_file_is_migrated_with_every_record_its_identity_and_its_deliveries(tmp_path):
+    """Version 3 keeps each sender's identity once: a writer opening an older run's file moves every record
+    over (its id, its columns, its sender's), and a batch it had already stored is still stored once."""
+    from raysleuth.recorder.store import COLUMNS
+
+    path = tmp_path / "evidence.sqlite"
+    written = _version_2_file(path, 50)
+    old = EvidenceStore(path, readonly=True)
+    before = [(r.id, *(getattr(r, c) for c in COLUMNS if c != "data")) for r in old.query()]
+    assert old.schema_version == 2 and len(before) == len(written)
+    old.close()
+    store = EvidenceStore(path)
+    assert store.schema_version == SCHEMA_VERSION == 3
+    assert [(r.id, *(getattr(r, c) for c in COLUMNS if c != "data")) for r in store.query()] == before
+    assert store.query("event")[0].data == {"raw": "{not json"}
+    assert store._db.execute("SELECT COUNT(*) FROM senders").fetchone()[0] == 9  # 8 ranks and the foreign row
+    assert store.write_batch(_identity(3), [("heartbeat", 1000.0, 3, 0, None, None, None, {"step": 0}, 0)]) == 0
+    assert store.write_batch(_identity(3), [("heartbeat", 2000.0, 3, 50, None, None, None, {"step": 50}, 50)]) == 1
+    assert store.query("heartbeat", job="01000000", rank=3)[-1].actor_name == "TrainWorker_rank3"
+    assert store.jobs() == {"01000000": 401} and store.ranks() == list(range(8))
+    # the view takes what a table took: a raw insert, an update, a delete
+    store._db.execute("INSERT INTO records (kind, time, rank, data, pid) VALUES ('memory', 9.0, 3, '{}', 77)")
+    store._db.execute("UPDATE records SET data = '{\"a\": 1}' WHERE kind = 'memory'")
+    assert [(r.pid, r.data) for r in store.query("memory")] == [(77, {"a": 1})]
+    store._db.execute("DELETE FROM records WHERE kind = 'memory'")
+    assert store.query("memory") == [] and store.count() == len(written) + 1
+    store.close()
+
+
+def test_a_header_that_changes_between_two_sends_of_a_batch_still_stores_it_once(tmp_path):
+    """A client's identity can grow between a lost acknowledgement and the resend (its rank learned, a job id
+    set): the delivery key is the client and the sequence number, whatever sender the header now names."""
+    store = open_run(tmp_path, "run-h")
+    header = {"client_id": "c9", "pid": 9}
+    assert store.write_batch(header, _rows(3)) == 3
+    assert store.write_batch({**header, "world_size": 4, "job_id": "02000000"}, _rows(4)) == 1
+    assert [r.world_size for r in store.query("log")] == [None, None, None, 4]
+
+
+def test_each_senders_identity_is_stored_once_not_in_every_row(tmp_path):
+    """The same records take a fraction of the bytes: 8 ranks x 2,000 heartbeats with their identities."""
+    old_path, new_path = tmp_path / "v2.sqlite", tmp_path / "v3.sqlite"
+    written = _version_2_file(old_path, 2000)
+    store = EvidenceStore(new_path)
+    for rank in range(8):
+        rows = [r[:9] for r in written if r[2] == rank]
+        assert store.write_batch(_identity(rank), [(*r[:7], {"step": r[3]}, r[8]) for r in rows]) == 2000
+    store._db.execute("VACUUM")
+    store.close()
+    old_size, new_size = old_path.stat().st_size, new_path.stat().st_size
+    assert new_size < 0.45 * old_size, (old_size, new_size)

@@ -18,7 +18,8 @@ def count_span(store, kind: str | Iterable[str], **filters: Any) -> tuple[int, f
     if store.schema_version < 2 and filters.get("job") is not None:
         return 0, None, None
     where, args = where_clause(kind=kind, **filters)
-    count, first, last = next(_rows(store, "SELECT COUNT(*), MIN(time), MAX(time) FROM records WHERE "
+    table = store.rows_table if filters.get("job") is None else "records"  # a job is a sender's column
+    count, first, last = next(_rows(store, f"SELECT COUNT(*), MIN(time), MAX(time) FROM {table} WHERE "
                                     + " AND ".join(where), args))
     return int(count), first, last
 
@@ -37,7 +38,7 @@ def time_range(store, kinds: Iterable[str]) -> tuple[float | None, float | None]
     """(first, last) time of the records of ``kinds``: two index look-ups a kind."""
     first = last = None
     for kind in kinds:
-        low, high = next(_rows(store, "SELECT MIN(time), MAX(time) FROM records WHERE kind = ?", [kind]))
+        low, high = next(_rows(store, f"SELECT MIN(time), MAX(time) FROM {store.rows_table} WHERE kind = ?", [kind]))
         if low is not None:
             first = low if first is None else min(first, low)
             last = high if last is None else max(last, high)

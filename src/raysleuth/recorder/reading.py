@@ -155,7 +155,8 @@ def span_totals(store, *, job: Iterable[str] | None = None) -> Iterator[tuple]:
     if store.schema_version < 2 and job is not None:
         return
     where, args = where_clause(kind="span", job=job)
-    sql = ("SELECT step, rank, COALESCE(name, phase, '?'), SUM(json_extract(data, '$.duration_s')) FROM records"
+    table = store.rows_table if job is None else "records"  # an aggregate keeps the view's join: rows alone
+    sql = ("SELECT step, rank, COALESCE(name, phase, '?'), SUM(json_extract(data, '$.duration_s')) FROM " + table +
            f" WHERE {' AND '.join(where)} AND step IS NOT NULL AND rank IS NOT NULL AND json_valid(data)"
            " AND json_type(data, '$.duration_s') IN ('integer', 'real')"
            " AND IFNULL(json_extract(data, '$.parent_id'), 0) IN (0, '')"
@@ -229,8 +230,8 @@ def tails(store, ids: list[int], columns: Sequence[str], arrays: Sequence[str],
         chunk = ids[start:start + 5000]
         # the order from the ids alone: sorting the rows themselves (the entries' text, 45 KB a dump) spilled
         # SQLite's sorter to a temporary file and back
-        order = [row[0] for row in _rows(store, f"SELECT id FROM records WHERE id IN ({','.join('?' * len(chunk))})"
-                                                " ORDER BY time, id", list(chunk))]
+        order = [row[0] for row in _rows(store, f"SELECT id FROM {store.rows_table} WHERE id IN "
+                                                f"({','.join('?' * len(chunk))}) ORDER BY time, id", list(chunk))]
         try:
             rows = {row[0]: row for row in _rows(store, header(chunk, False), list(chunk), malformed=_Malformed)}
         except _Malformed:  # a row that is not JSON: read as it is, its arrays as none
@@ -293,6 +294,6 @@ def _items(texts: Iterable[str | None]) -> list[Any]:
 
 def _newest_items(store, record_id: int, path: str, limit: int) -> list[Any]:
     """The last ``limit`` items of the array at ``path`` in one record's data that are objects, oldest first."""
-    sql = "SELECT json_extract(data, {}) FROM records WHERE id = ?"
+    sql = "SELECT json_extract(data, {}) FROM " + store.rows_table + " WHERE id = ?"
     return _items(next(_rows(store, sql.format(", ".join("?" * len(paths))), [*paths, record_id]))[0]
                   for paths in _item_paths(path, limit))

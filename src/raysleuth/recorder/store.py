@@ -27,10 +27,23 @@ from raysleuth.errors import StoreCorrupt, StoreNotFound, UsageError
 from raysleuth.recorder import reading
 from raysleuth.recorder.files import private_file, write_private
 from raysleuth.recorder.reading import where_clause
+from raysleuth.recorder.schema import (
+    COLUMNS,
+    ENTRY_COLUMNS,
+    IDENTITY_COLUMNS,
+    KEY_SQL,
+    MIGRATIONS,
+    ROW_COLUMNS,
+    SCHEMA_VERSION,
+    statements,
+)
 from raysleuth.redaction import redact_record
 
 __all__ = [
     "COLUMNS",
+    "IDENTITY_COLUMNS",
+    "MIGRATIONS",
+    "ROW_COLUMNS",
     "EvidenceStore",
     "Record",
     "SCHEMA_VERSION",
@@ -41,52 +54,6 @@ __all__ = [
 ]
 
 DB_NAME = "evidence.sqlite"
-
-#: The identity columns a batch header carries for all its rows.
-IDENTITY_COLUMNS = (
-    "world_size", "node_id", "node_ip", "hostname", "pid",
-    "actor_id", "actor_name", "actor_class", "client_id", "job_id",
-)
-#: The per-row columns, in the order a client packs them.
-ROW_COLUMNS = ("kind", "time", "rank", "step", "phase", "name", "level", "data", "seq")
-COLUMNS = ROW_COLUMNS + IDENTITY_COLUMNS
-
-# Each entry upgrades the schema by one version; never edit a shipped entry.
-MIGRATIONS: tuple[str, ...] = (
-    """
-    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-    CREATE TABLE records (
-        id INTEGER PRIMARY KEY,
-        kind TEXT NOT NULL,
-        time REAL NOT NULL,
-        rank INTEGER,
-        step INTEGER,
-        phase TEXT,
-        name TEXT,
-        level TEXT,
-        data TEXT NOT NULL DEFAULT '{}',
-        seq INTEGER,
-        world_size INTEGER,
-        node_id TEXT,
-        node_ip TEXT,
-        hostname TEXT,
-        pid INTEGER,
-        actor_id TEXT,
-        actor_name TEXT,
-        actor_class TEXT,
-        client_id TEXT
-    );
-    CREATE INDEX records_kind_time ON records (kind, time);
-    CREATE INDEX records_kind_rank ON records (kind, rank, time);
-    CREATE UNIQUE INDEX records_delivery ON records (client_id, seq) WHERE client_id IS NOT NULL;
-    """,
-    # 2: the Ray job that wrote each record, so two jobs on one cluster stay apart (`--job`).
-    """
-    ALTER TABLE records ADD COLUMN job_id TEXT;
-    CREATE INDEX records_job ON records (job_id, kind, time);
-    """,
-)
-SCHEMA_VERSION = len(MIGRATIONS)
 
 
 @dataclass
@@ -194,6 +161,7 @@ class EvidenceStore:
         self.path = Path(path)
         self.readonly = readonly
         self._lock = threading.Lock()
+        self._senders: dict[tuple, tuple[int, int | None]] = {}  # identity -> (senders id, clients id), committed
         try:
             if readonly:
                 if not self.path.is_file():
@@ -235,12 +203,19 @@ class EvidenceStore:
         """The schema version of the open file."""
         return self._version
 
+    @property
+    def rows_table(self) -> str:
+        """Where a query that reads no identity column (``COLUMNS[:9]`` and ``id``) reads fastest: the rows
+        themselves (``entries``, version 3 on), or the ``records`` table of an older file. SQLite keeps the
+        join to ``senders`` in an aggregate over the ``records`` view (``COUNT(*)`` then reads every row)."""
+        return "entries" if self._version >= 3 else "records"
+
     def _migrate(self) -> None:
         with self._lock, self._db:  # commits, or rolls back on an error
             self._db.execute("BEGIN IMMEDIATE")  # the version is read under the write lock: a second opener waits
             version = self._db.execute("PRAGMA user_version").fetchone()[0]
             for number in range(version, SCHEMA_VERSION):
-                for statement in filter(str.strip, MIGRATIONS[number].split(";")):
+                for statement in statements(MIGRATIONS[number]):
                     self._db.execute(statement)
                 self._db.execute(f"PRAGMA user_version={number + 1}")
             if version == 0:
@@ -273,17 +248,43 @@ class EvidenceStore:
         Returns the number of rows newly inserted.
         """
         identity = tuple(header.get(name) for name in IDENTITY_COLUMNS)
-        packed = [
-            (row[0], row[1], row[2], row[3], row[4], row[5], row[6], _dumps(row[7]), row[8]) + identity
-            for row in rows
-        ]
-        placeholders = ",".join("?" * len(COLUMNS))
-        sql = f"INSERT OR IGNORE INTO records ({','.join(COLUMNS)}) VALUES ({placeholders})"
         with self._lock:
-            before = self._db.total_changes
-            self._db.executemany(sql, packed)
-            self._db.commit()
-            return self._db.total_changes - before
+            try:
+                if self._version >= 3:  # the identity once, as a number per row
+                    sender, client = self._senders.get(identity) or self._sender(identity)
+                    packed = [(row[0], row[1], row[2], row[3], row[4], row[5], row[6], _dumps(row[7]), row[8],
+                               sender, client) for row in rows]
+                    sql = (f"INSERT OR IGNORE INTO entries ({','.join(ENTRY_COLUMNS)}) "
+                           f"VALUES ({','.join('?' * len(ENTRY_COLUMNS))})")
+                else:  # an old run's file: its records table
+                    packed = [(row[0], row[1], row[2], row[3], row[4], row[5], row[6], _dumps(row[7]), row[8])
+                              + identity for row in rows]
+                    sql = f"INSERT OR IGNORE INTO records ({','.join(COLUMNS)}) VALUES ({','.join('?' * len(COLUMNS))})"
+                before = self._db.total_changes
+                self._db.executemany(sql, packed)
+                added = self._db.total_changes - before
+                self._db.commit()
+            except BaseException:
+                self._senders.clear()  # a sender row written in the transaction undone is gone
+                self._db.rollback()
+                raise
+            return added
+
+    def _sender(self, identity: tuple) -> tuple[int, int | None]:
+        """The ``senders`` id of ``identity`` and the ``clients`` id of its client (written where new). The caller
+        holds the lock and commits."""
+        self._db.execute(f"INSERT OR IGNORE INTO senders (key, {', '.join(IDENTITY_COLUMNS)}) "
+                         f"VALUES ({KEY_SQL}, {', '.join('?' * len(IDENTITY_COLUMNS))})", identity + identity)
+        sender = self._db.execute(f"SELECT id FROM senders WHERE key = {KEY_SQL}", identity).fetchone()[0]
+        client_id = identity[IDENTITY_COLUMNS.index("client_id")]
+        client = None
+        if client_id is not None:
+            self._db.execute("INSERT OR IGNORE INTO clients (client_id) VALUES (?)", (client_id,))
+            client = self._db.execute("SELECT id FROM clients WHERE client_id = ?", (client_id,)).fetchone()[0]
+        if len(self._senders) > 100_000:
+            self._senders.clear()
+        self._senders[identity] = (sender, client)
+        return sender, client
 
     def add(self, kind: str, data: dict[str, Any] | None = None, **columns: Any) -> None:
         """Insert one record directly (driver-side evidence such as a doctor run)."""
@@ -351,8 +352,8 @@ class EvidenceStore:
     def count(self, kind: str | None = None) -> int:
         """How many records (of ``kind``) the run holds."""
         if kind is None:
-            return self._db.execute("SELECT COUNT(*) FROM records").fetchone()[0]
-        return self._db.execute("SELECT COUNT(*) FROM records WHERE kind = ?", (kind,)).fetchone()[0]
+            return self._db.execute(f"SELECT COUNT(*) FROM {self.rows_table}").fetchone()[0]
+        return self._db.execute(f"SELECT COUNT(*) FROM {self.rows_table} WHERE kind = ?", (kind,)).fetchone()[0]
 
     def jobs(self) -> dict[str, int]:
         """Record counts by Ray job id (records without one are left out)."""
@@ -364,11 +365,11 @@ class EvidenceStore:
     def ranks(self) -> list[int]:
         """Every rank some record of the run carries, sorted."""
         return [row[0] for row in self._db.execute(
-            "SELECT DISTINCT rank FROM records WHERE rank IS NOT NULL ORDER BY rank")]
+            f"SELECT DISTINCT rank FROM {self.rows_table} WHERE rank IS NOT NULL ORDER BY rank")]
 
     def kinds(self) -> dict[str, int]:
         """Record counts by kind."""
-        return dict(self._db.execute("SELECT kind, COUNT(*) FROM records GROUP BY kind ORDER BY kind"))
+        return dict(self._db.execute(f"SELECT kind, COUNT(*) FROM {self.rows_table} GROUP BY kind ORDER BY kind"))
 
     def check(self) -> str:
         """SQLite's own integrity check ('ok' when healthy)."""
