@@ -57,6 +57,8 @@ MIGRATIONS: tuple[str, ...] = (
     """,
     # 3: each sender's identity once (`senders`), each row a number for it (`entries`); `records` is their view,
     # with every column it had, in the same order (a 1,000-rank hour: ~170 of 220 bytes a row were identity).
+    # No index for the job: every reader also names a kind, and SQLite then takes a kind's index (measured: an
+    # index on (sender, kind, time) served only COUNTs with no kind, 8-10 % of the file).
     """
     CREATE TABLE senders (
         id INTEGER PRIMARY KEY,
@@ -132,7 +134,6 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX records_kind_time ON entries (kind, time);
     CREATE INDEX records_kind_rank ON entries (kind, rank, time);
     CREATE UNIQUE INDEX records_delivery ON entries (client, seq) WHERE client IS NOT NULL;
-    CREATE INDEX records_sender ON entries (sender, kind, time);
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
