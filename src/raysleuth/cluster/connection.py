@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import socket
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -226,10 +227,9 @@ def connect(
     found, an embedded local Ray is started. Raises
     :class:`ClusterUnreachable` / :class:`AuthTokenMissing` with the fix.
     """
-    import ray
-
     started = time.monotonic()
-    if ray.is_initialized():
+    loaded = sys.modules.get("ray")  # not imported yet: not connected either (importing it takes ~0.5 s of CPU)
+    if loaded is not None and getattr(loaded, "is_initialized", lambda: False)():
         return _info(started_here=False, seconds=time.monotonic() - started)
     wanted = address or os.environ.get("RAY_ADDRESS") or "auto"
     choice = _announce(choose(address))
@@ -242,11 +242,13 @@ def connect(
             )
         return _start_local(num_cpus=num_cpus, namespace=namespace, runtime_env=runtime_env)
     problem = tcp_problem(resolved)
-    if problem:
+    if problem:  # told before Ray is imported: reading a stored run after its cluster is gone stays quick
         raise ClusterUnreachable(
             f"cannot reach the Ray cluster at {resolved} ({problem})",
             fix="check the address (`ray status` on the head node prints it) and that the port is open",
         )
+    import ray
+
     _authenticate(resolved)
     try:
         ray.init(address=resolved, namespace=namespace, log_to_driver=False,
