@@ -329,3 +329,29 @@ def test_readers_hand_the_garbage_collector_back_as_they_found_it(run):
     with pytest.raises(KeyError), bulk():
         raise KeyError("x")
     assert gc.isenabled()
+
+
+def test_a_bulk_read_freezes_what_it_keeps_only_in_the_command_line_process():
+    """The command line answers once and exits: what a big read keeps alive is frozen out of the collector's
+    walks. A process that lives on and calls ``raysleuth.cli.main`` (this test process) keeps its collector."""
+    import gc
+    import os
+    import subprocess
+    import sys
+
+    from raysleuth.recorder import reading
+
+    probe = ("import gc, sys; from raysleuth.recorder import reading\n"
+             "if sys.argv[1] == 'cli': reading.command_line_process()\n"
+             "reading.one_shot()\n"
+             "with reading.bulk():\n    kept = [[n] for n in range(1000)]\n"
+             "print(gc.get_freeze_count() >= 1000, gc.isenabled())")
+    src = str(Path(__file__).resolve().parent.parent / "src")
+    answers = [subprocess.run([sys.executable, "-c", probe, who], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "PYTHONPATH": src}).stdout.split() for who in ("cli", "library")]
+    assert answers == [["True", "True"], ["False", "True"]], answers
+    before = gc.get_freeze_count()
+    reading.one_shot()  # here: a test process calling main(); never frozen
+    with reading.bulk():
+        kept = [[n] for n in range(1000)]
+    assert gc.get_freeze_count() == before and gc.isenabled() and len(kept) == 1000

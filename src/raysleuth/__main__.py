@@ -1,7 +1,5 @@
 """``python -m raysleuth`` runs the command line."""
 
-import sys
+from raysleuth.cli import run
 
-from raysleuth.cli import main
-
-sys.exit(main())
+run()

@@ -43,6 +43,9 @@ def collectives(
                          fix="e.g. raysleuth collectives --last 8 --wait 4")
     # lazy: a command loads its feature when it runs (the CLI starts in 0.25 s, not 0.9 s)
     from raysleuth.collectives import collect_collectives
+    from raysleuth.recorder.reading import one_shot
+
+    one_shot()  # this process answers once and exits: what the read keeps alive is frozen, not walked again
 
     run = _stored_run_without_cluster(run, address, home)
     report = collect_collectives(address, run=run, home=home_path(home) if (home or run) else None, wait=wait,

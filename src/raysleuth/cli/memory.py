@@ -80,6 +80,9 @@ def memory(
     # lazy: a command loads its feature when it runs (the CLI starts in 0.25 s, not 0.9 s)
     from raysleuth.memory import memory_report, sample_workers
     from raysleuth.recorder import open_store
+    from raysleuth.recorder.reading import one_shot
+
+    one_shot()  # this process answers once and exits: what the read keeps alive is frozen, not walked again
 
     problems: list[str] = []
     if sample is not None and since is not None:

@@ -21,7 +21,10 @@ def report(
 ) -> None:
     """Write one self-contained HTML report of a run (opens offline; no cluster needed)."""
     # lazy: a command loads its feature when it runs (the CLI starts in 0.25 s, not 0.9 s)
+    from raysleuth.recorder.reading import one_shot
     from raysleuth.report import generate_report
+
+    one_shot()  # this process answers once and exits: what the read keeps alive is frozen, not walked again
 
     result = generate_report(output, run=name_run(run, home), home=home_path(home), trace_path=trace)
     if json_:

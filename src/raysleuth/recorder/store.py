@@ -271,8 +271,7 @@ class EvidenceStore:
             return added
 
     def _sender(self, identity: tuple) -> tuple[int, int | None]:
-        """The ``senders`` id of ``identity`` and the ``clients`` id of its client (written where new). The caller
-        holds the lock and commits."""
+        """The ``senders`` and ``clients`` ids of ``identity`` (written where new; the caller holds the lock)."""
         self._db.execute(f"INSERT OR IGNORE INTO senders (key, {', '.join(IDENTITY_COLUMNS)}) "
                          f"VALUES ({KEY_SQL}, {', '.join('?' * len(IDENTITY_COLUMNS))})", identity + identity)
         sender = self._db.execute(f"SELECT id FROM senders WHERE key = {KEY_SQL}", identity).fetchone()[0]
