@@ -1,10 +1,10 @@
 """The evidence database: SQLite in WAL mode, one file per run.
 
 Layout: ``$RAYSLEUTH_HOME/runs/<run-id>/evidence.sqlite``; ``runs/latest``
-holds the id of the newest run. Every record is one row of ``records``:
-who (rank, node, pid, actor), when (time, step, phase), what (``kind``,
-``name``, ``level``) and a JSON ``data`` column. Features choose a ``kind``
-("log", "span", "heartbeat", "memory", "crash", ...) and query it back.
+holds the id of the newest run. Every record is one row of ``records`` (a
+view since schema 3, :mod:`.schema`): who (rank, node, pid, actor), when
+(time, step, phase), what (``kind``, ``name``, ``level``) and JSON ``data``.
+Features choose a ``kind`` ("log", "span", "memory", ...) and query it back.
 
 Only the writer actor writes while a cluster runs; readers (the CLI) open
 the file read-only, so evidence outlives the job. Nothing read back is ever
