@@ -300,7 +300,12 @@ def test_a_dump_holds_the_newest_entries_per_group_that_readers_read_and_answers
             dist.all_reduce(torch.ones(2))
             if n % 20 == 0:
                 dist.broadcast(torch.ones(3), src=0, group=group)
-        cut, longer = snapshot("request"), snapshot("request", limit=256)
+        from raysleuth.collectives.model import MAX_ENTRIES, WINDOW_ENTRIES, entries_asked as limit_of
+        from raysleuth.collectives.record import DUMP_LIMIT
+        assert [limit_of(r) for r in (None, {{"id": "a"}}, {{"limit": WINDOW_ENTRIES}}, {{"limit": "9"}}, {{"limit": -1}},
+                                       {{"limit": 10**6}})] == [DUMP_LIMIT] * 2 + [WINDOW_ENTRIES] + [DUMP_LIMIT] * 2 + [MAX_ENTRIES]
+        # what `raysleuth stragglers` asks for (its window of calls) against what every other dump holds
+        cut, longer = snapshot("request"), snapshot("request", limit=limit_of({{"id": "s", "limit": WINDOW_ENTRIES}}))
         seqs = {{}}
         for call in cut["calls"]:
             seqs.setdefault(call["pg"], []).append(call["seq"])

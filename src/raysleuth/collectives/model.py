@@ -25,6 +25,17 @@ RULE = "collective positions"
 ENTRIES_PER_GROUP = 64
 """Entries per process group a worker's dump holds and a reader reads, the newest (the matcher shows 8; its
 pattern check needs 48). Older ones are never read: the newest already show where the ranks part."""
+WINDOW_ENTRIES = 256
+"""Entries per group of a dump asked for a time window (``raysleuth stragglers``: its ``--window`` of calls; the
+request's ``limit``), at most :data:`MAX_ENTRIES` (the wrapper's ring holds 512 calls, the Flight Recorder 2,000)."""
+MAX_ENTRIES = 2000
+
+
+def entries_asked(request: Any) -> int:
+    """Entries per group a dump request asks for (its ``limit``, 1 to :data:`MAX_ENTRIES`), else
+    :data:`ENTRIES_PER_GROUP`."""
+    wanted = request.get("limit") if isinstance(request, dict) else None
+    return min(wanted, MAX_ENTRIES) if type(wanted) is int and wanted > 0 else ENTRIES_PER_GROUP
 _DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16", "Long": "int64",
            "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8", "Bool": "bool",
            "ComplexFloat": "complex64", "ComplexDouble": "complex128"}

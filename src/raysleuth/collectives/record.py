@@ -45,7 +45,7 @@ from raysleuth.collectives.hook import (
     set_detail,
     wrap_collectives,
 )
-from raysleuth.collectives.model import ENTRIES_PER_GROUP
+from raysleuth.collectives.model import ENTRIES_PER_GROUP, entries_asked
 
 FR_BUFFER_SIZE = "2000"
 """Flight Recorder entries torch keeps per process in full mode (``TORCH_FR_BUFFER_SIZE`` unless set)."""
@@ -290,7 +290,7 @@ def snapshot(reason: str = "request", *, limit: int = DUMP_LIMIT, request: Any =
 def dump(reason: str = "request", *, request: Any = None) -> dict[str, Any] | None:
     """Write this process's collective records to the evidence store; returns what was written."""
     try:
-        data = snapshot(reason, request=request)
+        data = snapshot(reason, request=request, limit=entries_asked(request))
         if reason != "joined" and not data["calls"] and not (data["flight_recorder"] or {}).get("entries"):
             return None
         # lazy: installed in every worker at start-up: the recorder loads at the first dump

@@ -87,13 +87,18 @@ def unanswered_text(ranks: list[int]) -> str:
             f"newest positions are older than the rows shown; run again with a longer --wait")
 
 
-def request_dump(wait: float = 4.0, *, home: Path | str | None = None) -> tuple[str | None, float]:
-    """Ask every instrumented worker to dump its collectives (control key); returns (request id, time)."""
+def request_dump(wait: float = 4.0, *, home: Path | str | None = None,
+                 limit: int | None = None) -> tuple[str | None, float]:
+    """Ask every instrumented worker to dump its collectives (control key); returns (request id, time).
+
+    ``limit``: entries per group each dump holds (default: what this module reads; see ``model.entries_asked``).
+    """
     import ray
 
-
     request_id, asked_at = uuid.uuid4().hex[:12], time.time()
-    request = {"id": request_id, "time": asked_at}
+    request: dict[str, Any] = {"id": request_id, "time": asked_at}
+    if limit is not None:
+        request["limit"] = int(limit)
     try:
         writer = get_writer(create=False, home=home)
         ray.get(writer.set_control.remote(CONTROL_KEY, request), timeout=10)

@@ -248,18 +248,14 @@ class EvidenceStore:
         Returns the number of rows newly inserted.
         """
         identity = tuple(header.get(name) for name in IDENTITY_COLUMNS)
+        packed = [[row[0], row[1], row[2], row[3], row[4], row[5], row[6], _dumps(row[7]), row[8], None, None]
+                  for row in rows]  # a writer's file is always the newest schema (it migrates when opened)
+        sql = f"INSERT OR IGNORE INTO entries ({','.join(ENTRY_COLUMNS)}) VALUES ({','.join('?' * len(ENTRY_COLUMNS))})"
         with self._lock:
             try:
-                if self._version >= 3:  # the identity once, as a number per row
-                    sender, client = self._senders.get(identity) or self._sender(identity)
-                    packed = [(row[0], row[1], row[2], row[3], row[4], row[5], row[6], _dumps(row[7]), row[8],
-                               sender, client) for row in rows]
-                    sql = (f"INSERT OR IGNORE INTO entries ({','.join(ENTRY_COLUMNS)}) "
-                           f"VALUES ({','.join('?' * len(ENTRY_COLUMNS))})")
-                else:  # an old run's file: its records table
-                    packed = [(row[0], row[1], row[2], row[3], row[4], row[5], row[6], _dumps(row[7]), row[8])
-                              + identity for row in rows]
-                    sql = f"INSERT OR IGNORE INTO records ({','.join(COLUMNS)}) VALUES ({','.join('?' * len(COLUMNS))})"
+                sender, client = self._senders.get(identity) or self._sender(identity)  # the identity once
+                for row in packed:
+                    row[9], row[10] = sender, client
                 before = self._db.total_changes
                 self._db.executemany(sql, packed)
                 added = self._db.total_changes - before

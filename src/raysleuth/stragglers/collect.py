@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from raysleuth import cluster, evidence
+from raysleuth.collectives.model import WINDOW_ENTRIES
 from raysleuth.collectives.report import request_dump
 from raysleuth.errors import UsageError
 from raysleuth.recorder import open_store
@@ -67,7 +68,7 @@ def _records(store, kind: type[E], job: str | None, since: float | None) -> list
 def _request(store, job: str | None, wait: float, home) -> None:
     """Ask for a dump and wait until every rank that dumped before has answered (or ``wait`` passes)."""
 
-    request_id, asked_at = request_dump(wait, home=home)
+    request_id, asked_at = request_dump(wait, home=home, limit=WINDOW_ENTRIES)  # the window's calls, not only 64
     if request_id is None:
         return
     before = {(r.row.node_ip, r.row.pid) for r in _records(store, evidence.Collectives, job, time.time() - 600)}
