@@ -36,6 +36,8 @@ def entries_asked(request: Any) -> int:
     :data:`ENTRIES_PER_GROUP`."""
     wanted = request.get("limit") if isinstance(request, dict) else None
     return min(wanted, MAX_ENTRIES) if type(wanted) is int and wanted > 0 else ENTRIES_PER_GROUP
+
+
 _DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16", "Long": "int64",
            "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8", "Bool": "bool",
            "ComplexFloat": "complex64", "ComplexDouble": "complex128"}

@@ -233,8 +233,9 @@ class Collectives(Evidence):
                   "control key `collectives.dump` (`raysleuth collectives`), at exit, every second in full mode "
                   "when positions changed, once when the process group exists (`joined`)")
     NAMED = "the reason (`request`, `periodic`, `exit`, `joined`)"
-    NOTE = ("`calls`: the wrapper's newest ≤256 per group; `flight_recorder`: torch's JSON or null; `delta` "
-            "(periodic): only what is new or changed since the previous periodic dump, plus the newest 8 per group; `detail`: "
+    NOTE = ("`calls`: the wrapper's newest ≤64 per group (`collectives.model.ENTRIES_PER_GROUP`, what readers read; "
+            "a request's `limit` asks for more, `collectives.model.entries_asked`: `stragglers` asks 256); "
+            "`flight_recorder`: torch's JSON or null; `delta` (periodic): only what is new or changed since the previous periodic dump, plus the newest 8 per group; `detail`: "
             "whether each call has its file:line and shapes (full mode, or the control key `collectives.detail`); "
             "light mode, the default, keeps pg, seq, op, state, start_ns, end_ns and step per call, and file:line "
             "only for a call still running at the dump (from its caller's live stack)")
