@@ -16,8 +16,9 @@ What each rank writes (``light``, the default mode; ``full`` in brackets):
   ERROR log on rank ``culprit``;
 - a ``rank`` event, a ``joined`` collectives dump at the start and a
   ``request`` dump at the end (as many wrapper calls and Flight Recorder
-  entries as a worker's dump holds, ``DUMP_LIMIT``): rank ``culprit`` completed #N and never entered #N+1, where
-  every other rank waits;
+  entries as a worker's dump holds, ``ENTRIES_PER_GROUP``): rank
+  ``culprit`` completed #N and never entered #N+1, where every other rank
+  waits;
 - one ``consistency`` check record per 10 minutes (rank 0 writes it).
 """
 
@@ -49,12 +50,12 @@ def identity(rank: int, world: int) -> dict[str, Any]:
 
 def _calls_and_fr(rank: int, top: int, stuck: bool, end: float) -> tuple[list, dict]:
     """The newest wrapper calls and Flight Recorder entries of one rank at the end of the run, as many as a
-    worker's dump holds (``DUMP_LIMIT`` per group)."""
-    from raysleuth.collectives.record import DUMP_LIMIT
+    worker's dump holds (``ENTRIES_PER_GROUP``)."""
+    from raysleuth.collectives.model import ENTRIES_PER_GROUP
 
     last = top - 1 if stuck else top
     calls, entries = [], []
-    for seq in range(max(1, last - DUMP_LIMIT + 1), last + 1):
+    for seq in range(max(1, last - ENTRIES_PER_GROUP + 1), last + 1):
         start_ns = int((end - 30.0 - (top - seq) * 0.05) * 1e9)  # the newest one has waited 30 s
         pending = seq == last and not stuck
         end_ns = None if pending else start_ns + 4_000_000

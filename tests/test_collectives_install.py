@@ -301,9 +301,8 @@ def test_a_dump_holds_the_newest_entries_per_group_that_readers_read_and_answers
             if n % 20 == 0:
                 dist.broadcast(torch.ones(3), src=0, group=group)
         from raysleuth.collectives.model import MAX_ENTRIES, WINDOW_ENTRIES, entries_asked as limit_of
-        from raysleuth.collectives.record import DUMP_LIMIT
         assert [limit_of(r) for r in (None, {{"id": "a"}}, {{"limit": WINDOW_ENTRIES}}, {{"limit": "9"}}, {{"limit": -1}},
-                                       {{"limit": 10**6}})] == [DUMP_LIMIT] * 2 + [WINDOW_ENTRIES] + [DUMP_LIMIT] * 2 + [MAX_ENTRIES]
+                                       {{"limit": 10**6}})] == [ENTRIES_PER_GROUP] * 2 + [WINDOW_ENTRIES] + [ENTRIES_PER_GROUP] * 2 + [MAX_ENTRIES]
         # what `raysleuth stragglers` asks for (its window of calls) against what every other dump holds
         cut, longer = snapshot("request"), snapshot("request", limit=limit_of({{"id": "s", "limit": WINDOW_ENTRIES}}))
         seqs = {{}}

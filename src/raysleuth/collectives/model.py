@@ -24,7 +24,8 @@ from raysleuth import evidence
 RULE = "collective positions"
 ENTRIES_PER_GROUP = 64
 """Entries per process group a worker's dump holds and a reader reads, the newest (the matcher shows 8; its
-pattern check needs 48). Older ones are never read: the newest already show where the ranks part."""
+pattern check needs 48). Older ones are never read: the newest already show where the ranks part. A dump held
+256 before: a 1,000-rank run's two dumps a worker took 184 MB, 29 % of its store, three quarters never read."""
 WINDOW_ENTRIES = 256
 """Entries per group of a dump asked for a time window (``raysleuth stragglers``: its ``--window`` of calls; the
 request's ``limit``), at most :data:`MAX_ENTRIES` (the wrapper's ring holds 512 calls, the Flight Recorder 2,000)."""

@@ -49,10 +49,6 @@ from raysleuth.collectives.model import ENTRIES_PER_GROUP, entries_asked
 
 FR_BUFFER_SIZE = "2000"
 """Flight Recorder entries torch keeps per process in full mode (``TORCH_FR_BUFFER_SIZE`` unless set)."""
-DUMP_LIMIT = ENTRIES_PER_GROUP
-"""At most this many entries per process group in one dump (the newest): what readers read
-(:data:`~raysleuth.collectives.model.ENTRIES_PER_GROUP`). 256 before: a 1,000-rank run's two dumps a worker took
-184 MB, 29 % of its store, three quarters of it never read."""
 FULL_MODE_INTERVAL = 1.0
 HEARTBEAT_INTERVAL = 2.0
 
@@ -258,7 +254,7 @@ def _seq(value: Any) -> int:
         return -1
 
 
-def snapshot(reason: str = "request", *, limit: int = DUMP_LIMIT, request: Any = None) -> dict[str, Any]:
+def snapshot(reason: str = "request", *, limit: int = ENTRIES_PER_GROUP, request: Any = None) -> dict[str, Any]:
     """This process's collective positions as one JSON-ready dict (the ``collectives`` record's data).
 
     A ``periodic`` dump (full mode, every second) is a delta: only the entries new or changed since the

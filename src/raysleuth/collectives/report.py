@@ -23,9 +23,6 @@ from raysleuth.recorder.store import COLUMNS
 
 CONTROL_KEY = "collectives.dump"
 RECORD_LIMIT = 20_000
-READ_PER_GROUP = ENTRIES_PER_GROUP
-"""Entries of each dump read, the newest (what a dump holds per process group; a dump written before it held
-256 is cut to these in SQL)."""
 
 
 @dataclasses.dataclass
@@ -116,7 +113,8 @@ def _alive_processes() -> set | None:
 
 
 def read_collectives(store, job: str | None = None) -> list[dict[str, Any]]:
-    """The newest dump of every worker, its newest :data:`READ_PER_GROUP` entries per group (cut in SQL).
+    """The newest dump of every worker, its newest :data:`~raysleuth.collectives.model.ENTRIES_PER_GROUP`
+    entries per group (cut in SQL: a dump an older raysleuth wrote held 256).
 
     Each dump holds its worker's newest entries per group, so older dumps add nothing newer; a
     mismatch further back than that is not looked for (the newest entries already disagree then).
@@ -130,7 +128,7 @@ def _read_dumps(store, job: str | None) -> tuple[list[dict[str, Any]], list[evid
     """:func:`read_collectives`, and each record read as a dump (its fields checked once)."""
     ids = newest_per_worker(store, "collectives")[-RECORD_LIMIT:]
     with bulk():
-        records = tail_records(store, ids, COLUMNS, ("calls", "flight_recorder.entries"), READ_PER_GROUP)
+        records = tail_records(store, ids, COLUMNS, ("calls", "flight_recorder.entries"), ENTRIES_PER_GROUP)
         dumps = [evidence.Collectives.from_record_dict(r) for r in records]
     job = job if job is not None else newest_job(dumps)
     kept = [k for k, dump in enumerate(dumps) if job is None or dump.job_id in (None, job)]
