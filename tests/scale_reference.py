@@ -272,3 +272,10 @@ def normal_events(events) -> list[str]:
     return sorted(json.dumps({**event, "pid": names.get(event["pid"])} | (
         {"args": {"sort_index": None}} if event.get("name") == "process_sort_index" else {}), sort_keys=True)
         for event in events)
+
+
+def old_identities(store) -> list[tuple]:
+    """The run summary's writers as ``reading.identities`` read them before ``counting.writers``: (rank, node_ip,
+    hostname, actor_class, first time, last time) per writer identity, by a GROUP BY of every row."""
+    return store._db.execute("SELECT rank, node_ip, hostname, actor_class, MIN(time), MAX(time) FROM records"
+                             " GROUP BY rank, node_ip, hostname, actor_class").fetchall()

@@ -35,7 +35,7 @@ def test_a_cut_section_says_what_it_shows_and_what_it_left_out(tmp_path, monkeyp
 def test_the_run_summary_reads_writers_and_times_on_the_index_as_it_read_them_by_grouping(tmp_path):
     from types import SimpleNamespace
 
-    from raysleuth.recorder.reading import identities
+    from scale_reference import old_identities
     from raysleuth.report import sections
 
     path = tmp_path / "evidence.sqlite"
@@ -50,7 +50,7 @@ def test_the_run_summary_reads_writers_and_times_on_the_index_as_it_read_them_by
     store.close()
     store = EvidenceStore(path, readonly=True)
     old = [SimpleNamespace(rank=rank, node_ip=ip, hostname=host, actor_class=actor, time=when)
-           for rank, ip, host, actor, first, last in identities(store) for when in (first, last)]
+           for rank, ip, host, actor, first, last in old_identities(store) for when in (first, last)]
     data = report.build_report_data(store)
     assert data["summary"] == sections.summary_section(store.kinds(), store.meta(), old)
     assert data["summary"]["start"] == 1_779_999_000.0 and data["summary"]["ranks"] == [0, 1, 2, 3, 4, 5]

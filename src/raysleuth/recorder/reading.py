@@ -30,7 +30,7 @@ from typing import Any
 
 from raysleuth.errors import StoreCorrupt, UsageError
 
-__all__ = ["buckets", "bulk", "identities", "loads", "newest_per_worker", "select", "span_totals", "tail_records", "tails",
+__all__ = ["buckets", "bulk", "loads", "newest_per_worker", "select", "span_totals", "tail_records", "tails",
            "where_clause"]
 
 #: Columns a reader may name (the records table's own).
@@ -215,12 +215,6 @@ def newest_per_worker(store, kind: str) -> list[int]:
     sql = ("SELECT id FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY rank, pid, "
            f"{job} ORDER BY time DESC, id DESC) AS n FROM records WHERE kind = ?) WHERE n = 1 ORDER BY id")
     return [row[0] for row in _rows(store, sql, [kind])]
-
-
-def identities(store) -> Iterator[tuple]:
-    """(rank, node_ip, hostname, actor_class, first time, last time) for each writer identity in the run."""
-    yield from _rows(store, "SELECT rank, node_ip, hostname, actor_class, MIN(time), MAX(time) FROM records"
-                            " GROUP BY rank, node_ip, hostname, actor_class", [])
 
 
 def tails(store, ids: list[int], columns: Sequence[str], arrays: Sequence[str],
