@@ -2,9 +2,10 @@
 
 Version 3 keeps each sender's identity once (``senders``: the ten columns a batch header carries) and each row
 with a number for it (``entries``); ``records`` is the view of both, with every column a ``records`` table had,
-in the same order, so a reader (and an older raysleuth) reads one run's file whatever its version. Writes go
-to ``entries`` (:meth:`~raysleuth.recorder.store.EvidenceStore.write_batch`); an ``INSERT``, ``UPDATE`` or
-``DELETE`` on ``records`` works through its triggers.
+in the same order, so every query reads one run's file whatever its version (an older raysleuth refuses a
+newer schema and says to upgrade). Writes go to ``entries``
+(:meth:`~raysleuth.recorder.store.EvidenceStore.write_batch`); an ``INSERT``, ``UPDATE`` or ``DELETE`` on
+``records`` works through its triggers.
 """
 
 from __future__ import annotations

@@ -237,7 +237,7 @@ def _owner_gone(path: Path) -> bool:
         return True
     except PermissionError:
         return False
-    return _younger_than(pid, path)
+    return _not_its_writer(pid, path)
 
 
 #: A live process whose start is this much later than the spool file's last write is not its writer (process
@@ -245,8 +245,8 @@ def _owner_gone(path: Path) -> bool:
 PID_REUSE_SLACK_S = 1.0
 
 
-def _younger_than(pid: int, path: Path) -> bool:
-    """The pid is live but was given to a process started after the file's last write, or is a zombie: the
+def _not_its_writer(pid: int, path: Path) -> bool:
+    """The pid answers a signal, but its process is a zombie, or was started after the file's last write: the
     writer is gone.
 
     A busy node wraps its pids within minutes (Ray starts workers all the time; ``pid_max`` is often 32768),
