@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from raysleuth.recorder.reading import _rows, where_clause
+from raysleuth.recorder.reading import _rows, table_for, where_clause
 
 __all__ = ["count_span", "time_range", "writers"]
 
@@ -18,7 +18,7 @@ def count_span(store, kind: str | Iterable[str], **filters: Any) -> tuple[int, f
     if store.schema_version < 2 and filters.get("job") is not None:
         return 0, None, None
     where, args = where_clause(kind=kind, **filters)
-    table = store.rows_table if filters.get("job") is None else "records"  # a job is a sender's column
+    table = table_for(store, filters.get("job"))
     count, first, last = next(_rows(store, f"SELECT COUNT(*), MIN(time), MAX(time) FROM {table} WHERE "
                                     + " AND ".join(where), args))
     return int(count), first, last

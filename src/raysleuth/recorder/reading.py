@@ -30,7 +30,7 @@ from typing import Any
 
 from raysleuth.errors import StoreCorrupt, UsageError
 
-__all__ = ["buckets", "bulk", "loads", "newest_per_worker", "select", "span_totals", "tail_records", "tails",
+__all__ = ["buckets", "bulk", "loads", "table_for", "newest_per_worker", "select", "span_totals", "tail_records", "tails",
            "where_clause"]
 
 #: Columns a reader may name (the records table's own).
@@ -173,13 +173,19 @@ def loads(value: str | None, default: Any = None) -> Any:
 # ------------------------------------------------------------ aggregates in SQL
 
 
+def table_for(store, job: Any = None) -> str:
+    """The table an aggregate reads: the rows alone (``store.rows_table``: SQLite keeps the ``records`` view's
+    join in an aggregate) unless a ``job`` filter needs the sender's column."""
+    return store.rows_table if job is None else "records"
+
+
 def span_totals(store, *, job: Iterable[str] | None = None) -> Iterator[tuple]:
     """(step, rank, phase, seconds) per step, rank and phase: top-level spans (no parent) with a numeric duration."""
     if store.schema_version < 2 and job is not None:
         return
     where, args = where_clause(kind="span", job=job)
-    table = store.rows_table if job is None else "records"  # an aggregate keeps the view's join: rows alone
-    sql = ("SELECT step, rank, COALESCE(name, phase, '?'), SUM(json_extract(data, '$.duration_s')) FROM " + table +
+    sql = ("SELECT step, rank, COALESCE(name, phase, '?'), SUM(json_extract(data, '$.duration_s')) FROM "
+           + table_for(store, job) +
            f" WHERE {' AND '.join(where)} AND step IS NOT NULL AND rank IS NOT NULL AND json_valid(data)"
            " AND json_type(data, '$.duration_s') IN ('integer', 'real')"
            " AND IFNULL(json_extract(data, '$.parent_id'), 0) IN (0, '')"

@@ -154,3 +154,6 @@ def statements(script: str) -> Iterator[str]:
 #: A sender's identity as the key of its ``senders`` row (SQLite's own ``json_array``: one spelling everywhere).
 KEY_SQL = "json_array(" + ", ".join("?" * len(IDENTITY_COLUMNS)) + ")"
 ENTRY_COLUMNS = ROW_COLUMNS + ("sender", "client")
+#: What :meth:`~raysleuth.recorder.store.EvidenceStore.write_batch` runs for its rows (a resent row is ignored).
+INSERT_ENTRY = (f"INSERT OR IGNORE INTO entries ({', '.join(ENTRY_COLUMNS)}) "
+                f"VALUES ({', '.join('?' * len(ENTRY_COLUMNS))})")

@@ -29,8 +29,8 @@ from raysleuth.recorder.files import private_file, write_private
 from raysleuth.recorder.reading import where_clause
 from raysleuth.recorder.schema import (
     COLUMNS,
-    ENTRY_COLUMNS,
     IDENTITY_COLUMNS,
+    INSERT_ENTRY,
     KEY_SQL,
     MIGRATIONS,
     ROW_COLUMNS,
@@ -250,14 +250,13 @@ class EvidenceStore:
         identity = tuple(header.get(name) for name in IDENTITY_COLUMNS)
         packed = [[row[0], row[1], row[2], row[3], row[4], row[5], row[6], _dumps(row[7]), row[8], None, None]
                   for row in rows]  # a writer's file is always the newest schema (it migrates when opened)
-        sql = f"INSERT OR IGNORE INTO entries ({','.join(ENTRY_COLUMNS)}) VALUES ({','.join('?' * len(ENTRY_COLUMNS))})"
         with self._lock:
             try:
                 sender, client = self._senders.get(identity) or self._sender(identity)  # the identity once
                 for row in packed:
                     row[9], row[10] = sender, client
                 before = self._db.total_changes
-                self._db.executemany(sql, packed)
+                self._db.executemany(INSERT_ENTRY, packed)
                 added = self._db.total_changes - before
                 self._db.commit()
             except BaseException:
