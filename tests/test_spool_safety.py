@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -154,39 +156,37 @@ def test_run_folders_and_files_are_private_whatever_the_umask(tmp_path):
         os.umask(old)
 
 
+@contextlib.contextmanager
+def _a_process_and_its_spool(tmp_path, run: str):
+    """A live child process, and an empty spool file in the run's folder named as that process's client's."""
+    folder = spool.node_spool_dir(tmp_path, run, None)
+    folder.mkdir(parents=True)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        path = folder / f"{socket.gethostname()}-{child.pid}-c1.jsonl"
+        path.write_text("")
+        yield child, path
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_a_spool_whose_pid_now_names_a_younger_process_is_abandoned(tmp_path):
     """pids wrap within minutes on a busy node: a dead writer's pid given to a new process must not keep its
     spool "alive" (its records were never delivered). The writer itself, alive and older, keeps its file."""
-    import socket
-
-    folder = spool.node_spool_dir(tmp_path, "run-p", None)
-    folder.mkdir(parents=True)
-    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        reused = folder / f"{socket.gethostname()}-{stranger.pid}-c1.jsonl"
-        reused.write_text("")
+    with _a_process_and_its_spool(tmp_path, "run-p") as (_stranger, reused):
         old = time.time() - 10  # last written 10 s before the stranger started
         os.utime(reused, (old, old))
-        owner = folder / f"{socket.gethostname()}-{os.getppid()}-c2.jsonl"  # alive since before the file
+        owner = reused.with_name(f"{socket.gethostname()}-{os.getppid()}-c2.jsonl")  # alive since before the file
         owner.write_text("")
         found = spool.abandoned(tmp_path, "run-p", [None])
         assert reused in found and owner not in found
-    finally:
-        stranger.kill()
-        stranger.wait()
 
 
 def test_a_spool_whose_writer_was_killed_and_not_yet_reaped_is_abandoned(tmp_path):
     """A Ray worker ended with SIGKILL is a zombie until its raylet waits for it, and the driver hears of the
     death first: its pid still answers a signal, but its files must be taken (the CI once read nothing here)."""
-    import socket
-
-    folder = spool.node_spool_dir(tmp_path, "run-z", None)
-    folder.mkdir(parents=True)
-    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        left = folder / f"{socket.gethostname()}-{writer.pid}-c1.jsonl"
-        left.write_text("")
+    with _a_process_and_its_spool(tmp_path, "run-z") as (writer, left):
         writer.kill()
         deadline = time.monotonic() + 10
         while open(f"/proc/{writer.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":  # not waited for
@@ -194,6 +194,3 @@ def test_a_spool_whose_writer_was_killed_and_not_yet_reaped_is_abandoned(tmp_pat
             time.sleep(0.01)
         os.kill(writer.pid, 0)  # the pid still answers: the case this test is about
         assert left in spool.abandoned(tmp_path, "run-z", [None])
-    finally:
-        writer.kill()
-        writer.wait()
