@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from raysleuth.errors import StoreCorrupt, UsageError
+from raysleuth.recorder.schema import PACKED, VALUE_COLUMNS
 
 __all__ = ["buckets", "bulk", "loads", "table_for", "newest_per_worker", "select", "span_totals", "tail_records", "tails",
            "where_clause"]
@@ -63,9 +64,10 @@ def where_clause(*, kind=None, rank=None, job=None, name=None, since=None, until
     return where, args
 
 
-def _field_sql(field: str, guarded: bool = True) -> str:
+def _field_sql(field: str, guarded: bool = True, packed: bool = False) -> str:
     """SQL reading one ``data`` field; ``guarded``: a row whose data is not JSON reads as NULL (one more parse a
-    field, so :func:`select` first tries without and asks again guarded only if SQLite met such a row)."""
+    field, so :func:`select` first tries without and asks again guarded only if SQLite met such a row);
+    ``packed``: the file keeps some rows' data in value columns (schema 4, :data:`schema.PACKED`), read there."""
     path, _, form = field.partition(":")
     if not _FIELD.match(path) or form not in ("", "json", "number"):
         raise UsageError(f"data field {field!r} cannot be read in SQL", fix="name fields as word.word[:json|:number]")
@@ -74,7 +76,17 @@ def _field_sql(field: str, guarded: bool = True) -> str:
         value = f"json_quote({value})"
     elif form == "number":
         value = f"CASE WHEN json_type(data, '$.{path}') IN ('integer', 'real') THEN {value} END"
-    return f"CASE WHEN json_valid(data) THEN {value} END" if guarded else value
+    value = f"CASE WHEN json_valid(data) THEN {value} END" if guarded else value
+    if not packed:
+        return value
+    slots = [f"WHEN '{kind}' THEN {VALUE_COLUMNS[template.index(path)]}" for kind, template in PACKED.items()
+             if path in template]
+    stored = f"CASE kind {' '.join(slots)} END" if slots else "NULL"
+    if form == "json":
+        stored = f"json_quote({stored})"
+    elif form == "number":
+        stored = f"CASE WHEN typeof({stored}) IN ('integer', 'real') THEN {stored} END"
+    return f"CASE WHEN packed THEN {stored} ELSE {value} END"
 
 
 def select(store, kind: str | Iterable[str] | None, columns: Sequence[str] = ("time",), fields: Sequence[str] = (), *,
@@ -91,14 +103,14 @@ def select(store, kind: str | Iterable[str] | None, columns: Sequence[str] = ("t
     unknown = [column for column in columns if column not in READABLE]
     if unknown:
         raise UsageError(f"no column {unknown[0]!r} in the records table", fix=f"use one of {', '.join(READABLE)}")
-    old = store.schema_version < 2
+    old, packed = store.schema_version < 2, store.schema_version >= 4
     if old and filters.get("job") is not None:
         return
     where, args = where_clause(kind=kind, **filters)
 
     def sql(guarded: bool) -> str:
         parts = ["NULL" if old and column == "job_id" else column for column in columns]
-        text = f"SELECT {', '.join(parts + [_field_sql(f, guarded) for f in fields]) or '1'} FROM records"
+        text = f"SELECT {', '.join(parts + [_field_sql(f, guarded, packed) for f in fields]) or '1'} FROM records"
         if where:
             text += " WHERE " + " AND ".join(where)
         if ORDERS[order]:
@@ -197,9 +209,9 @@ def buckets(store, kind: str, field: str, width: float, *, start: float) -> Iter
     """(rank, pid, bucket, first time, highest value) of a numeric ``data`` field per worker and ``width`` seconds."""
     if not _FIELD.match(field):
         raise UsageError(f"data field {field!r} cannot be read in SQL", fix="name fields as word.word")
-    sql = (f"SELECT rank, pid, CAST((time - ?) / ? AS INTEGER) AS bucket, MIN(time), MAX(json_extract(data, '$.{field}'))"
-           f" FROM records WHERE kind = ? AND json_valid(data) AND json_type(data, '$.{field}') IN ('integer', 'real')"
-           " GROUP BY rank, pid, bucket ORDER BY rank, pid, bucket")
+    value = _field_sql(f"{field}:number", True, store.schema_version >= 4)
+    sql = (f"SELECT rank, pid, CAST((time - ?) / ? AS INTEGER) AS bucket, MIN(time), MAX({value})"
+           f" FROM records WHERE kind = ? AND {value} IS NOT NULL GROUP BY rank, pid, bucket ORDER BY rank, pid, bucket")
     yield from _rows(store, sql, [start, width, kind])
 
 

@@ -3,15 +3,18 @@
 Version 3 keeps each sender's identity once (``senders``: the ten columns a batch header carries) and each row
 with a number for it (``entries``); ``records`` is the view of both, with every column a ``records`` table had,
 in the same order, so every query reads one run's file whatever its version (an older raysleuth refuses a
-newer schema and says to upgrade). Writes go to ``entries``
+newer schema and says to upgrade). Version 4 keeps a memory sample's numbers in columns of its own
+(:data:`PACKED`), which ``records`` shows as the JSON they were. Writes go to ``entries``
 (:meth:`~raysleuth.recorder.store.EvidenceStore.write_batch`); an ``INSERT``, ``UPDATE`` or ``DELETE`` on
 ``records`` works through its triggers.
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 #: The identity columns a batch header carries for all its rows.
 IDENTITY_COLUMNS = (
@@ -136,8 +139,65 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX records_kind_rank ON entries (kind, rank, time);
     CREATE UNIQUE INDEX records_delivery ON entries (client, seq) WHERE client IS NOT NULL;
     """,
+    # 4: a memory sample's numbers in columns (`v0`..`v5`, its `data` ''), not as JSON text: 125 of its 170
+    # bytes, and no JSON to parse for a reader of its fields. `records` still shows the JSON (`json_object`, in
+    # the template's order); its last columns, `packed` and `v0`..`v5`, serve readers (`reading._field_sql`).
+    # Dropping the view drops its triggers: they are made again, and an update writes the JSON back.
+    """
+    ALTER TABLE entries ADD COLUMN v0;
+    ALTER TABLE entries ADD COLUMN v1;
+    ALTER TABLE entries ADD COLUMN v2;
+    ALTER TABLE entries ADD COLUMN v3;
+    ALTER TABLE entries ADD COLUMN v4;
+    ALTER TABLE entries ADD COLUMN v5;
+    DROP VIEW records;
+    CREATE VIEW records AS
+        SELECT e.id AS id, e.kind AS kind, e.time AS time, e.rank AS rank, e.step AS step, e.phase AS phase,
+               e.name AS name, e.level AS level,
+               CASE WHEN e.data = '' THEN CASE e.kind WHEN 'memory' THEN json_object('rss_bytes', e.v0,
+                    'uss_bytes', e.v1, 'cuda_allocated_bytes', e.v2, 'cuda_reserved_bytes', e.v3,
+                    'cuda_peak_bytes', e.v4, 'source', e.v5) ELSE '{}' END ELSE e.data END AS data,
+               e.seq AS seq, s.world_size AS world_size,
+               s.node_id AS node_id, s.node_ip AS node_ip, s.hostname AS hostname, s.pid AS pid,
+               s.actor_id AS actor_id, s.actor_name AS actor_name, s.actor_class AS actor_class,
+               s.client_id AS client_id, s.job_id AS job_id, e.data = '' AS packed, e.v0 AS v0, e.v1 AS v1,
+               e.v2 AS v2, e.v3 AS v3, e.v4 AS v4, e.v5 AS v5
+        FROM entries e LEFT JOIN senders s ON s.id = e.sender;
+    CREATE TRIGGER records_insert INSTEAD OF INSERT ON records BEGIN
+        INSERT OR IGNORE INTO senders (key, world_size, node_id, node_ip, hostname, pid, actor_id, actor_name,
+                                       actor_class, client_id, job_id)
+            VALUES (json_array(NEW.world_size, NEW.node_id, NEW.node_ip, NEW.hostname, NEW.pid, NEW.actor_id,
+                               NEW.actor_name, NEW.actor_class, NEW.client_id, NEW.job_id), NEW.world_size,
+                    NEW.node_id, NEW.node_ip, NEW.hostname, NEW.pid, NEW.actor_id, NEW.actor_name, NEW.actor_class,
+                    NEW.client_id, NEW.job_id);
+        INSERT OR IGNORE INTO clients (client_id) SELECT NEW.client_id WHERE NEW.client_id IS NOT NULL;
+        INSERT INTO entries (id, kind, time, rank, step, phase, name, level, data, seq, sender, client)
+            VALUES (NEW.id, NEW.kind, NEW.time, NEW.rank, NEW.step, NEW.phase, NEW.name, NEW.level,
+                    CASE WHEN NEW.data IS NULL OR NEW.data = '' THEN '{}' ELSE NEW.data END, NEW.seq,
+                    (SELECT id FROM senders WHERE key = json_array(NEW.world_size, NEW.node_id, NEW.node_ip,
+                     NEW.hostname, NEW.pid, NEW.actor_id, NEW.actor_name, NEW.actor_class, NEW.client_id, NEW.job_id)),
+                    (SELECT id FROM clients WHERE client_id = NEW.client_id));
+    END;
+    CREATE TRIGGER records_update INSTEAD OF UPDATE ON records BEGIN
+        UPDATE entries SET kind = NEW.kind, time = NEW.time, rank = NEW.rank, step = NEW.step, phase = NEW.phase,
+                           name = NEW.name, level = NEW.level,
+                           data = CASE WHEN NEW.data IS NULL OR NEW.data = '' THEN '{}' ELSE NEW.data END,
+                           seq = NEW.seq, v0 = NULL, v1 = NULL, v2 = NULL, v3 = NULL, v4 = NULL, v5 = NULL
+            WHERE id = OLD.id;
+    END;
+    CREATE TRIGGER records_delete INSTEAD OF DELETE ON records BEGIN
+        DELETE FROM entries WHERE id = OLD.id;
+    END;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+
+#: Kinds whose ``data`` is stored in the value columns when it is exactly this template: these keys in this
+#: order, each an int, a str or None (what ``json_object`` gives back unchanged; a float would come back with
+#: 15 digits). Anything else is stored as JSON. Migration 4 spells the same template in SQL.
+PACKED = {"memory": ("rss_bytes", "uss_bytes", "cuda_allocated_bytes", "cuda_reserved_bytes", "cuda_peak_bytes",
+                     "source")}
+VALUE_COLUMNS = ("v0", "v1", "v2", "v3", "v4", "v5")
 
 
 def statements(script: str) -> Iterator[str]:
@@ -153,7 +213,36 @@ def statements(script: str) -> Iterator[str]:
 
 #: A sender's identity as the key of its ``senders`` row (SQLite's own ``json_array``: one spelling everywhere).
 KEY_SQL = "json_array(" + ", ".join("?" * len(IDENTITY_COLUMNS)) + ")"
-ENTRY_COLUMNS = ROW_COLUMNS + ("sender", "client")
+ENTRY_COLUMNS = ROW_COLUMNS + ("sender", "client") + VALUE_COLUMNS
 #: What :meth:`~raysleuth.recorder.store.EvidenceStore.write_batch` runs for its rows (a resent row is ignored).
 INSERT_ENTRY = (f"INSERT OR IGNORE INTO entries ({', '.join(ENTRY_COLUMNS)}) "
                 f"VALUES ({', '.join('?' * len(ENTRY_COLUMNS))})")
+
+
+NO_VALUES = (None,) * len(VALUE_COLUMNS)
+_INT64 = 2**63
+
+
+def _plain(value: object) -> bool:
+    return value is None or type(value) is str or (type(value) is int and -_INT64 <= value < _INT64)
+
+
+def packed_values(kind: str, data: object) -> tuple | None:
+    """The value columns of a row whose ``data`` is its kind's :data:`PACKED` template exactly (its ``data`` is
+    then stored as ``''``); None when it is stored as JSON."""
+    template = PACKED.get(kind)
+    if template is None or type(data) is not dict or len(data) != len(template) or tuple(data) != template:
+        return None
+    values = tuple(data.values())
+    return values + NO_VALUES[len(values):] if all(map(_plain, values)) else None
+
+
+def entry(row: Sequence[Any]) -> list:
+    """The ``entries`` row (``ENTRY_COLUMNS``; sender and client None, for the writer to fill) of a row packed as
+    ``ROW_COLUMNS``: its ``data`` in the value columns (:func:`packed_values`), or as JSON text (never ``''``)."""
+    kind, data = row[0], row[7]
+    values = packed_values(kind, data)
+    if values is not None:
+        return [kind, row[1], row[2], row[3], row[4], row[5], row[6], "", row[8], None, None, *values]
+    text = data if isinstance(data, str) else json.dumps(data, default=repr, separators=(",", ":"))
+    return [kind, row[1], row[2], row[3], row[4], row[5], row[6], text or "{}", row[8], None, None, *NO_VALUES]

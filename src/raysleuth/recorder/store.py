@@ -35,6 +35,7 @@ from raysleuth.recorder.schema import (
     MIGRATIONS,
     ROW_COLUMNS,
     SCHEMA_VERSION,
+    entry,
     statements,
 )
 from raysleuth.redaction import redact_record
@@ -248,8 +249,7 @@ class EvidenceStore:
         Returns the number of rows newly inserted.
         """
         identity = tuple(header.get(name) for name in IDENTITY_COLUMNS)
-        packed = [[row[0], row[1], row[2], row[3], row[4], row[5], row[6], _dumps(row[7]), row[8], None, None]
-                  for row in rows]  # a writer's file is always the newest schema (it migrates when opened)
+        packed = [entry(row) for row in rows]  # a writer's file is always the newest schema (migrated when opened)
         with self._lock:
             try:
                 sender, client = self._senders.get(identity) or self._sender(identity)  # the identity once
