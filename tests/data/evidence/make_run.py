@@ -98,7 +98,9 @@ def main(out: Path) -> None:
         db = sqlite3.connect(Path(home) / "runs" / "local" / "evidence.sqlite")
         db.row_factory = sqlite3.Row
         with out.open("w") as stream:
-            for row in db.execute("SELECT * FROM records ORDER BY id"):
+            from raysleuth.recorder.schema import COLUMNS  # the view's own columns (schema 4 adds readers' ones)
+
+            for row in db.execute(f"SELECT id, {', '.join(COLUMNS)} FROM records ORDER BY id"):
                 stream.write(json.dumps(dict(row), sort_keys=True) + "\n")
 
 
