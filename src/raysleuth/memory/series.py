@@ -80,10 +80,6 @@ def _present(values) -> list[float]:
     return values[values == values].tolist()
 
 
-def _maybe(values) -> list[float | None]:
-    return [v if v == v else None for v in values.tolist()]
-
-
 def _as_int(value: float | None) -> Any:
     """An integral float as the int it was stored as (bytes), anything else as it is."""
     return int(value) if value is not None and value == value and float(value).is_integer() else value

@@ -24,7 +24,7 @@ from typing import Any
 
 from raysleuth import evidence
 from raysleuth.cluster import own
-from raysleuth.memory.series import METRICS, _as_int, _maybe, _present, _Series
+from raysleuth.memory.series import METRICS, _as_int, _present, _Series
 from raysleuth.memory.trend import LeakPolicy, detect_leak, leaks
 from raysleuth.recorder.reading import bulk
 
@@ -137,16 +137,15 @@ def summarise(records: list, policy: LeakPolicy | None = None) -> WorkerMemory:
 
 
 def _summarise_series(series: _Series, policy: LeakPolicy | None) -> WorkerMemory:
-    times_, steps_, values = series.ordered()
+    times, steps, values = series.ordered()  # NaN: no value (the leak test reads columns as they are)
     last = series.last
-    times = times_.tolist()
-    steps: list[Any] = _maybe(steps_)  # as floats: the per-step slope is the same
     latest = dict(zip(METRICS, last[9:]))
     node_id, actor_class, actor_name = series.identity
     worker = WorkerMemory(
         rank=series.rank, pid=last[4] if last[7] is None else last[7],
         node_ip=last[5] if last[8] is None else last[8], node_id=node_id, actor_class=actor_class,
-        actor_name=actor_name, source=last[6], samples=len(times), first_time=times[0], last_time=times[-1],
+        actor_name=actor_name, source=last[6], samples=len(times), first_time=float(times[0]),
+        last_time=float(times[-1]),
         rss_bytes=latest["rss_bytes"], uss_bytes=latest["uss_bytes"],
         cuda_allocated_bytes=latest["cuda_allocated_bytes"], cuda_reserved_bytes=latest["cuda_reserved_bytes"],
     )
@@ -157,9 +156,9 @@ def _summarise_series(series: _Series, policy: LeakPolicy | None) -> WorkerMemor
     host_metric = "uss_bytes" if len(_present(values["uss_bytes"])) >= len(times) / 2 else "rss_bytes"
     # the device's verdict when it leaks, else the host's: only the chosen one's evidence lines are fitted
     metric = host_metric
-    if _present(values["cuda_allocated_bytes"]) and leaks(times, _maybe(values["cuda_allocated_bytes"]), policy=policy):
+    if _present(values["cuda_allocated_bytes"]) and leaks(times, values["cuda_allocated_bytes"], policy=policy):
         metric = "cuda_allocated_bytes"
-    chosen = detect_leak(times, _maybe(values[metric]), steps=steps, policy=policy, metric=metric)
+    chosen = detect_leak(times, values[metric], steps=steps, policy=policy, metric=metric)
     worker.leak, worker.reason, worker.evidence = chosen.leak, chosen.reason, chosen.to_dict()
     worker.status = chosen.status
     worker.slope_bytes_per_s, worker.slope_bytes_per_step = chosen.slope_bytes_per_s, chosen.slope_bytes_per_step
