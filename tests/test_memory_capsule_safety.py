@@ -25,7 +25,10 @@ def test_ten_capsules_under_churning_threads_crash_nothing_and_warn_nothing(tmp_
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]  # -11 was the SIGSEGV
     assert "CAPSULES 10" in done.stdout
-    assert "Leaker.buffers" in done.stdout  # the walk still names who holds the memory
+    # the walk names who holds the memory whenever it walked the whole heap: under the churn (which takes the
+    # GIL every 10 µs, the walk gets a fraction of it) a walk may run out of its 2 s and then says it is partial
+    assert " MISSED 0 " in done.stdout, done.stdout
+    assert "Leaker.buffers" in done.stdout.split(" QUIET ")[1], done.stdout  # once the churn stops
     assert "Traceback" not in done.stderr and "SystemError" not in done.stderr, done.stderr[-3000:]
     assert "FutureWarning" not in done.stderr and "reduce_op" not in done.stderr, done.stderr[-3000:]
 

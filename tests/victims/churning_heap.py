@@ -6,8 +6,10 @@ collector while it is still being filled), lists, dicts and sets of
 buffers, and freeing them; torch.distributed is imported (its deprecated
 ``reduce_op`` warns when touched); the main thread takes ROUNDS memory
 capsules through ``rs.memory.on_threshold(..., "capture")``'s own capture
-function. Prints ``CAPSULES <n> HOLDERS <owner>`` and exits 0 if nothing
-crashed.
+function, then one more once the threads stopped. Prints ``CAPSULES <n>
+HOLDERS <owners> PARTIAL <walks cut by their budget> MISSED <whole walks
+that did not name the holder> QUIET <owners once the churn stopped>`` and
+exits 0 if nothing crashed.
 """
 
 from __future__ import annotations
@@ -44,12 +46,19 @@ def main(rounds: int) -> None:
     threads = [threading.Thread(target=churn, args=(stop,), daemon=True) for _ in range(4)]
     for thread in threads:
         thread.start()
-    owners = set()
+    owners, partial, missed = set(), 0, 0
     for _ in range(rounds):
         capsule = capture_capsule(reason="test", metric="rss_bytes", value=None, threshold=None)
-        owners.update(holder["owner"] for holder in capsule["holders"])
+        named = {holder["owner"] for holder in capsule["holders"]}
+        owners |= named
+        partial += bool(capsule.get("partial"))  # the walk's 2 s ran out: the capsule says so
+        missed += not capsule.get("partial") and "Leaker.buffers" not in named  # a whole walk must name it
     stop.set()
-    print("CAPSULES", rounds, "HOLDERS", "|".join(sorted(owners)), flush=True)
+    for thread in threads:
+        thread.join()
+    quiet = capture_capsule(reason="test", metric="rss_bytes", value=None, threshold=None)  # the walk still works
+    print("CAPSULES", rounds, "HOLDERS", "|".join(sorted(owners)), "PARTIAL", partial, "MISSED", missed,
+          "QUIET", "|".join(sorted(holder["owner"] for holder in quiet["holders"])), flush=True)
     assert leaker.buffers
 
 
