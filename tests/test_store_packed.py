@@ -141,7 +141,7 @@ def test_raw_sql_through_the_view_keeps_a_packed_sample_whole(tmp_path):
     assert _by_id(again, "memory")[-1].data == {}
 
 
-def test_packed_samples_take_under_a_third_of_the_bytes_of_json_ones(tmp_path):
+def test_packed_samples_take_under_55_percent_of_the_bytes_of_json_ones(tmp_path):
     runs = _runs(ranks=8, samples=1500)
     sizes = {}
     for as_text in (False, True):
