@@ -237,6 +237,13 @@ def packed_values(kind: str, data: object) -> tuple | None:
     return values + NO_VALUES[len(values):] if all(map(_plain, values)) else None
 
 
+def dumps(value: Any) -> str:
+    """A value as the store keeps it: text as it is, anything else as compact JSON (what JSON cannot say: repr)."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, default=repr, separators=(",", ":"))
+
+
 def entry(row: Sequence[Any]) -> list:
     """The ``entries`` row (``ENTRY_COLUMNS``; sender and client None, for the writer to fill) of a row packed as
     ``ROW_COLUMNS``: its ``data`` in the value columns (:func:`packed_values`), or as JSON text (never ``''``)."""
@@ -244,5 +251,4 @@ def entry(row: Sequence[Any]) -> list:
     values = packed_values(kind, data)
     if values is not None:
         return [kind, row[1], row[2], row[3], row[4], row[5], row[6], "", row[8], None, None, *values]
-    text = data if isinstance(data, str) else json.dumps(data, default=repr, separators=(",", ":"))
-    return [kind, row[1], row[2], row[3], row[4], row[5], row[6], text or "{}", row[8], None, None, *NO_VALUES]
+    return [kind, row[1], row[2], row[3], row[4], row[5], row[6], dumps(data) or "{}", row[8], None, None, *NO_VALUES]

@@ -35,6 +35,7 @@ from raysleuth.recorder.schema import (
     MIGRATIONS,
     ROW_COLUMNS,
     SCHEMA_VERSION,
+    dumps,
     entry,
     statements,
 )
@@ -96,12 +97,6 @@ def redacted_row(row: Sequence[Any]) -> tuple:
     phase, name = row[4], row[5]
     return (row[0], row[1], row[2], row[3], redact_record(phase) if type(phase) is str else phase,
             redact_record(name) if type(name) is str else name, row[6], redact_record(row[7]), row[8])
-
-
-def _dumps(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, default=repr, separators=(",", ":"))
 
 
 def run_dir(home: Path, run_id: str) -> Path:
@@ -226,7 +221,7 @@ class EvidenceStore:
     def set_meta(self, key: str, value: Any) -> None:
         """Store one run-level fact (JSON)."""
         with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, _dumps(value)))
+            self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, dumps(value)))
             self._db.commit()
 
     def meta(self) -> dict[str, Any]:
