@@ -64,6 +64,11 @@ def where_clause(*, kind=None, rank=None, job=None, name=None, since=None, until
     return where, args
 
 
+def _packs(store) -> bool:
+    """Whether ``store``'s file may keep rows' data in value columns (schema 4 on, :data:`schema.PACKED`)."""
+    return store.schema_version >= 4
+
+
 def _field_sql(field: str, guarded: bool = True, packed: bool = False) -> str:
     """SQL reading one ``data`` field; ``guarded``: a row whose data is not JSON reads as NULL (one more parse a
     field, so :func:`select` first tries without and asks again guarded only if SQLite met such a row);
@@ -103,7 +108,7 @@ def select(store, kind: str | Iterable[str] | None, columns: Sequence[str] = ("t
     unknown = [column for column in columns if column not in READABLE]
     if unknown:
         raise UsageError(f"no column {unknown[0]!r} in the records table", fix=f"use one of {', '.join(READABLE)}")
-    old, packed = store.schema_version < 2, store.schema_version >= 4
+    old, packed = store.schema_version < 2, _packs(store)
     if old and filters.get("job") is not None:
         return
     where, args = where_clause(kind=kind, **filters)
@@ -209,7 +214,7 @@ def buckets(store, kind: str, field: str, width: float, *, start: float) -> Iter
     """(rank, pid, bucket, first time, highest value) of a numeric ``data`` field per worker and ``width`` seconds."""
     if not _FIELD.match(field):
         raise UsageError(f"data field {field!r} cannot be read in SQL", fix="name fields as word.word")
-    value = _field_sql(f"{field}:number", True, store.schema_version >= 4)
+    value = _field_sql(f"{field}:number", True, _packs(store))
     sql = (f"SELECT rank, pid, CAST((time - ?) / ? AS INTEGER) AS bucket, MIN(time), MAX({value})"
            f" FROM records WHERE kind = ? AND {value} IS NOT NULL GROUP BY rank, pid, bucket ORDER BY rank, pid, bucket")
     yield from _rows(store, sql, [start, width, kind])
