@@ -122,3 +122,36 @@ def test_checkpoint_barrier_longer_than_the_window_is_busy(ray_cluster, shape, c
     for _ in range(2):  # rank 0 spends all but milliseconds of every few steps writing: both calls see the barrier
         code, data = stacks(ray_cluster.address, victim, capsys)
         assert (code, _verdict(data)["state"], _verdict(data)["culprits"]) == (0, "busy", []), _verdict(data)
+
+
+def test_a_process_that_dies_between_the_samples_is_not_blamed_on_its_first_sample(ray_cluster, shape, capsys,
+                                                                                   monkeypatch):
+    """The loader is blocked for good and named; killed between the two samples, the first sample alone must
+    not name it (its frames cannot have moved once it is gone): the verdict says it exited and cannot tell."""
+    import os
+    import signal
+
+    import raysleuth.stacks.sampling as sampling
+
+    victim = shape("blocked_call")
+    code, data = settle(ray_cluster.address, victim, capsys, lambda c, d: _verdict(d)["culprits"])
+    [culprit] = _verdict(data)["culprits"]
+    assert (code, culprit["actor_class"], culprit["rule"]) == (1, "Loader", "wait-for chain"), _verdict(data)
+    real, reads = sampling.thread_times, []
+
+    def kill_after_the_first_read(targets, timeout=5.0):
+        found = real(targets, timeout)
+        reads.append(found)
+        if len(reads) == 1:  # the counters before the window are read: the loader dies inside the window
+            os.kill(culprit["pid"], signal.SIGKILL)
+        return found
+
+    monkeypatch.setattr(sampling, "thread_times", kill_after_the_first_read)
+    code, data = stacks(ray_cluster.address, victim, capsys)
+    verdict = _verdict(data)
+    assert len(reads) == 2 and culprit["pid"] in {pid for _node, pid in reads[0][0]}, reads
+    assert (code, verdict["state"], verdict["culprits"]) == (2, "unsure", []), verdict
+    assert "Loader" in verdict["summary"] and "exited during the capture window" in verdict["summary"], verdict
+    loader = next(p for p in data["processes"] if p["pid"] == culprit["pid"])
+    assert loader["exited"] and "exited during the capture window" in loader["error"], loader
+    assert any(item["pid"] == culprit["pid"] for item in data["missing"]), data["missing"]

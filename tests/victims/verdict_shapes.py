@@ -11,6 +11,7 @@ Shapes (faults and their healthy twins):
   ``asyncio.Event`` nobody sets, and the driver waits on every request;
 - ``cycle``: two actors waiting on each other: the learner calls ``ray.get(server.apply.remote())`` and
   the server calls back ``ray.get(learner.ack.remote())`` while the learner runs one call at a time;
+- ``blocked_call``: the driver waits on one actor call blocked on a ``threading.Event`` nobody sets;
 - ``ddp_sleep``: a healthy gloo DDP job whose loop sleeps 50 ms after each step;
 - ``spin``: a gloo job whose rank 1 spins on a flag nobody sets (busy, no progress) while its peers wait
   in ``all_reduce``;
@@ -95,6 +96,34 @@ def cycle() -> None:
     ray.get(run)
 
 
+# ---------------------------------------------------------------- one blocked call
+
+@ray.remote(num_cpus=0)
+class Loader:
+    """Loads a shard from a queue the producer never fills: blocked in the user's code, waited on."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.filled = threading.Event()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def load(self) -> int:
+        self.filled.wait()  # nobody sets it
+        return 1
+
+
+def blocked_call() -> None:
+    loader = Loader.remote()
+    ray.get(loader.pid.remote())
+    run = loader.load.remote()
+    time.sleep(1)
+    ready()
+    ray.get(run)
+
+
 # ---------------------------------------------------------------- gloo jobs
 
 @ray.remote(num_cpus=0)
@@ -165,6 +194,7 @@ SHAPES = {
     "async_stuck": lambda: async_engine(True),
     "async_healthy": lambda: async_engine(False),
     "cycle": cycle,
+    "blocked_call": blocked_call,
     "ddp_sleep": lambda: gloo("ddp_sleep"),
     "spin": lambda: gloo("spin"),
     "op_mismatch": lambda: gloo("op_mismatch"),

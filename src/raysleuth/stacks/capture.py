@@ -120,11 +120,12 @@ def dump_stacks(
                  if proc.error != NOT_PYTHON]
     processes.sort(key=lambda p: (p.role != "driver", p.rank if p.rank is not None else 1 << 30, p.node_ip or "", p.pid))
     report.processes = processes
-    readable = [proc for proc in processes if proc.threads]
+    readable = [proc for proc in processes if proc.threads and not proc.exited]
     context = VerdictContext(tasks=found["tasks"],  # unfinished only: the listing asked the GCS for those
                              dead=_of_jobs(found.get("dead") or [], job), calls=found.get("calls") or [],
                              samples=samples, window=interval if samples > 1 else 0.0,
-                             collective_positions=found.get("collectives") or [], failed=found.get("failed") or {})
+                             collective_positions=found.get("collectives") or [], failed=found.get("failed") or {},
+                             exited=[p.label for p in processes if p.exited and p.role in ("driver", "actor", "task")])
     report.verdict = build_verdict(readable, context=context, extra_rules=extra_rules)
     report.groups = group_processes(readable)
     report.seconds = time.monotonic() - started

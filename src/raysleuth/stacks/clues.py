@@ -98,20 +98,24 @@ def collective_positions(*, request: bool = True, wait: float = 1.5) -> list[dic
     return [culprit.to_dict() for culprit in report.culprits]
 
 
-def thread_times(targets: dict[str, list[ProcessStack]], timeout: float = 5.0) -> dict[tuple, dict[int, Any]]:
+def thread_times(targets: dict[str, list[ProcessStack]],
+                 timeout: float = 5.0) -> tuple[dict[tuple, dict[int, Any]], set[str]]:
     """Progress counters per thread of every target (CPU, switches, I/O), from the node agents, read from
-    ``/proc`` with no ptrace (empty where an agent does not answer)."""
+    ``/proc`` with no ptrace, and the nodes whose agent answered: on those, a target left out has exited
+    (empty where no agent answers)."""
     try:
         results = agents.call_agents("thread_times", timeout=timeout, nodes=list(targets),
                                      per_node_args={node: ([p.pid for p in procs],) for node, procs in targets.items()})
     except Exception:
-        return {}
+        return {}, set()
     times: dict[tuple, dict[int, Any]] = {}
+    answered = set()
     for result in results:
         if result.ok:
+            answered.add(result.node_id)
             for pid, threads in (result.value or {}).items():
                 times[(result.node_id, int(pid))] = {int(tid): seconds for tid, seconds in threads.items()}
-    return times
+    return times, answered
 
 
 def progress_records(since: float) -> dict[tuple, list[str]]:

@@ -86,6 +86,11 @@ class ProcessStack:
     """A thread runs an asyncio event loop (an async actor: its calls await off the main thread)."""
     event_loop_thread: int | None = None
     """The OS thread id of that event loop: an async actor's progress is measured on it."""
+    samples: int | None = None
+    """Samples it was measured over: 2 when both py-spy reads and the counters around them were read; 1 when
+    its second read or its counters failed (it is judged as one sample); None before a read."""
+    exited: bool = False
+    """It exited between the two samples (its pid left ``/proc``): out of the verdict, which says so."""
     moved: bool | None = None
     """Between the two samples: True when the key thread's frames changed or it used CPU or woke; None with one sample."""
     moved_frames: bool | None = None

@@ -82,6 +82,8 @@ def _is_active(counters: dict[str, Any] | None) -> list[str]:
 
 def classify(process: ProcessStack, samples: int = 2) -> Activity | None:
     """Decide ``process.activity`` from its evidence (and ``process.wait``); returns the activity."""
+    if process.samples is not None:
+        samples = min(samples, process.samples)  # its own second read or counters failed: one sample of it
     thread = key_thread(process)
     if thread is None:
         process.activity, process.wait = None, None

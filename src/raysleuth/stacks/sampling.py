@@ -64,6 +64,9 @@ def sample(report: StackReport, targets: dict[str, list[ProcessStack]], found: d
         if two and any(proc.threads for procs in targets.values() for proc in procs):
             _second(report, targets, found, pool, tools, first, native=native, include_idle=include_idle,
                     deadline=deadline, per_process_timeout=per_process_timeout, parallel=parallel, interval=interval)
+            exited = [p for procs in targets.values() for p in procs if p.exited]
+            if exited:  # a death in the window: the first listing was read before it
+                clues["dead"] = pool.submit(safely, dead_after, exited, deadline)
             clues["records"] = pool.submit(safely, progress_records, started_wall)
             clues["coroutines"] = pool.submit(safely, read_coroutines, _result(coroutines, deadline, report, "") or None)
         if two:  # (one sample is the quick look: it stays as fast as before, without the failed calls' listing)
@@ -100,12 +103,12 @@ def _second(report: StackReport, targets: dict[str, list[ProcessStack]], found: 
     again = {node: [p for p in procs if (p.node_id, p.pid) in earlier] for node, procs in targets.items()}
     again = {node: procs for node, procs in again.items() if procs}
     counters_timeout = max(0.5, min(5.0, deadline - time.monotonic()))
-    before, window_start = thread_times(again, counters_timeout), time.monotonic()
+    (before, _), window_start = thread_times(again, counters_timeout), time.monotonic()
     time.sleep(max(0.0, min(interval - (time.monotonic() - first), deadline - time.monotonic() - 1.0)))
     second = time.monotonic()
     spy_round(report, again, found, native, include_idle, deadline, per_process_timeout, parallel,
               tools=tools, second=True)
-    after, window = thread_times(again, max(0.5, min(5.0, deadline - time.monotonic()))), \
+    (after, answered), window = thread_times(again, max(0.5, min(5.0, deadline - time.monotonic()))), \
         time.monotonic() - window_start
     tasks_now = pool.submit(safely, cluster.tasks, not_states=_TERMINAL, detail=True)
     report.timings["py_spy_2"] = time.monotonic() - second
@@ -115,14 +118,37 @@ def _second(report: StackReport, targets: dict[str, list[ProcessStack]], found: 
         proc = next((p for p in (targets.get(key[0], []) if key[0] is not None else []) if p.pid == key[1]), None)
         if proc is None:
             continue
-        proc.moved_frames = signature(proc) != old_signature
+        if key in before and key not in after and key[0] in answered:
+            _exited(report, proc)  # its agent answered without it: the pid left /proc during the window
+            continue
         tid = progress_thread(proc)
         proc.counters = thread_deltas(before.get(key), after.get(key), tid, window)
+        if proc.counters is None:
+            proc.samples = 1  # no counters around the window: the same frames alone do not say it is stuck
+        proc.moved_frames = signature(proc) != old_signature if proc.samples == 2 else None
         if proc.counters is not None and tid == proc.event_loop_thread:
             proc.counters["event_loop"] = 1.0  # an idle loop sleeps without waking; any timer wakes it
         ended = len(was.get(key, set()) - now.get(key, set())) if listed is not None else 0
         if ended:  # (a call that started counts for nothing: a request that starts and then hangs starts too)
             proc.progress.append(f"Ray calls finished: {ended} in the window")
+
+
+def _exited(report: StackReport, proc: ProcessStack) -> None:
+    proc.exited, proc.moved_frames, proc.counters = True, None, None
+    proc.error = "exited during the capture window (between the two samples)"
+    report.missing.append(Missing(node_ip=proc.node_ip, pid=proc.pid, reason=f"{proc.label}: {proc.error}"))
+
+
+def dead_after(exited: list[ProcessStack], deadline: float) -> list[dict[str, Any]]:
+    """Dead actors, read again after targets exited in the window: until Ray lists each exited actor as
+    dead (it learns of a death within a second or so), for at most 3 s and never past ``deadline``."""
+    until = min(time.monotonic() + 3.0, deadline - 1.0)
+    wanted = {(p.node_id, p.pid) for p in exited if p.role == "actor"}
+    while True:
+        dead = dead_actors()
+        if wanted <= {(item.get("node_id"), item.get("pid")) for item in dead} or time.monotonic() >= until:
+            return dead
+        time.sleep(0.3)
 
 
 def progress_thread(proc: ProcessStack) -> int | None:

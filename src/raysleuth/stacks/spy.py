@@ -97,6 +97,7 @@ def _read_one(report: StackReport, proc: ProcessStack, done: dict[str, Any], nod
                 proc.error = f"unreadable py-spy output ({error})"
             return
         proc.seconds = done.get("seconds")
+        proc.samples = 2 if second else 1
         loops = [thread for thread in threads if has_event_loop(thread)]  # before idle threads are folded
         proc.event_loop = bool(loops)
         proc.event_loop_thread = loops[0].os_thread_id if loops else None

@@ -81,6 +81,9 @@ class VerdictContext:
     failed: dict[tuple, str] = dataclasses.field(default_factory=dict)
     """``(node_id, pid) -> error text`` of each process's newest failed call (why a rank left a collective)."""
     chains: list[list[WaitLink]] = dataclasses.field(default_factory=list)
+    exited: list[str] = dataclasses.field(default_factory=list)
+    """Drivers, actors and tasks that exited between the two samples (left out of ``processes``): what they
+    leave waiting is not measured yet, so no root cause is no all-clear."""
     errors: list[str] = dataclasses.field(default_factory=list)
     """Rules that failed (an extra rule must never cost the verdict)."""
 
@@ -212,7 +215,14 @@ def _without_root_cause(verdict: StackVerdict, graph: WaitGraph, processes: list
     stuck = [p for p in processes if p.activity in WAITING and _relevant(graph, p, processes)]
     moving_jobs = {p.job_id for p in moving if p.job_id}
     unexplained = [p for p in stuck if not _explained(graph, p, moving_jobs)]
-    if unexplained and context.samples < 2:
+    if context.exited:
+        more = f" (+{len(context.exited) - 4} more)" if len(context.exited) > 4 else ""
+        verdict.state = "unsure"
+        verdict.summary = (f"unsure: {', '.join(context.exited[:4])}{more} exited during the capture window; "
+                           "what that leaves waiting is not measured yet")
+        verdict.notes.append("a process exited while it was sampled: run raysleuth stacks again "
+                             "(raysleuth crashes says why it ended)")
+    elif unexplained and context.samples < 2:
         verdict.state = "unsure"
         verdict.summary = (f"unsure: {len(unexplained)} process(es) look blocked in this one sample and no root "
                            "cause stands out; one sample cannot measure progress")
