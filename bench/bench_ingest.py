@@ -3,8 +3,10 @@
 Starts a local Ray (its own temp dir), the run's real writer actor
 (``raysleuth.recorder.get_writer``) and ``--hosts`` host actors. Each host
 carries ``--ranks / --hosts`` rank identities; every identity is its own
-:class:`raysleuth.recorder.RecordClient` with a :class:`WriterSink` (the
-delivery, spool and write-ahead code every worker runs), its own control
+:class:`raysleuth.recorder.RecordClient` with the sink every worker gets
+(``ray_sink()``: through its node's agent, which relays the node's batches
+to the writer in one call; the delivery, spool and write-ahead code every
+worker runs), its own control
 poll (``raysleuth.control``'s one poll, once a second, as each worker
 process does) and, at the end, its own seat in one consistency meeting
 (``raysleuth.consistency.exchange.MailboxExchange``, the store transport).
@@ -19,10 +21,18 @@ Counted: every record written (``recorded``), acknowledged, spooled and
 dropped on the clients; every record stored (a count in the SQLite file);
 the writer's RPCs by method (``info()["calls"]``) per second and per rank.
 
+The same simulation then runs again with each client delivering straight
+to the writer (``RAYSLEUTH_RELAY=0``, the write path before the relay): the
+baseline for the writer's write calls a second.
+
 Targets: nothing lost (stored == recorded), nothing spooled or dropped,
-stored rate >= the 1,000-rank full-mode rate, control polls <= 1 RPC a
-second per node on the writer (not one per rank), and a consistency meeting
-<= 4 writer RPCs per rank (one exchange each rank reads once).
+the sustained stored rate (from a sixth of the window to its end: a batch is
+stored up to a client interval and a relay window after it was recorded)
+>= the 1,000-rank full-mode rate, control polls <= 1 RPC a
+second per node on the writer (not one per rank), a consistency meeting
+<= 4 writer RPCs per rank (one exchange each rank reads once), and the
+writer's write calls at most one per node agent per relay window (all the
+ranks here share one node, so one agent), at least 5x fewer than straight.
 
 Usage: python bench/bench_ingest.py [--ranks 160] [--hosts 4] [--seconds 30] [--ranks-per-node 8]
 """
@@ -58,14 +68,16 @@ def full_mode_rate(world: int = FULL_RANKS) -> float:
 class Host:
     """One process carrying many rank identities, each with its own client and control poll."""
 
-    def __init__(self, first: int, count: int, world: int, speed: float) -> None:
+    def __init__(self, first: int, count: int, world: int, speed: float, relay: bool = True) -> None:
         from raysleuth import cluster
         from raysleuth.recorder import RecordClient, WriterSink
+        from raysleuth.recorder.sinks import ray_sink
 
         self.ranks = list(range(first, first + count))
         self.world, self.speed = world, speed
         run_id = cluster.session_name()
-        self.clients = {rank: RecordClient(WriterSink(), run_id=run_id) for rank in self.ranks}
+        self.clients = {rank: RecordClient(ray_sink() if relay else WriterSink(), run_id=run_id)
+                        for rank in self.ranks}
         self.stop = threading.Event()
         self.polls = 0
         self.threads: list[threading.Thread] = []
@@ -190,10 +202,11 @@ def _relayed() -> dict:
     return totals
 
 
-def drive(options: argparse.Namespace) -> dict:
+def drive(options: argparse.Namespace, relay: bool = True) -> dict:
     """Run the simulation on a fresh local Ray; every figure the targets need."""
     import ray
 
+    from raysleuth import agents
     from raysleuth.recorder import get_writer
 
     ray.init(num_cpus=options.hosts + 2, include_dashboard=False, _temp_dir=options.temp, log_to_driver=False,
@@ -201,17 +214,22 @@ def drive(options: argparse.Namespace) -> dict:
     try:
         writer = get_writer(home=options.home)
         ray.get(writer.info.remote(), timeout=120)
+        for handle, _ip in agents.get_agents(timeout=120).values():  # what the writer does within seconds
+            ray.get(handle.ping.remote(), timeout=120)
         host_class = ray.remote(num_cpus=1, max_concurrency=4)(Host)
         share = options.ranks // options.hosts
         hosts = [host_class.remote(i * share, share if i < options.hosts - 1 else options.ranks - i * share,
-                                   options.ranks, FULL_RANKS / options.ranks) for i in range(options.hosts)]
+                                   options.ranks, FULL_RANKS / options.ranks, relay) for i in range(options.hosts)]
         ray.get([host.prepare.remote(options.seconds) for host in hosts], timeout=300)
         before = ray.get(writer.info.remote(), timeout=60)
         began = time.monotonic()
         ray.get([host.start.remote(options.seconds) for host in hosts], timeout=300)
+        time.sleep(max(0.0, options.seconds / 6 - (time.monotonic() - began)))
+        early, early_at = ray.get(writer.info.remote(), timeout=60), time.monotonic()
         time.sleep(max(0.0, options.seconds - (time.monotonic() - began)))
         during = ray.get(writer.info.remote(), timeout=60)
         window = time.monotonic() - began
+        steady = (during["received"] - early["received"]) / max(1e-9, time.monotonic() - early_at)
         counts = ray.get([host.finish.remote() for host in hosts], timeout=600)
         drained = ray.get(writer.info.remote(), timeout=60)
         relayed = _relayed()
@@ -227,6 +245,7 @@ def drive(options: argparse.Namespace) -> dict:
                                                                    "failures")}
     return {"totals": totals, "flushed": all(count["flushed"] for count in counts), "window": window,
             "during": rates(before, during, window), "stored_in_window": during["received"] - before["received"],
+            "steady": steady,
             "stored": stored_rows(drained["path"], clients), "meeting_s": meeting_s,
             "meeting_calls": {m: n - drained["calls"].get(m, 0) for m, n in sorted(met["calls"].items())
                               if m not in ("write", "get_controls", "ingest") and n > drained["calls"].get(m, 0)},
@@ -251,15 +270,25 @@ def main() -> int:
           f"{options.seconds:g}s, replayed {FULL_RANKS / options.ranks:.2f}x; 1,000-rank full-mode rate "
           f"{goal:,.0f} rows/s; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
     fig = drive(options)
+    options.home = tempfile.mkdtemp(prefix="raysleuth-ingest-direct-")
+    os.environ["RAYSLEUTH_HOME"] = options.home
+    direct = drive(options, relay=False)
     totals, during, window = fig["totals"], fig["during"], fig["window"]
-    rate = fig["stored_in_window"] / window
+    # the sustained rate: rows the writer took from the first sixth of the window to its end (a batch is stored
+    # up to one client interval and one relay window after it was recorded: a lag, not a lower rate)
+    rate = fig["steady"]
     print(f"clients: {totals}; stored {fig['stored']:,}; recorded {totals['recorded'] / window:,.0f} rows/s, "
-          f"stored while feeding {rate:,.0f} rows/s over {window:.1f}s")
+          f"stored {rate:,.0f} rows/s sustained (from {window / 6:.0f}s to the end of the {window:.1f}s window)")
     print("writer RPCs/s while feeding: " + ", ".join(f"{m} {v:,.1f}" for m, v in during.items()))
     per_rank = {m: v / options.ranks for m, v in during.items()}
     print("per rank per second: " + ", ".join(f"{m} {v:.3f}" for m, v in per_rank.items())
           + f"; at 1,000 ranks: {sum(per_rank.values()) * FULL_RANKS:,.0f} writer RPCs/s")
     print(f"node agents relayed (before the meeting): {fig['relayed']}")
+    writes = sum(during.get(m, 0.0) for m in ("write", "write_many"))
+    straight = sum(direct["during"].get(m, 0.0) for m in ("write", "write_many"))
+    print(f"writer write calls/s: {writes:,.1f} through the node agent, {straight:,.1f} straight "
+          f"(RAYSLEUTH_RELAY=0, same run): {straight / max(writes, 1e-9):.1f}x fewer; straight, at 1,000 ranks: "
+          f"{straight / options.ranks * FULL_RANKS:,.0f}/s; relayed, at 125 nodes: {writes * 125:,.0f}/s")
     calls = sum(fig["meeting_calls"].values())
     print(f"consistency meeting: {fig['meeting_s']:.1f}s, writer RPCs {fig['meeting_calls']} "
           f"({calls / options.ranks:.1f} a rank); every rank saw {min(fig['seen'], default=0)}-"
@@ -277,6 +306,14 @@ def main() -> int:
            f"{polls:,.1f}/s on the writer for {nodes} nodes ({polls / options.ranks:.2f} a rank)")
     target(f"meeting <= {MEETING_RPCS_PER_RANK:g} writer RPCs a rank", calls / options.ranks <= MEETING_RPCS_PER_RANK,
            f"{calls / options.ranks:.1f} a rank")
+    from raysleuth.agents.relay import RELAY_WINDOW_S
+
+    target("write calls <= 1 per node agent per relay window", writes <= 1.0 / RELAY_WINDOW_S * 1.1,
+           f"{writes:.2f}/s through one agent (window {RELAY_WINDOW_S:g}s)")
+    target("write calls >= 5x fewer than straight", straight >= 5 * writes,
+           f"{straight:,.1f}/s straight against {writes:,.1f}/s relayed ({straight / max(writes, 1e-9):.1f}x)")
+    target("straight: nothing lost", direct["stored"] == direct["totals"]["recorded"] and direct["flushed"],
+           f"stored {direct['stored']:,} of {direct['totals']['recorded']:,}")
     target("meeting complete", min(fig["seen"], default=0) == options.ranks, f"min {min(fig['seen'], default=0)}")
     return exit_code()
 

@@ -1,10 +1,12 @@
-"""The write path with many ranks: every record arrives, nothing spools, controls are read once per node (issue 27).
+"""The write path with many ranks: every record arrives, nothing spools, controls are read once per node, and
+each node's batches reach the writer together (issue 27).
 
 Two host processes (one per node of the session cluster) each carry many
 rank identities; every identity is a real :class:`RecordClient` delivering
-through the real :class:`WriterSink` to the session's real writer, and polls
-the controls as a worker's control thread does. ``bench/bench_ingest.py`` is
-the same at scale.
+through the sink every worker gets (``ray_sink()``: its node's agent, which
+relays the node's batches to the session's real writer in one call), and
+polls the controls as a worker's control thread does. ``bench/bench_ingest.py``
+is the same at scale.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ class Host:
 
     def __init__(self, first: int) -> None:
         from raysleuth import cluster
-        from raysleuth.recorder import RecordClient, WriterSink
+        from raysleuth.recorder import RecordClient
+        from raysleuth.recorder.sinks import ray_sink
 
         run = cluster.session_name()
-        self.clients = {rank: RecordClient(WriterSink(), run_id=run) for rank in range(first, first + RANKS_PER_HOST)}
+        self.clients = {rank: RecordClient(ray_sink(), run_id=run) for rank in range(first, first + RANKS_PER_HOST)}
 
     def run(self, seconds: float) -> dict:
         from raysleuth import control
@@ -54,38 +57,57 @@ class Host:
         stats = [client.stats for client in self.clients.values()]
         return {"flushed": flushed, "recorded": sum(s.recorded for s in stats),
                 "spooled": sum(s.spooled for s in stats), "dropped": sum(s.dropped for s in stats), "polls": polls[0],
+                "failures": sum(s.failures for s in stats),
                 "clients": [client.client_id for client in self.clients.values()]}
+
+
+def _hosts(ray, nodes):
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    host_class = ray.remote(num_cpus=0)(Host)
+    hosts = [host_class.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
+        i * RANKS_PER_HOST) for i, node in enumerate(nodes)]
+    ray.get([host.__ray_ready__.remote() for host in hosts], timeout=120)
+    return hosts
+
+
+def _stored(path: str, clients: list[str]) -> int:
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    try:
+        return db.execute(f"SELECT count(*) FROM records WHERE client_id IN ({','.join('?' * len(clients))})",
+                          clients).fetchone()[0]
+    finally:
+        db.close()
+
+
+def _relayed(ray, agents_by_node) -> dict[str, int]:
+    totals: dict[str, int] = {}
+    for handle, _ip in agents_by_node.values():
+        for key, value in ray.get(handle.relayed.remote(), timeout=60)["deliveries"].items():
+            totals[key] = totals.get(key, 0) + value
+    return totals
 
 
 def test_many_ranks_every_record_arrives_none_spooled_controls_once_per_node(ray_cluster):
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from raysleuth import agents
     from raysleuth.recorder import get_writer
 
     writer = get_writer()
     nodes = [node["NodeID"] for node in ray.nodes() if node["Alive"]][:2]
-    agents.get_agents(timeout=60)  # what the writer does every few seconds: an agent on every node
-    host_class = ray.remote(num_cpus=0)(Host)
-    hosts = [host_class.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
-        i * RANKS_PER_HOST) for i, node in enumerate(nodes)]
-    ray.get([host.__ray_ready__.remote() for host in hosts], timeout=120)
-    before = ray.get(writer.info.remote(), timeout=60)
+    by_node = agents.get_agents(timeout=60)  # what the writer does every few seconds: an agent on every node
+    hosts = _hosts(ray, nodes)
+    before, relayed_before = ray.get(writer.info.remote(), timeout=60), _relayed(ray, by_node)
     try:
         results = ray.get([host.run.remote(SECONDS) for host in hosts], timeout=240)
-        after = ray.get(writer.info.remote(), timeout=60)
+        after, relayed = ray.get(writer.info.remote(), timeout=60), _relayed(ray, by_node)
     finally:
         for host in hosts:
             ray.kill(host)
     recorded = sum(r["recorded"] for r in results)
     clients = [client for r in results for client in r["clients"]]
-    db = sqlite3.connect(f"file:{after['path']}?mode=ro", uri=True, timeout=30)
-    try:
-        stored = db.execute(f"SELECT count(*) FROM records WHERE client_id IN ({','.join('?' * len(clients))})",
-                            clients).fetchone()[0]
-    finally:
-        db.close()
+    stored = _stored(after["path"], clients)
     assert all(r["flushed"] for r in results), results
     assert recorded > len(clients) * 10  # the hosts really wrote (at least ~0.5 s of rows each)
     assert stored == recorded, f"stored {stored} of {recorded}"
@@ -95,3 +117,36 @@ def test_many_ranks_every_record_arrives_none_spooled_controls_once_per_node(ray
     assert polls >= len(clients) * 2
     # each node's agent reads the writer at most twice a second for all its ranks (plus other tests' workers)
     assert writer_polls < polls / 5, f"{writer_polls} writer polls for {polls} worker polls"
+    # every batch went through its node's agent, and each agent's writer call carried many of them
+    batches = relayed["batches"] - relayed_before.get("batches", 0)
+    writer_calls = relayed["writer_calls"] - relayed_before.get("writer_calls", 0)
+    writes = sum(after["calls"].get(m, 0) - before["calls"].get(m, 0) for m in ("write", "write_many"))
+    assert relayed["rows"] - relayed_before.get("rows", 0) >= recorded, (relayed, recorded)
+    assert batches >= len(clients) * 5 and writer_calls * 5 < batches, (batches, writer_calls)
+    # at most one writer call per node per RELAY_WINDOW_S (0.5 s), plus other tests' workers, not one per batch
+    assert writes < batches / 5, f"{writes} writer calls for {batches} client batches"
+
+
+def test_an_agent_killed_while_its_ranks_deliver_loses_nothing(ray_cluster):
+    """The node agent dies mid-run: its waiting deliveries fail, the clients spool those batches and send them
+    again (straight to the writer, or to the restarted agent); every record is stored once."""
+    import ray
+
+    from raysleuth import agents
+    from raysleuth.recorder import get_writer
+
+    writer = get_writer()
+    node = ray.get_runtime_context().get_node_id()
+    agent, _ip = agents.get_agents(timeout=60)[node]
+    [host] = _hosts(ray, [node])
+    try:
+        running = host.run.remote(SECONDS + 2)
+        time.sleep(1.5)
+        ray.kill(agent, no_restart=False)  # it restarts (max_restarts): a crash, not a removal
+        result = ray.get(running, timeout=240)
+        path = ray.get(writer.info.remote(), timeout=60)["path"]
+    finally:
+        ray.kill(host)
+    assert result["flushed"] and result["dropped"] == 0, result
+    assert result["recorded"] > RANKS_PER_HOST * 10 and result["failures"] > 0, result  # the kill hit deliveries
+    assert _stored(path, result["clients"]) == result["recorded"], result

@@ -95,10 +95,23 @@ class Chatty:
                 "spooled": stats.spooled, "failures": stats.failures, "client": get_client().client_id}
 
 
-def test_writer_killed_mid_stream_loses_nothing(ray_cluster):
+@pytest.mark.parametrize("relay", ["0", "1"], ids=["straight", "through-the-node-agent"])
+def test_writer_killed_mid_stream_loses_nothing(ray_cluster, relay):
+    """Straight to the writer, the outage fails deliveries, which spool and arrive later. Through the node
+    agent, a call the agent makes while the writer restarts waits for it (Ray queues calls to a restarting
+    actor) or fails (then its ranks spool): either way every record is stored once."""
+    from raysleuth import agents
+
     writer = get_writer()
     ray.get(writer.info.remote())
-    actor = Chatty.remote(3)
+    by_node = agents.get_agents(timeout=60)  # (the writer makes them within seconds)
+
+    def relayed() -> int:
+        return sum(ray.get(handle.relayed.remote(), timeout=60)["deliveries"]["batches"]
+                   for handle, _ip in by_node.values())
+
+    relayed_before = relayed()
+    actor = Chatty.options(runtime_env={"env_vars": {"RAYSLEUTH_RELAY": relay}}).remote(3)
     ref = actor.run.remote(400, 0.01)
     deadline = time.monotonic() + 60  # a loaded machine starts actors slowly: kill only once it streams
     while time.monotonic() < deadline and not any(
@@ -108,7 +121,10 @@ def test_writer_killed_mid_stream_loses_nothing(ray_cluster):
     result = ray.get(ref, timeout=120)
     assert result["ok"], result
     assert result["recorded"] == 400
-    assert result["failures"] >= 1 and result["spooled"] > 0  # the outage really happened and was spooled
+    if relay == "0":
+        assert result["failures"] >= 1 and result["spooled"] > 0  # the outage really happened and was spooled
+    else:
+        assert relayed() > relayed_before, "no batch went through a node agent"
     assert result["delivered"] >= 400  # redelivered rows are deduplicated by the store
     info = ray.get(get_writer().info.remote(), timeout=30)
     assert info["received"] > 0  # a fresh writer process took over

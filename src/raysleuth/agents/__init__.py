@@ -5,7 +5,9 @@ An agent is a detached, named actor (``raysleuth-agent-<node_id>`` in the
 node's Ray worker processes, runs a local tool (py-spy) with a timeout,
 reads process memory with psutil and reports the node's versions. Its node's
 workers poll it for the writer's controls (:mod:`raysleuth.agents.controls`:
-one writer read per node, not per worker). When the writer asks, it
+one writer read per node, not per worker) and hand it their record
+batches, which it sends to the writer together (:mod:`raysleuth.agents.relay`:
+one writer call per node at a time, not per worker). When the writer asks, it
 forwards its node's spool (evidence a worker could not
 deliver before it died) to the writer (:mod:`raysleuth.agents.spools`).
 
@@ -38,6 +40,7 @@ from raysleuth.agents.host import (
 )
 from raysleuth.agents.controls import ControlRelay, CountRelay
 from raysleuth.agents.ranks import is_ray_worker, rank_hints, read_train_logs, thread_times
+from raysleuth.agents.relay import RELAY_GROUP, RELAY_THREADS, DeliveryRelay
 from raysleuth.agents.spools import SpoolForwarder
 from raysleuth.cluster.own import AGENT_PREFIX, NAMESPACE, OWN_TASK_EVENTS, WRITER_NAME
 from raysleuth.errors import ClusterUnreachable
@@ -86,6 +89,7 @@ class NodeAgent:
         self._spools = SpoolForwarder()
         self._controls = ControlRelay()
         self._counts = CountRelay()
+        self._relay = DeliveryRelay()
 
     def ping(self) -> dict[str, Any]:
         """Who and where this agent is."""
@@ -213,9 +217,15 @@ class NodeAgent:
         """How many ranks posted under a meeting's topic (read at most once per ``COUNT_TTL_S`` for the node)."""
         return self._counts.get(topic)
 
+    def deliver(self, header: dict[str, Any], rows: list, timeout: float = 10.0) -> int:
+        """Store one batch of a worker of this node through the writer, with the node's other batches in one
+        writer call (:mod:`raysleuth.agents.relay`); returns once it is stored, raises when it was not."""
+        return self._relay.deliver(header, rows, timeout)
+
     def relayed(self) -> dict[str, dict[str, int]]:
-        """Control polls and meeting counts this agent served, and the writer reads they took."""
-        return {"controls": self._controls.totals(), "counts": self._counts.totals()}
+        """Control polls, meeting counts and record batches this agent relayed, and the writer calls they took."""
+        return {"controls": self._controls.totals(), "counts": self._counts.totals(),
+                "deliveries": self._relay.totals()}
 
     def forwarded(self) -> dict[str, Any]:
         """Spool files and rows this agent forwarded so far."""
@@ -286,7 +296,10 @@ def _agent(node_id: str, exists: bool) -> Any:
             return ray.get_actor(name, namespace=NAMESPACE)
         except ValueError:
             pass  # gone since the listing
-    return ray.remote(NodeAgent).options(
+    # its deliveries wait in their own threads (a public decorator, applied where Ray is imported)
+    NodeAgent.deliver = ray.method(concurrency_group=RELAY_GROUP)(NodeAgent.deliver)  # type: ignore[method-assign]
+    remote = ray.remote(concurrency_groups={RELAY_GROUP: RELAY_THREADS})  # type: ignore[call-overload]
+    return remote(NodeAgent).options(
         name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0, max_concurrency=16,
         max_restarts=3, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
         enable_task_events=OWN_TASK_EVENTS,

@@ -16,7 +16,7 @@ from typing import Any
 from raysleuth import runtime
 from raysleuth.recorder import spans as _spans
 from raysleuth.recorder.client import RecordClient
-from raysleuth.recorder.sinks import Sink, StoreSink, WriterSink
+from raysleuth.recorder.sinks import Sink, StoreSink, WriterSink, ray_sink
 
 __all__ = ["get_client", "record", "reset_client"]
 
@@ -39,7 +39,7 @@ def _default_sink() -> tuple[Sink, str]:
         except Exception:
             run_id = "local"
         _flush_before_ray_shutdown(ray)
-        return WriterSink(), run_id
+        return ray_sink(), run_id
     # lazy: the local store (SQLite, its schema) loads only in a process outside Ray
     from raysleuth.recorder.store import open_run
 

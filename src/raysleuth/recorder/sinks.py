@@ -1,4 +1,9 @@
-"""Where a client's batches go: the run's writer actor, or a local store.
+"""Where a client's batches go: through the node's agent to the run's writer actor, or a local store.
+
+Inside Ray a client hands its batches to its own node's agent
+(:class:`RelaySink`), which sends the node's batches to the writer in one
+call (:mod:`raysleuth.agents.relay`); ``RAYSLEUTH_RELAY=0`` sends each
+straight to the writer (:class:`WriterSink`).
 
 ``deliver(header, rows)`` raises when the batch was not stored; the client
 then spools it (:mod:`raysleuth.recorder.spool`).
@@ -6,11 +11,15 @@ then spools it (:mod:`raysleuth.recorder.spool`).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
-__all__ = ["Sink", "StoreSink", "WriterSink"]
+__all__ = ["RelaySink", "Sink", "StoreSink", "WriterSink", "ray_sink"]
+
+#: How often a client without a relaying node agent looks for one again (seconds).
+RELAY_LOOKUP_S = 10.0
 
 
 class Sink(Protocol):
@@ -62,10 +71,7 @@ class WriterSink:
                 raise ConnectionError("Ray is shutting down in this process: kept in the spool")
             self._active += 1
         try:
-            handle = self._handle
-            if handle is None:
-                handle = self._handle = get_writer()
-            ref = handle.write.remote(header, rows)
+            ref = self._submit(header, rows, get_writer)
             deadline = time.monotonic() + self.timeout
             while True:
                 if self._cancelled.is_set():
@@ -79,12 +85,22 @@ class WriterSink:
                 except ray.exceptions.GetTimeoutError:
                     continue
         except Exception:
-            self._handle = None  # look it up again next time: it may have been replaced
+            self._lost()
             raise
         finally:
             with self._active_lock:
                 self._active -= 1
                 self._active_lock.notify_all()
+
+    def _submit(self, header: dict[str, Any], rows: list, get_writer: Callable[[], Any]) -> Any:
+        """Send the batch; the reference to wait on."""
+        handle = self._handle
+        if handle is None:
+            handle = self._handle = get_writer()
+        return handle.write.remote(header, rows)
+
+    def _lost(self) -> None:
+        self._handle = None  # look it up again next time: it may have been replaced
 
     def cancel(self, wait: float = 1.0) -> bool:
         """Refuse new deliveries and wait (bounded) until none is inside a Ray call; True when none is."""
@@ -97,3 +113,41 @@ class WriterSink:
                     return False
                 self._active_lock.wait(remaining)
         return True
+
+
+class RelaySink(WriterSink):
+    """Deliver through this node's agent, which sends its node's batches to the writer in one call
+    (:mod:`raysleuth.agents.relay`); the same wait, cancel and errors as :class:`WriterSink`.
+
+    Where the node has no agent that relays (none yet, or one from an older raysleuth), straight to the
+    writer; it looks for one again every :data:`RELAY_LOOKUP_S`. After a failed delivery it looks at once.
+    """
+
+    def __init__(self, timeout: float = 10.0) -> None:
+        super().__init__(timeout)
+        self._agent: Any = None
+        self._look_at = 0.0
+
+    def _submit(self, header: dict[str, Any], rows: list, get_writer: Callable[[], Any]) -> Any:
+        if self._agent is None and time.monotonic() >= self._look_at:
+            import ray
+
+            # lazy: the agents package loads only where a client delivers inside Ray
+            from raysleuth.agents.controls import node_agent
+
+            self._look_at = time.monotonic() + RELAY_LOOKUP_S
+            self._agent = node_agent(ray, "deliver")
+        if self._agent is not None:
+            return self._agent.deliver.remote(header, rows, max(1.0, self.timeout - 0.5))
+        return super()._submit(header, rows, get_writer)
+
+    def _lost(self) -> None:
+        super()._lost()
+        if self._agent is not None:
+            self._agent, self._look_at = None, 0.0  # the agent may be gone: look again (or go straight)
+
+
+def ray_sink() -> WriterSink:
+    """The sink of a process inside Ray: through its node's agent, or straight to the writer when
+    ``RAYSLEUTH_RELAY=0``."""
+    return WriterSink() if os.environ.get("RAYSLEUTH_RELAY", "1") == "0" else RelaySink()

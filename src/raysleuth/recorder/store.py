@@ -243,16 +243,23 @@ class EvidenceStore:
         ignored, so a batch sent twice after a lost acknowledgement is safe.
         Returns the number of rows newly inserted.
         """
-        identity = tuple(header.get(name) for name in IDENTITY_COLUMNS)
-        packed = [entry(row) for row in rows]  # a writer's file is always the newest schema (migrated when opened)
+        return self.write_batches([(header, rows)])[0]
+
+    def write_batches(self, batches: Sequence[tuple[dict[str, Any], Sequence[Sequence[Any]]]]) -> list[int]:
+        """:meth:`write_batch` for several ``(header, rows)`` in one transaction (a node's batches, relayed)."""
+        # a writer's file is always the newest schema (migrated when opened)
+        packed = [(tuple(header.get(name) for name in IDENTITY_COLUMNS), [entry(row) for row in rows])
+                  for header, rows in batches]
+        added = []
         with self._lock:
             try:
-                sender, client = self._senders.get(identity) or self._sender(identity)  # the identity once
-                for row in packed:
-                    row[9], row[10] = sender, client
-                before = self._db.total_changes
-                self._db.executemany(INSERT_ENTRY, packed)
-                added = self._db.total_changes - before
+                for identity, entries in packed:
+                    sender, client = self._senders.get(identity) or self._sender(identity)  # the identity once
+                    for row in entries:
+                        row[9], row[10] = sender, client
+                    before = self._db.total_changes
+                    self._db.executemany(INSERT_ENTRY, entries)
+                    added.append(self._db.total_changes - before)
                 self._db.commit()
             except BaseException:
                 self._senders.clear()  # a sender row written in the transaction undone is gone

@@ -116,17 +116,37 @@ class EvidenceWriter:
 
     def write(self, header: dict[str, Any], rows: list) -> int:
         """Insert one batch; returns rows newly inserted (duplicates ignored)."""
-        client = header.get("client_id")
-        with self._lock:
-            self.calls["write"] += 1
-            if client:
-                entry = self.registry.setdefault(client, dict(header))
-                entry.update(header)
-                entry["last_seen"] = time.time()
-                if rows:
-                    entry["rank"] = rows[-1][2]
-        self.received += len(rows)
+        self._register([(header, rows)], "write")
         return self.store.write_batch(header, rows)
+
+    def write_many(self, batches: list) -> list[int | None]:
+        """Insert several clients' batches (``(header, rows)`` each, a node agent's relay) in one transaction;
+        rows newly inserted, per batch. If that transaction fails, each batch is written alone: one bad
+        batch (None in the answer) does not fail its node's others."""
+        self._register(batches, "write_many")
+        try:
+            return list(self.store.write_batches([(header, rows) for header, rows in batches]))
+        except Exception:
+            stored: list[int | None] = []
+            for header, rows in batches:
+                try:
+                    stored.append(self.store.write_batch(header, rows))
+                except Exception:
+                    stored.append(None)
+            return stored
+
+    def _register(self, batches: list, method: str) -> None:
+        with self._lock:
+            self.calls[method] += 1
+            for header, rows in batches:
+                client = header.get("client_id")
+                if client:
+                    entry = self.registry.setdefault(client, dict(header))
+                    entry.update(header)
+                    entry["last_seen"] = time.time()
+                    if rows:
+                        entry["rank"] = rows[-1][2]
+                self.received += len(rows)
 
     def info(self) -> dict[str, Any]:
         """Where the evidence goes, and how much arrived."""
