@@ -121,6 +121,14 @@ def test_the_median_of_the_pairs_is_numpys_median():
                        rng.integers(-8, 8, n) * 2.0**20 / (10 * rng.integers(1, 288, n))):
             expected, got = float(np.median(values)), _median_in_place(values.copy())
             assert got == expected or (np.isnan(got) and np.isnan(expected)), n
+            for share in (0.01, 0.3, 0.7):  # pairs left out (set to -inf): the median of the others
+                left_out = rng.random(n) < share
+                if left_out.all():
+                    continue
+                marked = np.where(left_out, -np.inf, values)
+                expected = float(np.median(values[~left_out]))
+                got = _median_in_place(marked, skip=int(left_out.sum()))
+                assert got == expected or (np.isnan(got) and np.isnan(expected)), (n, share)
     for n in range(1, 70):  # a fifth of a window, as the leak test's levels read it
         for values in (rng.normal(size=n), rng.integers(0, 3, n) * 1.0, np.where(rng.random(n) < 0.3, np.inf, -np.inf)):
             with np.errstate(invalid="ignore"):  # inf and -inf in the middle: NaN, both ways
