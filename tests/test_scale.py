@@ -97,6 +97,13 @@ def test_memory_report_answers_as_before(request, which, ranks):
     new, old = memory_report(store, rank=ranks), old_memory_report(store, rank=ranks)
     assert new.to_dict() == old.to_dict()
     assert new.workers and (ranks is not None or any(worker.leak for worker in new.workers))
+    table = memory_report(store, rank=ranks, per_step=False).to_dict()  # what `raysleuth memory` draws its table of
+    everything = new.to_dict()
+    assert any(w["slope_bytes_per_step"] is not None for w in everything["workers"])
+    assert all(w["slope_bytes_per_step"] is None for w in table["workers"])
+    for worker in everything["workers"]:
+        worker["slope_bytes_per_step"] = worker["evidence"]["slope_bytes_per_step"] = None
+    assert table == everything
     late = [worker for worker in new.workers if worker.pid == 31_000]
     if ranks is None:  # its first 15 samples had no rank yet: one worker all the same
         assert late and late[0].rank == 150 and late[0].samples == 40

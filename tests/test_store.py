@@ -159,3 +159,29 @@ def test_each_senders_identity_is_stored_once_not_in_every_row(tmp_path):
     store.close()
     old_size, new_size = old_path.stat().st_size, new_path.stat().st_size
     assert new_size < 0.45 * old_size, (old_size, new_size)
+
+
+def test_a_read_of_the_rows_own_columns_answers_as_the_view_and_names_its_sender(tmp_path):
+    """No identity column: read from the rows' table (no join), with the same rows, fields and job filter as
+    through the view; ``sender`` is readable there alone."""
+    from raysleuth.errors import UsageError
+
+    store = open_run(tmp_path, "run-own")
+    for job, pid in (("01000000", 7), ("02000000", 8)):
+        header = {"client_id": f"c{pid}", "pid": pid, "job_id": job}
+        rows = [("memory", 100.0 + i, i % 2, i, None, None, None,
+                 {"rss_bytes": 10 * i, "uss_bytes": i, "cuda_allocated_bytes": None, "cuda_reserved_bytes": None,
+                  "cuda_peak_bytes": None, "source": "watch"} if i % 3 else {"rss_bytes": 5, "pid": 99}, i)
+                for i in range(12)]
+        assert store.write_batch(header, rows) == 12
+    fields = ("rss_bytes", "uss_bytes", "pid", "source")
+    for job in (None, "02000000", ["01000000", "02000000"], "03000000"):
+        own = list(store.select("memory", ("time", "rank", "sender"), fields, order="rank", job=job))
+        viewed = list(store.select("memory", ("time", "rank", "pid"), fields, order="rank", job=job))
+        assert [r[:2] + r[3:] for r in own] == [r[:2] + r[3:] for r in viewed], job
+        senders = dict(store._db.execute("SELECT id, pid FROM senders"))
+        assert [senders[r[2]] for r in own] == [r[2] for r in viewed]
+    assert len(viewed) == 0 and len(own) == 0
+    assert {r[5] for r in store.select("memory", ("time", "rank", "pid"), fields, job="01000000")} == {None, 99}
+    with pytest.raises(UsageError, match="sender"):
+        list(store.select("memory", ("sender", "pid")))

@@ -119,7 +119,7 @@ def memory(
                           f"({done.samples} samples)")
     store = open_store(name_run(run, home), home=home_path(home))
     try:
-        report = memory_report(store, rank=rank, since=since, job=job)
+        report = memory_report(store, rank=rank, since=since, job=job, per_step=json_)  # the table shows no MiB/step
     finally:
         store.close()
     if json_:

@@ -136,7 +136,7 @@ def summarise(records: list, policy: LeakPolicy | None = None) -> WorkerMemory:
     return _summarise_series(series, policy)
 
 
-def _summarise_series(series: _Series, policy: LeakPolicy | None) -> WorkerMemory:
+def _summarise_series(series: _Series, policy: LeakPolicy | None, per_step: bool = True) -> WorkerMemory:
     times, steps, values = series.ordered()  # NaN: no value (the leak test reads columns as they are)
     last = series.last
     latest = dict(zip(METRICS, last[9:]))
@@ -158,7 +158,7 @@ def _summarise_series(series: _Series, policy: LeakPolicy | None) -> WorkerMemor
     metric = host_metric
     if _present(values["cuda_allocated_bytes"]) and leaks(times, values["cuda_allocated_bytes"], policy=policy):
         metric = "cuda_allocated_bytes"
-    chosen = detect_leak(times, values[metric], steps=steps, policy=policy, metric=metric)
+    chosen = detect_leak(times, values[metric], steps=steps if per_step else None, policy=policy, metric=metric)
     worker.leak, worker.reason, worker.evidence = chosen.leak, chosen.reason, chosen.to_dict()
     worker.status = chosen.status
     worker.slope_bytes_per_s, worker.slope_bytes_per_step = chosen.slope_bytes_per_s, chosen.slope_bytes_per_step
@@ -172,39 +172,72 @@ def _worker_key(row: tuple) -> tuple:
     return (row[8] if row[8] is not None else row[5], row[7] if row[7] is not None else row[4], source)
 
 
+def _senders(store) -> dict[int, tuple] | None:
+    """Each sender's (pid, node ip) + ``_IDENTITY``, by its number (schema 3 on; None before: rows carry them)."""
+    if store.schema_version < 3:
+        return None
+    sql = f"SELECT id, pid, node_ip, {', '.join(_IDENTITY)} FROM senders"
+    return {row[0]: row[1:] for row in store._db.execute(sql)}
+
+
+def _sender_key(senders: dict[int, tuple]):
+    """:func:`_worker_key` of a row that holds its sender's number (in place of its pid and node ip)."""
+    unknown = (None,) * (2 + len(_IDENTITY))
+
+    def key(row: tuple) -> tuple:
+        pid, node_ip = senders.get(row[4], unknown)[:2]
+        return (row[8] if row[8] is not None else node_ip, row[7] if row[7] is not None else pid, row[6] or "watch")
+
+    return key
+
+
 def memory_report(store, *, rank: int | list[int] | None = None, since: float | None = None,
-                  job: str | list[str] | None = None, policy: LeakPolicy | None = None) -> MemoryReport:
+                  job: str | list[str] | None = None, policy: LeakPolicy | None = None,
+                  per_step: bool = True) -> MemoryReport:
     """Per-worker memory of a run (``store``: an open :class:`EvidenceStore`), sorted by rank.
 
     ``rank``, ``since`` (a Unix time) and ``job`` (a Ray job id) narrow the samples judged. The samples are
     read field by field in SQL, rank by rank (one rank's rows lie together in the file), a batch at a time,
-    and kept as float columns (about 70 bytes a sample), never as records.
+    and kept as float columns (about 70 bytes a sample), never as records. ``per_step=False``: no line in
+    steps (``slope_bytes_per_step`` None; a reader that shows none of it, the table of ``raysleuth memory``:
+    one Theil-Sen fit less a worker, the same verdicts).
     """
     groups: dict[tuple[Any, Any], dict[str, _Series]] = {}
     batch: list[tuple] = []
+    senders = _senders(store)  # rows then read their sender's number, not its identity through the view's join
+    worker_key = _worker_key if senders is None else _sender_key(senders)
+    columns = _COLUMNS if senders is None else _COLUMNS[:4] + ("sender", "sender")
 
     def take() -> None:
-        for (node_ip, pid, source), rows in itertools.groupby(batch, key=_worker_key):
+        for (node_ip, pid, source), rows in itertools.groupby(batch, key=worker_key):
             if source in TREND_SOURCES:
                 groups.setdefault((node_ip, pid), {}).setdefault(source, _Series()).add(list(rows))
         batch.clear()
 
     with bulk():  # the rows and columns all stay alive: nothing for the collector to find
-        for row in store.select("memory", _COLUMNS, _FIELDS, order="rank", rank=rank, since=since, job=job):
+        for row in store.select("memory", columns, _FIELDS, order="rank", rank=rank, since=since, job=job):
             batch.append(row)
             if len(batch) >= 20_000:
                 take()
         take()
     chosen = [max(by_source.values(), key=lambda s: sum(len(c[0]) for c in s.chunks))  # the denser source
               for by_source in groups.values()]
-    newest = [series.last[1] for series in chosen]
-    identities = {row[0]: row[1:] for start in range(0, len(newest), 5000)
-                  for row in store.select(None, ("id",) + _IDENTITY, order=None, ids=newest[start:start + 5000])}
+    if senders is None:
+        newest = [series.last[1] for series in chosen]
+        identities = {row[0]: row[1:] for start in range(0, len(newest), 5000)
+                      for row in store.select(None, ("id",) + _IDENTITY, order=None, ids=newest[start:start + 5000])}
+    else:  # the newest row's identity is its sender's
+        unknown = (None,) * (2 + len(_IDENTITY))
+        for series in chosen:
+            sender = senders.get(series.last[4], unknown)
+            series.last = series.last[:4] + sender[:2] + series.last[6:]
+            series.identity = sender[2:]
+        identities = {}
     workers = []
     with bulk():  # a verdict and its evidence per worker, all kept
         for series in chosen:
             series.identity = identities.get(series.last[1], series.identity)
-            workers.append(_summarise_series(series, policy))
+            workers.append(_summarise_series(series, policy, per_step))
     workers.sort(key=lambda w: (w.rank is None, w.rank if w.rank is not None else 0, w.node_ip or "", w.pid or 0))
     return MemoryReport(store=str(store.path), workers=workers)
 
