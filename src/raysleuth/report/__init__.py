@@ -155,7 +155,7 @@ def _robust(build, records: list) -> dict[str, Any]:
 def _memory(store) -> dict[str, Any]:
     """Leak verdicts from :func:`raysleuth.memory.memory_report` (leaks first); curves from SQL aggregates."""
     try:
-        report = memory_report(store)
+        report = memory_report(store, per_step=False)  # the page shows no MiB/step
     except Exception:
         report = None
     workers = report.workers if report else []
