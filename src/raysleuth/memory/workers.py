@@ -172,6 +172,10 @@ def _worker_key(row: tuple) -> tuple:
     return (row[8] if row[8] is not None else row[5], row[7] if row[7] is not None else row[4], source)
 
 
+#: A sender number ``senders`` does not hold (a foreign row's NULL): no pid, node ip or identity, as the view's join.
+_NO_SENDER = (None,) * (2 + len(_IDENTITY))
+
+
 def _senders(store) -> dict[int, tuple] | None:
     """Each sender's (pid, node ip) + ``_IDENTITY``, by its number (schema 3 on; None before: rows carry them)."""
     if store.schema_version < 3:
@@ -182,10 +186,9 @@ def _senders(store) -> dict[int, tuple] | None:
 
 def _sender_key(senders: dict[int, tuple]):
     """:func:`_worker_key` of a row that holds its sender's number (in place of its pid and node ip)."""
-    unknown = (None,) * (2 + len(_IDENTITY))
 
     def key(row: tuple) -> tuple:
-        pid, node_ip = senders.get(row[4], unknown)[:2]
+        pid, node_ip = senders.get(row[4], _NO_SENDER)[:2]
         return (row[8] if row[8] is not None else node_ip, row[7] if row[7] is not None else pid, row[6] or "watch")
 
     return key
@@ -206,6 +209,7 @@ def memory_report(store, *, rank: int | list[int] | None = None, since: float | 
     batch: list[tuple] = []
     senders = _senders(store)  # rows then read their sender's number, not its identity through the view's join
     worker_key = _worker_key if senders is None else _sender_key(senders)
+    # the sender's number in the pid and node ip places, so a row keeps the layout _Series and the key read
     columns = _COLUMNS if senders is None else _COLUMNS[:4] + ("sender", "sender")
 
     def take() -> None:
@@ -226,18 +230,15 @@ def memory_report(store, *, rank: int | list[int] | None = None, since: float | 
         newest = [series.last[1] for series in chosen]
         identities = {row[0]: row[1:] for start in range(0, len(newest), 5000)
                       for row in store.select(None, ("id",) + _IDENTITY, order=None, ids=newest[start:start + 5000])}
-    else:  # the newest row's identity is its sender's
-        unknown = (None,) * (2 + len(_IDENTITY))
-        for series in chosen:
-            sender = senders.get(series.last[4], unknown)
-            series.last = series.last[:4] + sender[:2] + series.last[6:]
-            series.identity = sender[2:]
-        identities = {}
-    workers = []
-    with bulk():  # a verdict and its evidence per worker, all kept
         for series in chosen:
             series.identity = identities.get(series.last[1], series.identity)
-            workers.append(_summarise_series(series, policy, per_step))
+    else:  # the newest row's pid, node ip and identity are its sender's
+        for series in chosen:
+            sender = senders.get(series.last[4], _NO_SENDER)
+            series.last = series.last[:4] + sender[:2] + series.last[6:]
+            series.identity = sender[2:]
+    with bulk():  # a verdict and its evidence per worker, all kept
+        workers = [_summarise_series(series, policy, per_step) for series in chosen]
     workers.sort(key=lambda w: (w.rank is None, w.rank if w.rank is not None else 0, w.node_ip or "", w.pid or 0))
     return MemoryReport(store=str(store.path), workers=workers)
 
