@@ -131,7 +131,10 @@ def test_slow_rank_and_its_slow_phase_are_named(verdicts, name, rank, function, 
     assert (phase["function"], Path(phase["file"]).name) == (function, victim)
     assert phase["line"] == line_of(VICTIMS / victim, text)
     assert phase["share"] > phase["peer_share"] + 0.2
-    from raysleuth.stragglers.sampling import RATE, SECONDS
+    from raysleuth.stragglers.phase import LEAD
+    from raysleuth.stragglers.sampling import RATE, ROUNDS, SECONDS
+
+    assert phase["lead"] >= LEAD and 1 <= data["sampling"]["rounds"] <= ROUNDS  # named once clear, and only then
 
     # the default sampling (few samples over a longer window: its cost, bench/bench_stragglers.py) names the phase
     assert (data["sampling"]["rate"], data["sampling"]["seconds"]) == (RATE, SECONDS)
@@ -166,6 +169,20 @@ def test_one_pause_names_nobody_from_the_stored_run(ray_cluster, jobs):
     assert data["live"] is False and data["collectives"] >= 100
     assert [o["rank"] for o in data["one_offs"] if o["lateness_s"] > 2.5] == [1]  # the checkpoint, not a hiccup
     assert any("one-off pause" in note for note in data["notes"])
+
+
+def test_too_few_samples_name_no_phase_and_say_so(ray_cluster, jobs, verdicts):
+    from raysleuth.stragglers.collect import Options, collect_stragglers
+    from raysleuth.stragglers.phase import MIN_SAMPLES
+
+    # one round of 1 s at 3 Hz: the straggler is still named from its lateness, its phase cannot be told
+    report = collect_stragglers(ray_cluster.address, home=ray_cluster.home, job=jobs["backward"]["job"],
+                                options=Options(window=5.0, sample=1.0, rate=3, rounds=1, wait=3.0))
+    assert [s.rank for s in report.stragglers] == [1] and report.exit_code == 1, report.summary
+    assert report.stragglers[0].phase is None and report.sampling["rounds"] == 1
+    phase = report.sampling["phases"]["1"]
+    assert phase is not None and phase["clear"] is False and 0 < phase["samples"] < MIN_SAMPLES, report.sampling
+    assert any(note.startswith("rank 1: no slow phase named") and "--sample" in note for note in report.notes)
 
 
 def test_stored_run_names_the_straggler_after_the_fact(ray_cluster, jobs, verdicts):

@@ -154,6 +154,74 @@ def test_slow_phase_is_where_the_straggler_spends_what_its_peers_wait():
     assert slow_phase(parse_raw("garbage\nthread (1): x;f (/usr/lib/python3.11/a.py:1) 4"), []) is None
 
 
+def _raw(tid: int, counts: dict[str, int]) -> str:
+    stacks = {"read": "train (/job/train.py:30);read_batch (/job/data.py:12)",
+              "backward": "train (/job/train.py:33);backward (/job/model.py:55)", "wait": "train (/job/train.py:33)"}
+    return "".join(f"thread ({tid}): MainThread;{stacks[name]} {count}\n" for name, count in counts.items() if count)
+
+
+def test_a_phase_that_few_samples_cannot_tell_from_the_next_is_not_clear_until_more_come():
+    from raysleuth.stragglers.phase import LEAD
+
+    # a 2-rank job slower in its backward pass than its peer, reading as long as it: one round of 9 samples each
+    straggler, peer = {"read": 3, "backward": 5, "wait": 1}, {"read": 3, "wait": 6}
+    one = slow_phase(parse_raw(_raw(1, straggler)), [parse_raw(_raw(2, peer))])
+    assert one.function == "backward" and one.runner_up["function"] == "read_batch"
+    assert 1.0 < one.lead < LEAD and not one.clear
+    # the same shares over three rounds' samples (each round's text added to the last, as sample_phases does)
+    three = slow_phase(parse_raw("\n".join([_raw(1, straggler)] * 3)), [parse_raw("\n".join([_raw(2, peer)] * 3))])
+    assert (three.function, three.share, three.samples) == ("backward", one.share, 27)
+    assert three.lead > LEAD and three.clear
+    # the lead is the excess shares' difference over its standard error: a far bigger gap leads by more
+    clear = slow_phase(parse_raw(_raw(1, {"backward": 9})), [parse_raw(_raw(2, {"wait": 9}))])
+    assert clear.lead > three.lead > one.lead
+    # too few samples are never clear, whatever they hold
+    assert not slow_phase(parse_raw(_raw(1, {"backward": 4})), [parse_raw(_raw(2, {"wait": 4}))]).clear
+    assert slow_phase(parse_raw(_raw(1, {"backward": 5})), [parse_raw(_raw(2, {"wait": 5}))]).clear
+
+
+def _rounds_to_clear(shares: dict[str, float], peer_shares: dict[str, float], trials: int, seed: int = 7):
+    """Per trial, (the round its phase became clear in or None, the phase then): 9 samples a round, 6 rounds."""
+    import numpy as np
+
+    from raysleuth.stragglers.sampling import ROUNDS
+
+    generator = np.random.default_rng(seed)
+    out = []
+    for _ in range(trials):
+        mine, theirs = [], []
+        for number in range(1, ROUNDS + 1):
+            for texts, tid, given in ((mine, 1, shares), (theirs, 2, peer_shares)):
+                counts = generator.multinomial(9, list(given.values()))
+                texts.append(_raw(tid, dict(zip(given, map(int, counts)))))
+            phase = slow_phase(parse_raw("\n".join(mine)), [parse_raw("\n".join(theirs))])
+            if phase is not None and phase.clear:
+                out.append((number, phase.function))
+                break
+        else:
+            out.append((None, None))
+    return out
+
+
+def test_rounds_name_the_right_phase_and_almost_never_a_wrong_one():
+    # the README's figures: rank 1 of tests/victims/slow_ranks.py --slow backward (0.06 s more in its backward
+    # pass, 0.03 s in its reads as its peer), drawn as py-spy's 9 samples a round
+    backward = _rounds_to_clear({"read": 0.33, "backward": 0.6, "wait": 0.07}, {"read": 0.33, "wait": 0.67}, 2000)
+    named = [number for number, function in backward if function == "backward"]
+    wrong = [function for number, function in backward if function not in (None, "backward")]
+    assert len(wrong) <= 4  # 2 in 10,000 in a longer run
+    assert 0.30 < sum(n == 1 for n in named) / 2000 < 0.46  # in one round: 38 %
+    assert 0.81 < sum(n <= 3 for n in named) / 2000 < 0.91  # within three: 86 %
+    assert sum(1 for _ in named) / 2000 > 0.97  # within six: 99 %
+    # the slow reader (4x slower reads) is named in one round 8 times in 10
+    reads = _rounds_to_clear({"read": 0.9, "wait": 0.1}, {"read": 0.25, "wait": 0.75}, 500)
+    assert all(function == "read_batch" for _, function in reads) and sum(n == 1 for n, _ in reads) / 500 > 0.7
+    # a straggler whose own code is shared out as its peers' is given no phase, nearly always
+    even = _rounds_to_clear({"read": 0.3, "backward": 0.1, "wait": 0.6}, {"read": 0.3, "backward": 0.1, "wait": 0.6},
+                            500)
+    assert sum(function is not None for _, function in even) / 500 < 0.12  # 6 %
+
+
 def test_stragglers_from_records_judges_stored_dumps():
     from raysleuth.stragglers import stragglers_from_records
 

@@ -39,7 +39,8 @@ def stragglers(
     min_share: Annotated[float, typer.Option(
         "--min-share", help="Share of the collectives a rank must be late in to be named.",
         callback=positive)] = MIN_SHARE,
-    sample: Annotated[float, duration_option("--sample", help="How long to sample the straggler's stacks (0: don't).",
+    sample: Annotated[float, duration_option("--sample", help="How long one round samples the straggler's stacks "
+                                             "(more rounds while its slow phase is unclear; 0: don't).",
                                              check=non_negative)] = SECONDS,
     rate: Annotated[int, typer.Option("--rate", help="Stack samples per second.", callback=at_least_one)] = RATE,
     wait: Annotated[float, duration_option("--wait", help="How long to wait for live workers to dump.",
@@ -98,7 +99,7 @@ def render_stragglers(report: Any) -> None:
         _draw_phase(straggler)
     named = {s.rank for s in report.stragglers}
     for rank, phase in ((report.sampling or {}).get("phases") or {}).items():
-        if phase and int(rank) not in named:  # a rank asked for with --rank, not named
+        if phase and phase.get("clear", True) and int(rank) not in named:  # a rank asked for with --rank, not named
             console.print(f"  rank {rank} (asked for, not a straggler) spends {phase['share']:.0%} of its samples in "
                           f"{escape(phase['function'])} ({escape(phase['file'].rsplit('/', 1)[-1])}:{phase['line']}), "
                           f"its peers {phase['peer_share']:.0%}")

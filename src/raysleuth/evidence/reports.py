@@ -173,6 +173,7 @@ class SlowPhasePart(Part):
     samples: int | None = None
     peer_samples: int | None = None
     peers_wait: WaitSite | None = None
+    lead: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -26,7 +26,7 @@ from raysleuth.errors import UsageError
 from raysleuth.recorder import open_store
 from raysleuth.stragglers import sampling
 from raysleuth.stragglers.analysis import MIN_COLLECTIVES, MIN_SHARE, THRESHOLD, StragglerReport, find_stragglers
-from raysleuth.stragglers.phase import SlowPhase, parse_raw, slow_phase
+from raysleuth.stragglers.phase import LEAD, SlowPhase, parse_raw, slow_phase
 from raysleuth.stragglers.sources import calls_from_records
 
 E = TypeVar("E", bound=evidence.Evidence)
@@ -54,6 +54,8 @@ class Options:
     sample: float = sampling.SECONDS
     """Seconds of py-spy sampling (0: none)."""
     rate: int = sampling.RATE
+    rounds: int = sampling.ROUNDS
+    """Most rounds of ``sample`` seconds taken while a phase is not clear."""
     peers: int = 2
     """Peers sampled for contrast."""
     wait: float = 4.0
@@ -165,7 +167,11 @@ def _check_ranks(report: StragglerReport, ranks: list[int] | None) -> None:
 
 
 def sample_phases(report: StragglerReport, options: Options) -> None:
-    """Sample the suspects and a few peers; attach each suspect's slow phase (and the cost) to the report."""
+    """Sample the suspects and a few peers; attach each suspect's slow phase (and the cost) to the report.
+
+    Rounds of ``options.sample`` seconds, each adding its samples to the last, until every suspect's phase is
+    clear (:attr:`SlowPhase.clear`) or ``options.rounds`` were taken; a phase still unclear is not named.
+    """
     node_ids = {int(k): v for k, v in (report.sampling or {}).get("node_ids", {}).items()}
     pids = {t.rank: t.pid for t in report.ranks if t.pid}
     suspects = list(options.ranks or [s.rank for s in report.stragglers])
@@ -175,21 +181,48 @@ def sample_phases(report: StragglerReport, options: Options) -> None:
     peers = [t.rank for t in by_lateness if t.rank not in suspects][:max(1, options.peers)]
     targets = {rank: (node_id, pids[rank]) for rank in suspects + peers
                if rank in pids and (node_id := node_ids.get(rank))}
-    texts, errors, cost = sampling.sample_processes(targets, rate=options.rate, seconds=options.sample)
-    cost["errors"] = {str(k): v for k, v in errors.items()}
+    texts: dict[int, str] = {}
+    phases: dict[int, SlowPhase | None] = {}
+    rounds, wall = 0, 0.0
+    while True:
+        found, errors, cost = sampling.sample_processes(targets, rate=options.rate, seconds=options.sample)
+        rounds, wall = rounds + 1, wall + cost["wall_s"]
+        for rank, text in found.items():
+            texts[rank] = f"{texts[rank]}\n{text}" if rank in texts else text
+        phases = _phases(texts, suspects, peers)
+        targets = {rank: target for rank, target in targets.items() if rank in found}
+        if rounds >= options.rounds or not targets or all(phase is None or phase.clear for phase in phases.values()):
+            break
+    errors = {rank: error for rank, error in errors.items() if rank not in texts}
+    cost.update(rounds=rounds, wall_s=wall, sampled=len(texts), errors={str(k): v for k, v in errors.items()})
     report.sampling = {**(report.sampling or {}), **cost, "suspects": suspects, "peers": peers}
-    threads = {rank: parse_raw(text) for rank, text in texts.items()}
-    peer_threads = [threads[rank] for rank in peers if rank in threads]
-    phases = {}
-    for rank in suspects:
-        if rank in threads:
-            phases[rank] = slow_phase(threads[rank], peer_threads, sampling.library_dirs())
     for straggler in report.stragglers:
-        straggler.phase = phases.get(straggler.rank)
-    report.sampling["phases"] = {str(rank): dataclasses.asdict(phase) if phase else None
+        phase = phases.get(straggler.rank)
+        straggler.phase = phase if phase is not None and phase.clear else None
+    report.sampling["phases"] = {str(rank): {**dataclasses.asdict(phase), "clear": phase.clear} if phase else None
                                  for rank, phase in phases.items()}
+    for rank, phase in phases.items():
+        if phase is not None and not phase.clear:
+            report.notes.append(_unclear(rank, phase, options))
     for rank, error in errors.items():
         report.notes.append(f"rank {rank} not sampled: {error}")
+
+
+def _phases(texts: dict[int, str], suspects: list[int], peers: list[int]) -> dict[int, SlowPhase | None]:
+    threads = {rank: parse_raw(text) for rank, text in texts.items()}
+    peer_threads = [threads[rank] for rank in peers if rank in threads]
+    return {rank: slow_phase(threads[rank], peer_threads, sampling.library_dirs()) for rank in suspects
+            if rank in threads}
+
+
+def _unclear(rank: int, phase: SlowPhase, options: Options) -> str:
+    runner = phase.runner_up or {}
+    other = (f"{runner.get('function')} ({str(runner.get('file', '')).rsplit('/', 1)[-1]}:{runner.get('line')}, "
+             f"{runner.get('share', 0):.0%} against {runner.get('peer_share', 0):.0%})" if runner else "no slow place at all")
+    return (f"rank {rank}: no slow phase named, {phase.samples} samples cannot tell {phase.function} ({phase.where}, "
+            f"{phase.share:.0%} of its samples against its peers' {phase.peer_share:.0%}) from {other}: "
+            f"a lead of {phase.lead or 0:.1f} standard errors, {LEAD:g} needed; sample longer: raysleuth stragglers "
+            f"--rank {rank} --sample {max(60.0, options.sample * options.rounds * 2):g}s")
 
 
 def _stored_phases(report: StragglerReport, stored: list[evidence.StragglerRun]) -> None:
@@ -217,4 +250,4 @@ def phase_from(part: evidence.SlowPhasePart | None) -> SlowPhase | None:
     return SlowPhase(function=str(part.function), file=str(part.file), line=int(part.line or 0),
                      share=float(part.share or 0.0), peer_share=float(part.peer_share or 0.0), stack=list(part.stack),
                      thread=str(part.thread), samples=int(part.samples or 0), peer_samples=int(part.peer_samples or 0),
-                     peers_wait=kept)
+                     peers_wait=kept, lead=part.lead)

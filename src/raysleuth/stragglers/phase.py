@@ -13,11 +13,20 @@ frame COUNT``, each frame ``function (file:line)``).
   share of its samples more than its peers do (their mean share); the
   peers' **wait**: the location where they spend more than the straggler
   (the line that enters the collective, e.g. ``loss.backward()``).
+- **lead**: how far the slow phase's excess share (its share less its
+  peers') stands above the closest alternative's (any other place, or no
+  place at all), in standard errors of that difference (each process's
+  samples a multinomial draw, shares smoothed by half a sample). A few
+  samples a second cannot tell two places apart where the straggler spends
+  similar extra time in both; a phase whose lead is under :data:`LEAD`, or
+  drawn from fewer than :data:`MIN_SAMPLES` samples, is not *clear*: the
+  caller samples again, and names no phase rather than the wrong one.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections import Counter, defaultdict
 from typing import Any, Iterable, Mapping
@@ -26,6 +35,12 @@ _THREAD = re.compile(r"^thread \((?P<tid>[^)]*)\)(?::\s*(?P<name>.*))?$")
 _FRAME = re.compile(r"^(?P<function>.*) \((?P<file>.*):(?P<line>\d+)\)$")
 _LIBRARY = ("/site-packages/", "/dist-packages/", "<frozen ", "<string>")
 _STDLIB = re.compile(r"/lib/python\d+\.\d+/")
+LEAD = 2.0
+"""Standard errors by which the slow phase must lead the next place to be clear (a wrong one is 1 in 10^3 or
+fewer, over repeated rounds, where the straggler's extra time is split 0.6 to 0 against 0.33 to 0.33 in 9
+samples a round: a 2-rank DDP job slower in its backward pass than in its reads)."""
+MIN_SAMPLES = 5
+"""Fewer of the straggler's own-code samples than this are never clear (the normal approximation fails)."""
 
 
 @dataclasses.dataclass
@@ -72,10 +87,19 @@ class SlowPhase:
     peer_samples: int
     peers_wait: dict[str, Any] | None = None
     """Where the peers spend their time instead: function, file, line, share, straggler_share."""
+    lead: float | None = None
+    """Its excess share's lead over the next place's, in standard errors (None: not measured, a stored phase)."""
+    runner_up: dict[str, Any] | None = None
+    """The place it was least clearly told from (None: no place at all): function, file, line, share, peer_share."""
 
     @property
     def where(self) -> str:
         return f"{self.file.rsplit('/', 1)[-1]}:{self.line}"
+
+    @property
+    def clear(self) -> bool:
+        """True when its lead is at least :data:`LEAD` (or was not measured)."""
+        return self.lead is None or self.lead >= LEAD
 
 
 def own_code(location: Location, library_dirs: Iterable[str] = ()) -> bool:
@@ -134,44 +158,91 @@ def _locations(thread: ThreadSamples, library_dirs: tuple[str, ...]
     return counts, lines, stacks
 
 
+def _smoothed(count: float, size: int) -> float:
+    return (count + 0.5) / (size + 1)
+
+
+def _variance(first: float, second: float | None, size: int) -> float:
+    """The variance of one process's share at one place (``second`` None), or of its difference between two."""
+    one = _smoothed(first, size)
+    if second is None:
+        return one * (1 - one) / size
+    two = _smoothed(second, size)
+    return (one * (1 - one) + two * (1 - two) + 2 * one * two) / size
+
+
+def _lead(best: tuple, others: Iterable[tuple], counts: Counter, total: int, peers: list[tuple[Counter, int]],
+          excess) -> tuple[float, tuple | None]:
+    """How many standard errors ``best``'s excess share stands above the closest alternative's, and which.
+
+    The alternatives: every other place (the difference of the two excesses, with its own variance: one
+    process's shares at two places move against each other) and no place at all (an excess of 0).
+    """
+    if total < MIN_SAMPLES:
+        return 0.0, None
+
+    def z(gap: float, mine: float, theirs: float) -> float:
+        return gap / math.sqrt(mine + (theirs / len(peers) ** 2 if peers else 0.0))
+
+    lead = z(excess(best), _variance(counts[best], None, total),
+             sum(_variance(seen.get(best, 0), None, size) for seen, size in peers))
+    closest = None
+    for other in others:
+        pair = z(excess(best) - excess(other), _variance(counts[best], counts.get(other, 0), total),
+                 sum(_variance(seen.get(best, 0), seen.get(other, 0), size) for seen, size in peers))
+        if pair < lead:
+            lead, closest = pair, other
+    return lead, closest
+
+
+def _place(key: tuple, lines: Mapping[tuple, Counter]) -> dict[str, Any]:
+    return {"function": key[1], "file": key[0], "line": lines[key].most_common(1)[0][0]}
+
+
 def slow_phase(straggler: Iterable[ThreadSamples], peers: Iterable[Iterable[ThreadSamples]],
                library_dirs: Iterable[str] = ()) -> SlowPhase | None:
-    """The place where the straggler's key thread spends more of its samples than its peers' do."""
+    """The place where the straggler's key thread spends more of its samples than its peers' do, with its lead."""
     library_dirs = tuple(library_dirs)
     mine = key_thread(straggler, library_dirs)
     if mine is None:
         return None
     counts, lines, stacks = _locations(mine, library_dirs)
     total = sum(counts.values())
-    peer_shares: list[Mapping[tuple, float]] = []
+    peer_counts: list[tuple[Counter, int]] = []
     peer_lines: dict[tuple, Counter] = defaultdict(Counter)
-    peer_total = 0
     for threads in peers:
         thread = key_thread(threads, library_dirs)
         if thread is None:
             continue
         theirs, their_lines, _ = _locations(thread, library_dirs)
         size = sum(theirs.values())
-        peer_total += size
         if size:
-            peer_shares.append({key: value / size for key, value in theirs.items()})
+            peer_counts.append((theirs, size))
             for key, seen in their_lines.items():
                 peer_lines[key].update(seen)
     if not total:
         return None
 
     def peer(key: tuple) -> float:
-        return sum(share.get(key, 0.0) for share in peer_shares) / len(peer_shares) if peer_shares else 0.0
+        return sum(seen.get(key, 0) / size for seen, size in peer_counts) / len(peer_counts) if peer_counts else 0.0
 
-    best = max(counts, key=lambda key: counts[key] / total - peer(key))
+    def excess(key: tuple) -> float:
+        return counts.get(key, 0) / total - peer(key)
+
+    keys = set().union(*(seen for seen, _ in peer_counts))
+    ranked = sorted(set(counts) | keys, key=excess, reverse=True)
+    best = next(key for key in ranked if key in counts)
+    lead, runner = _lead(best, [key for key in ranked if key != best], counts, total, peer_counts, excess)
     phase = SlowPhase(function=best[1], file=best[0], line=lines[best].most_common(1)[0][0],
                       share=counts[best] / total, peer_share=peer(best),
                       stack=list(stacks[best].most_common(1)[0][0]), thread=mine.name or mine.tid,
-                      samples=mine.samples, peer_samples=peer_total)
-    keys = set().union(*peer_shares) if peer_shares else set()
+                      samples=mine.samples, peer_samples=sum(size for _, size in peer_counts), lead=lead)
+    if runner is not None:
+        phase.runner_up = {**_place(runner, lines if runner in counts else peer_lines),
+                           "share": counts.get(runner, 0) / total, "peer_share": peer(runner)}
     if keys:
-        wait = max(keys, key=lambda key: peer(key) - counts.get(key, 0) / total)
-        if peer(wait) > counts.get(wait, 0) / total:
-            phase.peers_wait = {"function": wait[1], "file": wait[0], "line": peer_lines[wait].most_common(1)[0][0],
-                                "share": peer(wait), "straggler_share": counts.get(wait, 0) / total}
+        wait = max(keys, key=lambda key: -excess(key))
+        if excess(wait) < 0:
+            phase.peers_wait = {**_place(wait, peer_lines), "share": peer(wait),
+                                "straggler_share": counts.get(wait, 0) / total}
     return phase

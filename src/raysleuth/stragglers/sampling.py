@@ -37,6 +37,9 @@ RATE = 1
 """Samples per second."""
 SECONDS = 8.0
 """How long to sample."""
+ROUNDS = 6
+"""Most rounds of :data:`SECONDS` while the slow phase is not clear (``phase.LEAD``): 9 samples a round tell a
+0.6-to-0 extra share from a 0.33-to-0.33 one in 1 round 37 % of the time, in 3 rounds 85 %, in 6 rounds 99 %."""
 
 
 def _argv(path: str, pid: int, rate: int, seconds: float) -> list[str]:
