@@ -29,8 +29,10 @@ WINDOW = "5s"
 # name -> (module, arguments, raysleuth mode in the workers)
 JOBS = {
     "data": ("victims.slow_ranks", ["--slow", "data", "--slow-rank", "2", "--world-size", "3"], "light"),
-    "backward": ("victims.slow_ranks", ["--slow", "backward", "--slow-rank", "1", "--world-size", "2"], "light"),
-    "even": ("victims.slow_ranks", ["--slow", "none", "--world-size", "2"], "light"),
+    # live until the module ends (the checks after the verdicts ask these two jobs again): steps to spare
+    "backward": ("victims.slow_ranks", ["--slow", "backward", "--slow-rank", "1", "--world-size", "2",
+                                        "--steps", "100000"], "light"),
+    "even": ("victims.slow_ranks", ["--slow", "none", "--world-size", "2", "--steps", "100000"], "light"),
     # full mode: periodic dumps, so the stored run holds every collective once the job has finished
     "pause": ("victims.slow_ranks", ["--slow", "pause", "--slow-rank", "1", "--world-size", "2", "--steps", "110",
                                      "--linger", "300"], "full"),
