@@ -86,7 +86,7 @@ class Trainer:
         self.slow_read = READ_SECONDS * (4 if mine and slow == "data" else 1)
         self.reader = ShardReader(rank, self.slow_read if not slow_after else READ_SECONDS)
         self.net = Net(0.0)
-        self.slow_backward = 0.06 if mine and slow == "backward" else 0.0
+        self.slow_backward = 0.09 if mine and slow == "backward" else 0.0
         self.net.backward_seconds = self.slow_backward if not slow_after else 0.0
         self.model = DistributedDataParallel(self.net)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)

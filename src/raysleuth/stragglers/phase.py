@@ -36,9 +36,9 @@ _FRAME = re.compile(r"^(?P<function>.*) \((?P<file>.*):(?P<line>\d+)\)$")
 _LIBRARY = ("/site-packages/", "/dist-packages/", "<frozen ", "<string>")
 _STDLIB = re.compile(r"/lib/python\d+\.\d+/")
 LEAD = 2.0
-"""Standard errors by which the slow phase must lead the next place to be clear (a wrong one is 1 in 10^3 or
-fewer, over repeated rounds, where the straggler's extra time is split 0.6 to 0 against 0.33 to 0.33 in 9
-samples a round: a 2-rank DDP job slower in its backward pass than in its reads)."""
+"""Standard errors by which the slow phase must lead the closest alternative to be clear: over up to 6 rounds of 9
+samples, a wrong phase about 1 time in 2,000 where the straggler's extra share is 0.60 in one place and 0.05 in
+the next (``tests/test_stragglers_logic.py``)."""
 MIN_SAMPLES = 5
 """Fewer of the straggler's own-code samples than this are never clear (the normal approximation fails)."""
 
