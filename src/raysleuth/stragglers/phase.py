@@ -88,7 +88,8 @@ class SlowPhase:
     peers_wait: dict[str, Any] | None = None
     """Where the peers spend their time instead: function, file, line, share, straggler_share."""
     lead: float | None = None
-    """Its excess share's lead over the next place's, in standard errors (None: not measured, a stored phase)."""
+    """Its excess share's lead over the closest alternative's, in standard errors (None: not measured, a stored
+    phase)."""
     runner_up: dict[str, Any] | None = None
     """The place it was least clearly told from (None: no place at all): function, file, line, share, peer_share."""
 
@@ -229,8 +230,8 @@ def slow_phase(straggler: Iterable[ThreadSamples], peers: Iterable[Iterable[Thre
     def excess(key: tuple) -> float:
         return counts.get(key, 0) / total - peer(key)
 
-    keys = set().union(*(seen for seen, _ in peer_counts))
-    ranked = sorted(set(counts) | keys, key=excess, reverse=True)
+    keys = list(dict.fromkeys(key for seen, _ in peer_counts for key in seen))  # in the order seen: ties go first-seen
+    ranked = sorted(dict.fromkeys([*counts, *keys]), key=excess, reverse=True)
     best = next(key for key in ranked if key in counts)
     lead, runner = _lead(best, [key for key in ranked if key != best], counts, total, peer_counts, excess)
     phase = SlowPhase(function=best[1], file=best[0], line=lines[best].most_common(1)[0][0],
