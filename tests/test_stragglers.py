@@ -178,8 +178,11 @@ def test_too_few_samples_name_no_phase_and_say_so(ray_cluster, jobs, verdicts):
     from raysleuth.stragglers.phase import MIN_SAMPLES
 
     # one round of 1 s at 3 Hz: the straggler is still named from its lateness, its phase cannot be told
+    said: list[str] = []
     report = collect_stragglers(ray_cluster.address, home=ray_cluster.home, job=jobs["backward"]["job"],
-                                options=Options(window=5.0, sample=1.0, rate=3, rounds=1, wait=3.0))
+                                options=Options(window=5.0, sample=1.0, rate=3, rounds=1, wait=3.0,
+                                                progress=said.append))
+    assert said == ["sampling rank 1 and 1 peer(s) with py-spy for 1s"]  # what the CLI's spinner shows
     assert [s.rank for s in report.stragglers] == [1] and report.exit_code == 1, report.summary
     assert report.stragglers[0].phase is None and report.sampling["rounds"] == 1
     phase = report.sampling["phases"]["1"]

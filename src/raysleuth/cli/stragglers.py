@@ -8,6 +8,8 @@ bad input.
 
 from __future__ import annotations
 
+import contextlib
+
 from typing import Annotated, Any
 
 import typer
@@ -65,8 +67,12 @@ def stragglers(
 
     options = Options(window=window, ranks=ranks, threshold=threshold, min_collectives=int(min_collectives),
                       min_share=min_share, sample=sample, rate=int(rate), wait=wait)
-    report = collect_stragglers(address, run=run, home=home_path(home) if (home or run) else None, job=job,
-                                options=options)
+    shown = console.is_terminal and not json_  # a spinner on a terminal; nothing in a pipe or with --json
+    with console.status("reading the ranks' collectives...") if shown else contextlib.nullcontext() as status:
+        if status is not None:
+            options.progress = status.update
+        report = collect_stragglers(address, run=run, home=home_path(home) if (home or run) else None, job=job,
+                                    options=options)
     if json_:
         emit_json(report.to_dict())
         finish(report.exit_code)

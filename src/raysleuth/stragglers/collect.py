@@ -17,7 +17,7 @@ import statistics
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import TypeVar
+from typing import Callable, TypeVar
 
 from raysleuth import cluster, evidence
 from raysleuth.collectives.model import WINDOW_ENTRIES
@@ -60,6 +60,8 @@ class Options:
     """Peers sampled for contrast."""
     wait: float = 4.0
     """Seconds to wait for the workers' dumps."""
+    progress: Callable[[str], None] | None = None
+    """Told what the check does now, before each round of sampling (a line; the CLI's spinner on a terminal)."""
 
 
 def _records(store, kind: type[E], job: str | None, since: float | None) -> list[E]:
@@ -185,6 +187,10 @@ def sample_phases(report: StragglerReport, options: Options) -> None:
     phases: dict[int, SlowPhase | None] = {}
     rounds, wall = 0, 0.0
     while True:
+        if options.progress is not None:
+            options.progress(f"sampling rank {', '.join(map(str, suspects))} and {len(peers)} peer(s) with py-spy "
+                             f"for {options.sample:g}s" + (f": round {rounds + 1} of up to {options.rounds}, the slow "
+                                                           "phase is not clear yet" if rounds else ""))
         found, errors, cost = sampling.sample_processes(targets, rate=options.rate, seconds=options.sample)
         rounds, wall = rounds + 1, wall + cost["wall_s"]
         for rank, text in found.items():
