@@ -224,6 +224,30 @@ def test_watch_slow_reports_records_and_the_report_shows_it(ray_cluster, jobs, v
     assert result.sections["stragglers"] >= 1 and "DeviceLatency.backward" in html
 
 
+def test_a_straggler_recorded_before_its_phase_was_clear_is_recorded_again_once_it_is(ray_cluster, jobs, verdicts):
+    from raysleuth import cluster
+    from raysleuth.recorder import open_store
+    from raysleuth.stragglers.collect import Options
+    from raysleuth.stragglers.watching import SlowWatch
+
+    job, started = jobs["backward"]["job"], time.time()
+    short = Options(window=5.0, sample=1.0, rate=3, rounds=1, wait=3.0)  # too few samples to tell the phase
+    watch = SlowWatch(ray_cluster.address, home=ray_cluster.home, job=job, every=0.0, options=short)
+    first = watch.tick()
+    assert first is not None and first.stragglers[0].phase is None and watch.unphased == {1}, watch.error
+    assert watch.tick() is None  # still not clear: not reported again
+    watch.options = Options(window=5.0, wait=3.0)  # the default sampling
+    again = watch.tick()
+    assert again is not None and again.stragglers[0].phase.function == "DeviceLatency.backward", again.notes
+    assert watch.reported == {1} and not watch.unphased
+    store = open_store(cluster.session_name(), home=ray_cluster.home)
+    try:
+        rows = [r for r in store.query("straggler", since=started) if r.data.get("job_id") == job]
+    finally:
+        store.close()
+    assert [bool(r.data["stragglers"][0]["phase"]) for r in rows] == [False, True]
+
+
 def test_bad_input_is_one_line(ray_cluster, jobs, verdicts, capsys):
     from raysleuth.cli import main
 

@@ -1,7 +1,8 @@
 """``raysleuth watch --slow``: repeat the straggler check; report and record a straggler once it appears.
 
-Each new straggler (a rank not reported before) is written to the store as
-one ``straggler`` record (level ``WARNING``; data: the
+Each new straggler (a rank not reported before, or reported before without
+a slow phase and now with one: the samples could not tell it then) is
+written to the store as one ``straggler`` record (level ``WARNING``; data: the
 :class:`~raysleuth.stragglers.analysis.StragglerReport`, its slow phase
 included), so the run keeps it after the job is gone and ``raysleuth
 report`` shows it.
@@ -28,6 +29,9 @@ class SlowWatch:
         self.address, self.home, self.job, self.every = address, home, job, every
         self.options = options or Options(window=max(every * 2, 20.0))
         self.reported: set[int] = set()
+        """Ranks reported with their slow phase, or with none while sampling was off."""
+        self.unphased: set[int] = set()
+        """Ranks reported without a slow phase (not clear yet): reported again once it is."""
         self.last: StragglerReport | None = None
         self.error: str | None = None
         self._next = 0.0
@@ -43,10 +47,15 @@ class SlowWatch:
             self.error = f"{type(error).__name__}: {error}"
             return None
         self.last, self.error = report, None
-        new = [s.rank for s in report.stragglers if s.rank not in self.reported]
+        new = [s for s in report.stragglers if s.rank not in self.reported
+               and (s.rank not in self.unphased or s.phase is not None)]
         if not new:
             return None
-        self.reported.update(new)
+        for straggler in new:
+            phased = straggler.phase is not None or self.options.sample <= 0
+            (self.reported if phased else self.unphased).add(straggler.rank)
+            if phased:
+                self.unphased.discard(straggler.rank)
         record_straggler(report)
         return report
 
