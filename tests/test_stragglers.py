@@ -169,7 +169,9 @@ def test_one_pause_names_nobody_from_the_stored_run(ray_cluster, jobs):
                              "--job", jobs["pause"]["job"], "--window", "5m"])
     assert code == 0 and data["state"] == "even", data["summary"]
     assert data["live"] is False and data["collectives"] >= 100
-    assert [o["rank"] for o in data["one_offs"] if o["lateness_s"] > 2.5] == [1]  # the checkpoint, not a hiccup
+    # the checkpoint is the longest one-off, and rank 1's (a loaded machine may stall rank 0 once too: a true one-off)
+    long = sorted((o for o in data["one_offs"] if o["lateness_s"] > 2.5), key=lambda o: -o["lateness_s"])
+    assert long and long[0]["rank"] == 1, data["one_offs"]
     assert any("one-off pause" in note for note in data["notes"])
 
 
