@@ -9,7 +9,6 @@ bad input.
 from __future__ import annotations
 
 import contextlib
-
 from typing import Annotated, Any
 
 import typer
@@ -22,6 +21,7 @@ from raysleuth.cli._app import (
 )
 from raysleuth.errors import UsageError
 from raysleuth.stragglers.analysis import MIN_COLLECTIVES, MIN_SHARE, THRESHOLD
+from raysleuth.stragglers.phase import where
 from raysleuth.stragglers.sampling import RATE, SECONDS
 
 _STATE_STYLE = {"straggler": "red", "even": "green", "unread": "yellow"}
@@ -82,8 +82,8 @@ def stragglers(
 
 def render_stragglers(report: Any) -> None:
     """Draw a :class:`~raysleuth.stragglers.analysis.StragglerReport`."""
-    where = f"job {report.job_id}, " if report.job_id else ""
-    console.print(f"[dim]{where}{report.collectives} collectives over {report.window_s:g}s"
+    job_part = f"job {report.job_id}, " if report.job_id else ""
+    console.print(f"[dim]{job_part}{report.collectives} collectives over {report.window_s:g}s"
                   f"{f' from the {report.source}' if report.source else ''}"
                   f"{f', step {report.step_s * 1000:.0f} ms' if report.step_s else ''}[/dim]")
     if report.ranks:
@@ -107,7 +107,7 @@ def render_stragglers(report: Any) -> None:
     for rank, phase in ((report.sampling or {}).get("phases") or {}).items():
         if phase and phase.get("clear", True) and int(rank) not in named:  # a rank asked for with --rank, not named
             console.print(f"  rank {rank} (asked for, not a straggler) spends {phase['share']:.0%} of its samples in "
-                          f"{escape(phase['function'])} ({escape(phase['file'].rsplit('/', 1)[-1])}:{phase['line']}), "
+                          f"{escape(phase['function'])} ({escape(where(phase['file'], phase['line']))}), "
                           f"its peers {phase['peer_share']:.0%}")
     for line in report.missing:
         console.print(f"[yellow]missing: {escape(line)}[/yellow]")
@@ -128,7 +128,7 @@ def _draw_phase(straggler: Any) -> None:
     wait = phase.peers_wait
     if wait:
         console.print(f"  while its peers wait in {escape(wait['function'])} "
-                      f"({escape(str(wait['file']).rsplit('/', 1)[-1])}:{wait['line']}): {wait['share']:.0%} of theirs")
+                      f"({escape(where(wait['file'], wait['line']))}): {wait['share']:.0%} of theirs")
     for frame in phase.stack[-4:]:
         console.print(f"    [dim]{escape(frame)}[/dim]")
 

@@ -26,7 +26,7 @@ from raysleuth.errors import UsageError
 from raysleuth.recorder import open_store
 from raysleuth.stragglers import sampling
 from raysleuth.stragglers.analysis import MIN_COLLECTIVES, MIN_SHARE, THRESHOLD, StragglerReport, find_stragglers
-from raysleuth.stragglers.phase import LEAD, SlowPhase, parse_raw, slow_phase
+from raysleuth.stragglers.phase import LEAD, SlowPhase, parse_raw, slow_phase, where
 from raysleuth.stragglers.sources import calls_from_records
 
 E = TypeVar("E", bound=evidence.Evidence)
@@ -223,7 +223,7 @@ def _phases(texts: dict[int, str], suspects: list[int], peers: list[int]) -> dic
 
 def _unclear(rank: int, phase: SlowPhase, options: Options) -> str:
     runner = phase.runner_up or {}
-    other = (f"{runner.get('function')} ({str(runner.get('file', '')).rsplit('/', 1)[-1]}:{runner.get('line')}, "
+    other = (f"{runner.get('function')} ({where(runner.get('file'), runner.get('line'))}, "
              f"{runner.get('share', 0):.0%} against {runner.get('peer_share', 0):.0%})" if runner else "no slow place at all")
     return (f"rank {rank}: no slow phase named, {phase.samples} samples cannot tell {phase.function} ({phase.where}, "
             f"{phase.share:.0%} of its samples against its peers' {phase.peer_share:.0%}) from {other}: "

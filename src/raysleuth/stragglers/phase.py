@@ -43,6 +43,11 @@ MIN_SAMPLES = 5
 """Fewer of the straggler's own-code samples than this are never clear (the normal approximation fails)."""
 
 
+def where(file: object, line: object) -> str:
+    """``name.py:LINE``: a place as the output shows it (its file's name, not its path)."""
+    return f"{str(file or '').rsplit('/', 1)[-1]}:{line}"
+
+
 @dataclasses.dataclass
 class Location:
     """One place in the job's code."""
@@ -53,7 +58,7 @@ class Location:
 
     @property
     def where(self) -> str:
-        return f"{self.file.rsplit('/', 1)[-1]}:{self.line}"
+        return where(self.file, self.line)
 
 
 @dataclasses.dataclass
@@ -95,7 +100,7 @@ class SlowPhase:
 
     @property
     def where(self) -> str:
-        return f"{self.file.rsplit('/', 1)[-1]}:{self.line}"
+        return where(self.file, self.line)
 
     @property
     def clear(self) -> bool:

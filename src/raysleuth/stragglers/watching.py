@@ -52,10 +52,9 @@ class SlowWatch:
         if not new:
             return None
         for straggler in new:
+            self.unphased.discard(straggler.rank)
             phased = straggler.phase is not None or self.options.sample <= 0
             (self.reported if phased else self.unphased).add(straggler.rank)
-            if phased:
-                self.unphased.discard(straggler.rank)
         record_straggler(report)
         return report
 
