@@ -165,15 +165,17 @@ class NodeAgent:
         check_tool(argv)
         return run_tool(argv, timeout)
 
-    def run_tools(self, commands: list[list[str]], timeout: float = 10.0, parallel: int = 8) -> list[dict[str, Any]]:
-        """Run several allowed tools concurrently (each with ``timeout``), results in order."""
+    def run_tools(self, commands: list[list[str]], timeout: float = 10.0, parallel: int = 8,
+                  interrupt_s: float = 0.0) -> list[dict[str, Any]]:
+        """Run several allowed tools concurrently (each with ``timeout``, then ``interrupt_s`` to write what it has:
+        :func:`run_tool`), results in order."""
         from concurrent.futures import ThreadPoolExecutor
 
         for argv in commands:
             check_tool(argv)
 
         with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-            return list(pool.map(lambda argv: run_tool(argv, timeout), commands))
+            return list(pool.map(lambda argv: run_tool(argv, timeout, interrupt_s), commands))
 
     def memory(self, pids: list[int]) -> dict[int, dict[str, Any]]:
         """RSS, USS (private) and VMS of each pid; an ``error`` for pids that are gone."""

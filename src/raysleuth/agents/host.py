@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -26,19 +27,39 @@ def find_tool(name: str) -> str | None:
 
 
 
-def run_tool(argv: list[str], timeout: float) -> dict[str, Any]:
-    """Run ``argv`` with a timeout; never raises."""
+def run_tool(argv: list[str], timeout: float, interrupt_s: float = 0.0) -> dict[str, Any]:
+    """Run ``argv`` with a timeout; never raises.
+
+    On timeout the tool is killed, or first interrupted (SIGINT) when ``interrupt_s`` > 0 and given that long to
+    write what it has: ``py-spy record`` writes the samples it took so far on Control-C. What it wrote comes back
+    in ``stdout`` with ``timed_out`` set.
+    """
     started = time.monotonic()
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-        return {"returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr,
-                "timed_out": False, "error": None, "seconds": time.monotonic() - started}
-    except subprocess.TimeoutExpired as expired:
-        return {"returncode": None, "stdout": expired.stdout or "", "stderr": expired.stderr or "",
-                "timed_out": True, "error": f"timed out after {timeout:g}s", "seconds": time.monotonic() - started}
+        child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     except OSError as error:
         return {"returncode": None, "stdout": "", "stderr": "", "timed_out": False,
                 "error": str(error), "seconds": time.monotonic() - started}
+    with child:
+        try:
+            stdout, stderr = child.communicate(timeout=timeout)
+            return {"returncode": child.returncode, "stdout": stdout, "stderr": stderr,
+                    "timed_out": False, "error": None, "seconds": time.monotonic() - started}
+        except subprocess.TimeoutExpired:
+            pass
+        stdout, stderr = "", ""
+        if interrupt_s > 0:
+            child.send_signal(signal.SIGINT)
+            try:
+                stdout, stderr = child.communicate(timeout=interrupt_s)
+            except subprocess.TimeoutExpired:
+                pass
+        if child.poll() is None:
+            child.kill()
+            stdout, stderr = child.communicate()  # all it wrote: a timed-out communicate keeps what it read
+        return {"returncode": child.returncode, "stdout": stdout or "", "stderr": stderr or "", "timed_out": True,
+                "error": f"timed out after {timeout:g}s" + (" (interrupted)" if interrupt_s > 0 else ""),
+                "seconds": time.monotonic() - started}
 
 
 def process_memory(pids: list[int]) -> dict[int, dict[str, Any]]:

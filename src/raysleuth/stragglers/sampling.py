@@ -43,14 +43,25 @@ samples in its slow place and 37 % in a place where its peer has 32 % is told in
 rounds 77 %, in 6 rounds 97 % (``tests/test_stragglers_logic.py``)."""
 
 
+SLACK_S = 10.0
+"""How much longer than its window a py-spy may take (start-up on a loaded node) before it is interrupted."""
+INTERRUPT_S = 3.0
+"""How long an interrupted py-spy has to write the samples it took (it checks for Control-C at each sample)."""
+
+
 def _argv(path: str, pid: int, rate: int, seconds: float) -> list[str]:
     return [path, "record", "--pid", str(pid), "--nonblocking", "--idle", "--threads", "--full-filenames",
             "--format", "raw", "--rate", str(rate), "--duration", str(max(1, round(seconds))), "-o", "/dev/stdout"]
 
 
 def sample_processes(targets: dict[int, tuple[str, int]], *, rate: int = RATE, seconds: float = SECONDS,
-                     timeout: float = 30.0) -> tuple[dict[int, str], dict[int, str], dict[str, Any]]:
-    """Sample ``targets`` (rank -> (node id, pid)); returns (rank -> raw text, rank -> error, cost)."""
+                     timeout: float | None = None) -> tuple[dict[int, str], dict[int, str], dict[str, Any]]:
+    """Sample ``targets`` (rank -> (node id, pid)); returns (rank -> raw text, rank -> error, cost).
+
+    A py-spy still running :data:`SLACK_S` after its window is interrupted, and the samples it wrote count;
+    ``timeout`` (the agents' answer) defaults to the window plus both margins.
+    """
+    timeout = seconds + SLACK_S + INTERRUPT_S + 5.0 if timeout is None else timeout
     started = time.monotonic()
     texts: dict[int, str] = {}
     errors: dict[int, str] = {}
@@ -63,8 +74,8 @@ def sample_processes(targets: dict[int, tuple[str, int]], *, rate: int = RATE, s
                             '(pip install py-spy, or runtime_env={"pip": ["py-spy"]})')
             continue
         per_node.setdefault(node_id, []).append((rank, pid))
-    per_node_args = {node: ([_argv(str(paths[node]), pid, rate, seconds) for _, pid in members], seconds + 10.0,
-                            len(members)) for node, members in per_node.items()}
+    per_node_args = {node: ([_argv(str(paths[node]), pid, rate, seconds) for _, pid in members], seconds + SLACK_S,
+                            len(members), INTERRUPT_S) for node, members in per_node.items()}
     if per_node_args:
         results = agents.call_agents("run_tools", timeout=timeout, nodes=list(per_node_args),
                                      per_node_args=per_node_args)
@@ -74,8 +85,8 @@ def sample_processes(targets: dict[int, tuple[str, int]], *, rate: int = RATE, s
                 errors.update({rank: f"node agent did not answer: {result.error}" for rank, _ in members})
                 continue
             for (rank, _pid), done in zip(members, result.value):
-                if done.get("returncode") == 0 and done.get("stdout"):
-                    texts[rank] = done["stdout"]
+                if done.get("stdout") and (done.get("returncode") == 0 or done.get("timed_out")):
+                    texts[rank] = done["stdout"]  # an interrupted py-spy's samples are as good, only fewer
                 else:
                     text = (done.get("error") or done.get("stderr") or "").strip().splitlines()
                     errors[rank] = f"py-spy: {text[-1][:200] if text else 'no samples'}"
