@@ -185,19 +185,27 @@ def sample_phases(report: StragglerReport, options: Options) -> None:
                if rank in pids and (node_id := node_ids.get(rank))}
     texts: dict[int, str] = {}
     phases: dict[int, SlowPhase | None] = {}
+    errors: dict[int, str] = {}
+    failed: dict[int, int] = {}
     rounds, wall = 0, 0.0
     while True:
         if options.progress is not None:
             options.progress(f"sampling rank {', '.join(map(str, suspects))} and {len(peers)} peer(s) with py-spy "
                              f"for {options.sample:g}s" + (f": round {rounds + 1} of up to {options.rounds}, the slow "
                                                            "phase is not clear yet" if rounds else ""))
-        found, errors, cost = sampling.sample_processes(targets, rate=options.rate, seconds=options.sample)
+        found, round_errors, cost = sampling.sample_processes(targets, rate=options.rate, seconds=options.sample)
         rounds, wall = rounds + 1, wall + cost["wall_s"]
+        errors.update(round_errors)
         for rank, text in found.items():
             texts[rank] = f"{texts[rank]}\n{text}" if rank in texts else text
+        for rank in targets.keys() - found.keys():
+            failed[rank] = failed.get(rank, 0) + 1
+        # A rank that failed once is tried again in the next round (a py-spy that timed out on a loaded node).
+        targets = {rank: target for rank, target in targets.items() if failed.get(rank, 0) < 2}
         phases = _phases(texts, suspects, peers)
-        targets = {rank: target for rank, target in targets.items() if rank in found}
-        if rounds >= options.rounds or not targets or all(phase is None or phase.clear for phase in phases.values()):
+        pending = [rank for rank in suspects if rank in targets
+                   and (rank not in texts or (phase := phases.get(rank)) is not None and not phase.clear)]
+        if rounds >= options.rounds or not pending:
             break
     errors = {rank: error for rank, error in errors.items() if rank not in texts}
     cost.update(rounds=rounds, wall_s=wall, sampled=len(texts), errors={str(k): v for k, v in errors.items()})
