@@ -77,8 +77,19 @@ def save_checkpoint(model: torch.nn.Module, seconds: float) -> None:
 
 @ray.remote(num_cpus=0)
 class Trainer:
-    def __init__(self, rank: int, world_size: int, port: int, slow: str, slow_rank: int,
-                 slow_after: float = 0.0) -> None:
+    def __init__(self, rank: int, world_size: int, slow: str, slow_rank: int, slow_after: float = 0.0) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.slow, self.slow_rank, self.slow_after = slow, slow_rank, slow_after
+
+    def free_port(self) -> int:
+        """A port free on this (rank 0's) node now: picked here, it is listened on a moment later, not seconds."""
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            return probe.getsockname()[1]
+
+    def join(self, port: int) -> int:
+        rank, world_size, slow, slow_rank, slow_after = (self.rank, self.world_size, self.slow, self.slow_rank,
+                                                         self.slow_after)
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
         torch.manual_seed(0)
@@ -91,7 +102,7 @@ class Trainer:
         self.model = DistributedDataParallel(self.net)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
         self.pause_at = 40 if mine and slow == "pause" else None
-        self.slow_after = slow_after
+        return os.getpid()
 
     def pid(self) -> int:
         return os.getpid()
@@ -111,12 +122,6 @@ class Trainer:
         return steps
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--slow", choices=["none", "data", "backward", "pause"], default="none")
@@ -128,10 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--address", default=None)
     args = parser.parse_args(argv)
     ray.init(address=args.address, log_to_driver=False)
-    port = free_port()
-    workers = [Trainer.remote(rank, args.world_size, port, args.slow, args.slow_rank, args.slow_after)
+    workers = [Trainer.remote(rank, args.world_size, args.slow, args.slow_rank, args.slow_after)
                for rank in range(args.world_size)]
-    pids = ray.get([worker.pid.remote() for worker in workers], timeout=600)
+    ray.get([worker.pid.remote() for worker in workers], timeout=600)  # every worker is up
+    port = ray.get(workers[0].free_port.remote())
+    pids = ray.get([worker.join.remote(port) for worker in workers], timeout=600)
     refs = [worker.train.remote(args.steps) for worker in workers]
     print("training", ray.get_runtime_context().get_job_id(), " ".join(map(str, pids)), flush=True)
     ray.get(refs)
