@@ -19,3 +19,20 @@ def test_a_second_fan_out_looks_nothing_up(ray_cluster, monkeypatch):
     answers = call_agents("ping", timeout=30)
     assert len(answers) == 2 and all(answer.ok for answer in answers), answers
     assert looked_up == []
+
+
+def test_a_call_an_agent_does_not_take_is_an_answer_with_the_fix_not_a_traceback(ray_cluster):
+    # an agent made by another raysleuth (agents live as long as the cluster) lacks a method...
+    answers = call_agents("no_such_method", timeout=30)
+    assert len(answers) == 2 and not any(answer.ok for answer in answers)
+    assert all(answer.error.startswith("AttributeError") and "remove_agents()" in answer.error for answer in answers)
+    # ...or takes fewer arguments (run_tools before its interrupt_s): the same, for that node only
+    [node, *_] = sorted(get_agents())
+    answers = call_agents("run_tools", [["ps"]], 5.0, timeout=30,
+                          per_node_args={node: ([["ps"]], 5.0, 1, 0.0, "one too many")})
+    by_node = {answer.node_id: answer for answer in answers}
+    assert "TypeError" in by_node[node].error and "remove_agents()" in by_node[node].error, by_node[node]
+    assert all(answer.ok for node_id, answer in by_node.items() if node_id != node)
+    # a refusal of the agent's own is told as it is, with no word of versions
+    [refused, *_] = call_agents("run_tool", ["/bin/sh", "-c", "true"], timeout=30)
+    assert "PermissionDenied" in refused.error and "remove_agents()" not in refused.error, refused.error

@@ -26,17 +26,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import platform
 import shutil
 import socket
-import sys
 import time
 from typing import Any
 
 from raysleuth import cluster
 from raysleuth.agents.guard import check_paths, check_tool
 from raysleuth.agents.host import (
-    find_tool, gpus, oom_evidence, process_memory, py_spy_check, ray_train_lines, read_files, run_tool, worker_logs,
+    find_tool, gpus, oom_evidence, process_memory, py_spy_check, ray_train_lines, read_files, run_tool, versions,
+    worker_logs,
 )
 from raysleuth.agents.controls import ControlRelay, CountRelay
 from raysleuth.agents.ranks import is_ray_worker, rank_hints, read_train_logs, thread_times
@@ -51,32 +50,6 @@ __all__ = ["AgentResult", "NodeAgent", "call_agents", "find_tool", "get_agents",
 # recorder.writer's AGENTS_CONTROL, by value: the writer makes agents, so importing it here would close an
 # import loop. The names of raysleuth's own actors come from their one list, cluster.own.
 _AGENTS_CONTROL = "agents"
-
-
-def _module_version(name: str) -> str | None:
-    try:
-        from importlib import metadata
-
-        return metadata.version(name)
-    except Exception:
-        return None
-
-
-def versions() -> dict[str, Any]:
-    """Versions that must match across nodes, for this process's environment."""
-    py_spy = find_tool("py-spy")
-    return {
-        "python": platform.python_version(),
-        "ray": _module_version("ray"),
-        "torch": _module_version("torch"),
-        "raysleuth": _module_version("raysleuth"),
-        "debugpy": _module_version("debugpy"),
-        "psutil": _module_version("psutil"),
-        "py-spy": _module_version("py-spy") if py_spy else None,
-        "py_spy_path": py_spy,
-        "executable": sys.executable,
-        "cpu_count": os.cpu_count(),
-    }
 
 
 class NodeAgent:
@@ -320,14 +293,18 @@ def call_agents(method: str, *args: Any, timeout: float = 30.0, nodes: list[str]
     agents = get_agents(timeout=timeout)
     wanted = {node_id: value for node_id, value in agents.items() if nodes is None or node_id in nodes}
     refs = {}
+    refused: dict[str, str] = {}
     for node_id, (handle, _ip) in wanted.items():
         call_args = per_node_args.get(node_id, args) if per_node_args else args
-        refs[node_id] = getattr(handle, method).remote(*call_args)
+        try:
+            refs[node_id] = getattr(handle, method).remote(*call_args)
+        except Exception as error:  # a handle without that method: an agent of another raysleuth
+            refused[node_id] = _agent_error(error)
     deadline = time.monotonic() + timeout
     pending = list(refs.values())
     while pending and time.monotonic() < deadline:
         _ready, pending = ray.wait(pending, num_returns=len(pending), timeout=max(0.0, deadline - time.monotonic()))
-    results = []
+    results = [AgentResult(node_id, wanted[node_id][1], False, error=error) for node_id, error in refused.items()]
     for node_id, ref in refs.items():
         node_ip = wanted[node_id][1]
         if ref in pending:
@@ -337,8 +314,20 @@ def call_agents(method: str, *args: Any, timeout: float = 30.0, nodes: list[str]
         try:
             results.append(AgentResult(node_id, node_ip, True, value=ray.get(ref)))
         except Exception as error:
-            results.append(AgentResult(node_id, node_ip, False, error=f"{type(error).__name__}: {str(error)[:300]}"))
+            results.append(AgentResult(node_id, node_ip, False, error=_agent_error(error)))
     return results
+
+
+STALE_AGENT = ("an agent made by another raysleuth version (agents live as long as the cluster) takes other calls: "
+               "remove the agents (python -c \"import ray, raysleuth.agents as a; ray.init(address='auto'); "
+               "print(a.remove_agents())\") and the next command makes them again")
+
+
+def _agent_error(error: Exception) -> str:
+    """A failed agent call in a line, with :data:`STALE_AGENT` where the call did not fit the agent's code."""
+    cause = getattr(error, "cause", error)  # a RayTaskError carries the agent's own exception
+    unfit = isinstance(cause, AttributeError) or (isinstance(cause, TypeError) and "argument" in str(cause))
+    return f"{type(error).__name__}: {str(error)[:300]}" + (f" ({STALE_AGENT})" if unfit else "")
 
 
 def _agent_names() -> list[str]:

@@ -7,6 +7,7 @@ Runs on the node (inside its agent); plain functions, called by
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -25,6 +26,31 @@ def find_tool(name: str) -> str | None:
     candidate = os.path.join(os.path.dirname(sys.executable), name)
     return candidate if os.access(candidate, os.X_OK) else None
 
+
+def _module_version(name: str) -> str | None:
+    try:
+        from importlib import metadata
+
+        return metadata.version(name)
+    except Exception:
+        return None
+
+
+def versions() -> dict[str, Any]:
+    """Versions that must match across nodes, for this process's environment."""
+    py_spy = find_tool("py-spy")
+    return {
+        "python": platform.python_version(),
+        "ray": _module_version("ray"),
+        "torch": _module_version("torch"),
+        "raysleuth": _module_version("raysleuth"),
+        "debugpy": _module_version("debugpy"),
+        "psutil": _module_version("psutil"),
+        "py-spy": _module_version("py-spy") if py_spy else None,
+        "py_spy_path": py_spy,
+        "executable": sys.executable,
+        "cpu_count": os.cpu_count(),
+    }
 
 
 def run_tool(argv: list[str], timeout: float, interrupt_s: float = 0.0) -> dict[str, Any]:
