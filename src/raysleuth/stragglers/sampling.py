@@ -61,7 +61,7 @@ def sample_processes(targets: dict[int, tuple[str, int]], *, rate: int = RATE, s
     A py-spy still running :data:`SLACK_S` after its window is interrupted, and the samples it wrote count;
     ``timeout`` (the agents' answer) defaults to the window plus both margins.
     """
-    timeout = seconds + SLACK_S + INTERRUPT_S + 5.0 if timeout is None else timeout
+    timeout = seconds + SLACK_S + INTERRUPT_S + 5.0 if timeout is None else timeout  # 5 s: the agents' reply
     started = time.monotonic()
     texts: dict[int, str] = {}
     errors: dict[int, str] = {}
