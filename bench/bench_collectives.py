@@ -60,7 +60,7 @@ def _noop_wrapped() -> Callable:
     from raysleuth.collectives import hook
 
     hook._tune_skip_dirs()
-    hook._group_name = lambda group: "0"  # no process group in this process: the name lookup is a dict hit
+    hook.name_default_group("0")  # no process group in this process: the default group's record, as once looked up
     hook.set_detail(False)
     return hook._wrap("all_reduce", _noop)
 

@@ -202,10 +202,10 @@ def test_the_light_wrapper_never_raises_into_the_call_and_keeps_the_newest_whole
         return tensor
 
     wrapped = hook._wrap("all_reduce", all_reduce)
-    start = hook._next[0]
+    before = list(hook._ring)
     assert wrapped("ok", group=BrokenGroup()) == "ok"  # the bookkeeping failed: the call still ran
-    assert hook._next[0] == start
-    hook._default_name[0] = "bench"
+    assert list(hook._ring) == before  # ...and nothing half-made went into the ring
+    hook.name_default_group("bench")
     try:
         for k in range(hook.RING_SIZE + 88):
             assert wrapped(k) == k
@@ -213,7 +213,7 @@ def test_the_light_wrapper_never_raises_into_the_call_and_keeps_the_newest_whole
             wrapped("fail")
         kept = [e for e in hook.entries() if e["pg"] == "bench"]
     finally:
-        hook._default_name[0] = None
+        hook.name_default_group(None)
     assert len(kept) == hook.RING_SIZE and [e["seq"] for e in kept] == sorted(e["seq"] for e in kept)
     assert kept[-1]["state"] == "error" and kept[-1]["end_ns"] >= kept[-1]["start_ns"] > 0
     assert {e["state"] for e in kept[:-1]} == {"completed"} and all(e["file"] is None for e in kept)
@@ -230,7 +230,7 @@ def test_detail_armed_on_demand_records_each_calls_file_line_and_shapes():
         return tensor
 
     wrapped = hook._wrap("all_reduce", all_reduce)
-    hook._default_name[0] = "armed"
+    hook.name_default_group("armed")
     try:
         wrapped(torch.ones(2, 3))
         record._on_detail(True)
@@ -240,7 +240,7 @@ def test_detail_armed_on_demand_records_each_calls_file_line_and_shapes():
         wrapped(torch.ones(2, 3))
         calls = [e for e in hook.entries() if e["pg"] == "armed"][-3:]
     finally:
-        hook._default_name[0] = None
+        hook.name_default_group(None)
         hook.set_detail(False)
     assert [(c["line"], c["input"]) for c in calls] == [(None, []), (line, [[[2, 3], "float32"]]), (None, [])], calls
     assert calls[1]["file"] == __file__ and calls[1]["call"] == 1
@@ -263,15 +263,14 @@ def test_the_wrapper_takes_the_collectives_own_parameters_and_passes_every_argum
 
     wrapped, forwarding = hook._wrap("all_reduce", all_reduce), hook._wrap("barrier", barrier)
     assert "*" not in str(inspect.signature(wrapped).parameters.get("tensor"))
-    hook._default_name[0] = "own"
+    hook.name_default_group("own")
     try:
-        start = hook._next[0]
         assert wrapped("t") == ("t", "sum", None, False, 5)
         assert wrapped("t", "max", async_op=True, timeout=9) == ("t", "max", None, True, 9)
         assert forwarding(1, group=None, extra=2) == ((1,), {"group": None, "extra": 2})
-        entries = [entry for entry, _ in hook.raw_entries() if entry[hook._ID] >= start]
+        entries = [entry for entry, _ in hook.raw_entries() if entry[hook._PG] == "own"]
     finally:
-        hook._default_name[0] = None
+        hook.name_default_group(None)
     assert [(e[hook._OP], e[hook._ASYNC]) for e in entries] == [("all_reduce", False), ("all_reduce", True),
                                                                 ("barrier", False)]
     code = wrapped.__code__

@@ -1,27 +1,29 @@
 """The hook on ``torch.distributed``'s collectives: this process's calls in a bounded ring.
 
-The ring is preallocated: :data:`RING_SIZE` slots, each call storing one
-tuple in its slot and its end time in a parallel list, so a call touches a
-few cache lines (a job's memory traffic between two collectives leaves them
-cold: each line touched costs a cache miss). What each call always records
-(light mode, the default): its process group's name, its sequence number
-there, the op, its start and end times (``time.time_ns``), its state, the
-job's step (once the job sets one) and the calling thread; and it counts
-itself as progress when it returns. The caller's file:line and the tensors'
-shapes and dtypes cost several times that (a frame object and torch's shape
-path), so they are kept per call only in *detail* mode (full mode, or armed
-on demand: :func:`set_detail`). In light mode a dump still names the
-file:line of every call that has not returned (the one a rank waits in),
-read from the caller's live stack at dump time (:func:`entries`); torch's
-Flight Recorder, where the job has it, gives shapes and dtypes.
+The ring is a ``deque`` of :data:`RING_SIZE` entries: each call appends one
+list, made whole before it is appended, and writes its end time into it when
+it returns, so a call touches a few cache lines (a job's memory traffic
+between two collectives leaves them cold: each line touched, and each
+distinct piece of the interpreter run, costs a cache miss). What each call
+always records (light mode, the default): its process group's name, its
+sequence number there, the op, its start and end times (``time.time_ns``),
+its state and the job's step (once the job sets one); and it counts itself
+as progress when it returns. The caller's file:line and the tensors' shapes
+and dtypes cost several times that (a frame object and torch's shape path),
+so they are kept per call only in *detail* mode (full mode, or armed on
+demand: :func:`set_detail`). In light mode a dump still names the file:line
+of every call that has not returned (the one a rank waits in), read from the
+caller's live stack at dump time (:func:`entries`: a running wrapper's frame
+holds its entry, so no thread is recorded per call); torch's Flight
+Recorder, where the job has it, gives shapes and dtypes.
 
-The hot path builds no dict, formats no string and takes no lock: each write
-is one list store under the GIL. A dump copies each list in one C call and
-keeps only the entries its counter says are whole (:func:`raw_entries`).
+The hot path builds no dict, formats no string and takes no lock: under the
+GIL the append and each store are atomic. A dump copies the ring in one C
+call and reads each entry's end once (:func:`raw_entries`).
 """
-
 from __future__ import annotations
 
+import collections
 import functools
 import importlib.abc
 import inspect
@@ -35,8 +37,7 @@ from raysleuth import runtime
 from raysleuth.collectives import wrapper
 
 RING_SIZE = 512
-"""Wrapper records kept per process (oldest overwritten); a power of two."""
-_MASK = RING_SIZE - 1
+"""Wrapper records kept per process (the oldest dropped)."""
 
 # op -> (index of the input tensor(s), index of the output tensor(s)); None: no tensor there.
 OPS: dict[str, tuple[int | None, int | None]] = {
@@ -58,25 +59,24 @@ OPS: dict[str, tuple[int | None, int | None]] = {
     "irecv": (None, 0),
 }
 
-SLOTS = ("id", "pg", "seq", "op", "asynchronous", "step", "thread", "detail", "start_ns")
-"""One ring entry: a tuple written in one store. ``id`` is the entry's number, ``detail`` None or
-(code, line, call count at that line, inputs, outputs) in detail mode. Its end is in :data:`_ends`."""
-_ID, _PG, _SEQ, _OP, _ASYNC, _STEP, _THREAD, _DETAIL, _START = range(len(SLOTS))
-_ring: list[tuple | None] = [None] * RING_SIZE
-_ends: list[int | None] = [None] * RING_SIZE
-"""The end (``time.time_ns``) of the entry in the same slot: None while it runs, negative when it raised."""
-_next = [0]
-"""Entries written so far (the next entry's id)."""
+SLOTS = ("pg", "seq", "op", "asynchronous", "step", "detail", "start_ns", "end_ns")
+"""One ring entry, a list: ``detail`` is None or (code, line, call count at that line, inputs, outputs) in
+detail mode; ``end_ns`` None while the call runs, negative when it raised."""
+_PG, _SEQ, _OP, _ASYNC, _STEP, _DETAIL, _START, _END = range(len(SLOTS))
+_ring: collections.deque[list] = collections.deque(maxlen=RING_SIZE)
+"""The newest calls, oldest first (appended as they start)."""
 _progress = [0]
 """Completed wrapped collectives (the progress hook's counter)."""
 _detail = [False]
 """Detail mode: each call's file:line and shapes too (full mode, or :func:`set_detail`)."""
-_seqs: dict[str, int] = {}
 _sites: dict[tuple, int] = {}
 """(file, line) -> collectives issued from there (a step count for jobs that name no steps; detail mode)."""
-_groups: dict[int, tuple[str, str]] = {}
-_default_name: list = [None]
-"""The default group's name once looked up (cleared when a process group is created)."""
+_records: dict[str, list] = {}
+"""Group name -> its record ``[name, calls issued there so far, desc]`` (the wrapper counts in it: its seq)."""
+_groups: dict[int, list] = {}
+"""id(process group) -> its record."""
+_default_group: list = [None]
+"""The default group's record once looked up (cleared when a process group is created)."""
 _wrapped = False
 _SKIP_DIRS: tuple[str, ...] = (os.path.dirname(os.path.abspath(__file__)),)
 _c10d: Any = None
@@ -162,7 +162,7 @@ def _wake_after(original: Callable) -> Callable:
     @functools.wraps(original)
     def create(*args, **kwargs):
         result = original(*args, **kwargs)
-        _default_name[0] = None  # a new default group may have come with it
+        _default_group[0] = None  # a new default group may have come with it
         _wake.set()
         return result
 
@@ -196,9 +196,8 @@ def _wrap(op: str, original: Callable) -> Callable:
         "_rs_hook": sys.modules[__name__], "_rs_op": op, "_rs_asynchronous": op in ("isend", "irecv"),
         "_rs_group_at": sys.maxsize if group_at < 0 else group_at, "_rs_input_at": input_at,
         "_rs_output_at": output_at, "_rs_time_ns": time.time_ns, "_rs_current_step": _current_step,
-        "_rs_ident": threading.get_ident, "_rs_steps": runtime, "_rs_ring": _ring, "_rs_ends": _ends,
-        "_rs_counter": _next, "_rs_progress": _progress, "_rs_detail": _detail, "_rs_seqs": _seqs,
-        "_rs_default": _default_name, "_RS_MASK": _MASK,
+        "_rs_steps": runtime, "_rs_append": _ring.append, "_rs_progress": _progress, "_rs_detail": _detail,
+        "_rs_default": _default_group,
     }
     collective = functools.wraps(original)(wrapper.build(original, namespace))
     collective.__raysleuth_collective__ = True  # type: ignore[attr-defined]
@@ -240,24 +239,18 @@ def _tensors(args, index) -> Any:
         return ()
 
 
-def raw_entries() -> list[tuple[tuple, int | None]]:
-    """(entry, end) of every whole entry in the ring, oldest first.
-
-    Each list is copied in one C call under the GIL; an entry written while it was copied, or whose
-    slot was written again since, is left out (its end could be another entry's).
-    """
-    before = _next[0]
-    ring, ends = list(_ring), list(_ends)
-    after = _next[0]
-    kept = []
-    for n in range(max(0, after - RING_SIZE), before):
-        entry = ring[n & _MASK]
-        if entry is not None and entry[_ID] == n:
-            kept.append((entry, ends[n & _MASK]))
-    return kept
+def raw_entries() -> list[tuple[list, int | None]]:
+    """(entry, end) of every entry in the ring, oldest first; each end read once (a running call may end meanwhile)."""
+    for _ in range(3):
+        try:
+            ring = list(_ring)  # one C call under the GIL
+            break
+        except RuntimeError:  # the ring changed while it was copied (another thread ran in between): copy again
+            ring = []
+    return [(entry, entry[_END]) for entry in ring]
 
 
-def _state(entry: tuple, end: int | None) -> str:
+def _state(entry: list, end: int | None) -> str:
     if end is None:
         return "started"
     if end < 0:
@@ -271,14 +264,12 @@ def entries() -> list[dict]:
     A call that has not returned and has no detail gets the file:line of its caller's live frame.
     """
     raw = raw_entries()
-    running = [entry for entry, end in raw if end is None]
-    waiting = _waiting_frames() if any(entry[_DETAIL] is None for entry in running) else {}
-    current = {entry[_THREAD]: entry for entry in running}  # the newest running entry of each thread
+    waiting = _waiting_frames() if any(entry[_DETAIL] is None and end is None for entry, end in raw) else {}
     plain = []
     for entry, end in raw:
         detail = entry[_DETAIL]
-        if detail is None and end is None and current.get(entry[_THREAD]) is entry and entry[_THREAD] in waiting:
-            detail = (*waiting[entry[_THREAD]], None, (), ())
+        if detail is None and end is None and id(entry) in waiting:
+            detail = (*waiting[id(entry)], None, (), ())
         code, line, count, inputs, outputs = detail or (None, None, None, (), ())
         plain.append({"pg": entry[_PG], "seq": entry[_SEQ], "op": entry[_OP], "input": _plain_tensors(inputs),
                       "output": _plain_tensors(outputs), "state": _state(entry, end), "start_ns": entry[_START],
@@ -289,17 +280,21 @@ def entries() -> list[dict]:
 
 
 def _waiting_frames() -> dict[int, tuple]:
-    """thread id -> (code, line) of the job's frame that called a wrapped collective still running there."""
-    found = {}
+    """id(entry) -> (code, line) of the job's frame that called that wrapped collective, for each one still running.
+
+    Each running wrapper's frame holds its entry (its local ``_rs_mine``), so the ring need not keep
+    the calling thread: a running call is found on the live stacks (the wrapper's own frame).
+    """
+    found: dict[int, tuple] = {}
     try:
-        for thread, top in sys._current_frames().items():
+        for top in sys._current_frames().values():
             frame: Any = top
-            while frame is not None and not (frame.f_code.co_name == "collective"
-                                             and frame.f_code.co_filename == wrapper.FILE):
+            while frame is not None:
+                if frame.f_code.co_name == "collective" and frame.f_code.co_filename == wrapper.FILE:
+                    mine, user = frame.f_locals.get("_rs_mine"), _user_frame(frame.f_back)
+                    if type(mine) is list and user is not None:
+                        found[id(mine)] = (user.f_code, user.f_lineno)
                 frame = frame.f_back
-            user = _user_frame(frame.f_back) if frame is not None else None
-            if user is not None:
-                found[thread] = (user.f_code, user.f_lineno)
     except Exception:
         pass
     return found
@@ -309,18 +304,26 @@ def _plain_tensors(tensors) -> list:
     return [[list(shape), str(dtype).replace("torch.", "")] for shape, dtype in tensors or []]
 
 
-def _group_name(group) -> str:
+def _group(group) -> list:
+    """The record of ``group`` (None: the default group), made at its first call; kept per name, so a group
+    made again under the same name goes on counting where it was."""
     default = group is None
     if default:
         group = _c10d.GroupMember.WORLD
     known = _groups.get(id(group))
     if known is None:
-        name = str(getattr(group, "group_name", None) or "0")
-        desc = str(getattr(group, "group_desc", "") or "")
-        _groups[id(group)] = known = (name, desc)
+        known = _records.get(name := str(getattr(group, "group_name", None) or "0"))
+        if known is None:
+            known = _records[name] = [name, 0, str(getattr(group, "group_desc", "") or "")]
+        _groups[id(group)] = known
     if default and group is not None:
-        _default_name[0] = known[0]
-    return known[0]
+        _default_group[0] = known
+    return known
+
+
+def name_default_group(name: str | None) -> None:
+    """Count calls to the default group under ``name`` from now on (None: look it up again at the next call)."""
+    _default_group[0] = None if name is None else _records.setdefault(name, [name, 0, ""])
 
 
 def _tune_skip_dirs() -> None:

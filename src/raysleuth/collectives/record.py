@@ -195,7 +195,7 @@ def _group_table() -> dict[str, dict[str, Any]]:
             table[str(name)] = {"desc": str(getattr(group, "group_desc", "") or ""), "ranks": ranks}
     except Exception:
         pass
-    for name, desc in list(_groups.values()):
+    for name, _, desc in list(_groups.values()):
         table.setdefault(name, {"desc": desc, "ranks": []})
     return table
 
@@ -321,8 +321,9 @@ def _on_detail(value: Any) -> None:
 def _changed() -> bool:
     """Did anything happen since the last periodic dump? (ring or Flight Recorder positions)"""
     global _last_dump_key
-    newest = raw_entries()[-1:]
-    key = (_progress[0], hook._next[0], newest[0][1] if newest else None, _fr_position())
+    newest = raw_entries()[-1:]  # a new call is a new newest entry: another list, started at another time
+    key = (_progress[0], *((id(newest[0][0]), newest[0][0][hook._START], newest[0][1]) if newest else ()),
+           _fr_position())
     if key == _last_dump_key:
         return False
     _last_dump_key = key

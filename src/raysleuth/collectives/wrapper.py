@@ -30,31 +30,28 @@ FILE = __file__
 _LINE = sys._getframe().f_lineno + 2  # ``def collective`` below: the compiled code keeps this file's lines
 _TEMPLATE = '''
 def collective({params}):
-    _rs_slot = -1
+    _rs_mine = None
     try:
         {group}
-        _rs_name = _rs_default[0] if group is None and _rs_default[0] else _rs_hook._group_name(group)
-        _rs_seq = _rs_seqs[_rs_name] = _rs_seqs.get(_rs_name, 0) + 1
-        _rs_n = _rs_counter[0]
-        _rs_counter[0] = _rs_n + 1
-        _rs_slot = _rs_n & _RS_MASK
-        _rs_ends[_rs_slot] = None  # before the entry: a reader never pairs this entry with the slot's old end
-        _rs_ring[_rs_slot] = _rs_mine = (
-            _rs_n, _rs_name, _rs_seq, _rs_op, {asynchronous},
+        _rs_g = _rs_default[0] if group is None and _rs_default[0] is not None else _rs_hook._group(group)
+        _rs_g[1] = _rs_seq = _rs_g[1] + 1
+        _rs_mine = [
+            _rs_g[0], _rs_seq, _rs_op, {asynchronous},
             _rs_current_step() if _rs_steps._last_step is not None else None,  # None: no step set yet
-            _rs_ident(), _rs_hook._details({args}, _rs_input_at, _rs_output_at) if _rs_detail[0] else None,
-            _rs_time_ns())
+            _rs_hook._details({args}, _rs_input_at, _rs_output_at) if _rs_detail[0] else None,
+            _rs_time_ns(), None]
+        _rs_append(_rs_mine)  # whole before a reader can see it
     except Exception:
-        _rs_slot = -1
+        _rs_mine = None
     try:
         _rs_result = _rs_original({call})
     except BaseException:
-        if _rs_slot >= 0 and _rs_ring[_rs_slot] is _rs_mine:
-            _rs_ends[_rs_slot] = -_rs_time_ns()
+        if _rs_mine is not None:
+            _rs_mine[7] = -_rs_time_ns()
         raise
     _rs_progress[0] += 1
-    if _rs_slot >= 0 and _rs_ring[_rs_slot] is _rs_mine:  # not overwritten meanwhile (512 calls of other threads)
-        _rs_ends[_rs_slot] = _rs_time_ns()
+    if _rs_mine is not None:
+        _rs_mine[7] = _rs_time_ns()
     return _rs_result
 '''
 _FORWARDING = {
