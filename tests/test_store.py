@@ -185,3 +185,37 @@ def test_a_read_of_the_rows_own_columns_answers_as_the_view_and_names_its_sender
     assert {r[5] for r in store.select("memory", ("time", "rank", "pid"), fields, job="01000000")} == {None, 99}
     with pytest.raises(UsageError, match="sender"):
         list(store.select("memory", ("sender", "pid")))
+
+
+def test_a_spans_numbers_are_read_from_their_kept_copy_as_from_their_json(tmp_path):
+    """A span's duration, parent, start, end and id are also kept in value columns (``schema.COPIED``) and read
+    there in SQL: every reader answers as from the JSON, for rows with the copy, rows without it (written
+    through the ``records`` view, as by an older raysleuth), rows whose values cannot be kept (NaN, a bool, a
+    dict) and a row changed through the view afterwards."""
+    from raysleuth.recorder.reading import span_totals
+
+    store = open_run(tmp_path, "run-spans")
+    spans = [{"start": 10.0 + i, "end": 10.25 + i, "duration_s": 0.25 + i / 7, "span_id": i, "parent_id": None}
+             for i in range(6)]
+    spans[1]["parent_id"] = 0  # top-level all the same
+    spans[2]["parent_id"] = 1  # nested: not in the totals
+    spans[3]["duration_s"] = float("nan")  # no copy: its JSON is not valid, it reads as no number
+    spans[4]["parent_id"] = {"odd": True}  # no copy
+    spans[5]["duration_s"] = True  # no copy (a bool is not a number to keep)
+    rows = [("span", 100.0 + i, i % 2, 1, None, "forward", None, data, i) for i, data in enumerate(spans)]
+    assert store.write_batch({"client_id": "c1", "pid": 7}, rows) == 6
+    store._db.execute("INSERT INTO records (kind, time, rank, step, name, data) VALUES ('span', 200.0, 1, 1, "
+                      "'forward', '{\"duration_s\": 2.5, \"parent_id\": null, \"start\": 1.5, \"span_id\": 9}')")
+    marks = [row[0] for row in store._db.execute("SELECT v5 FROM entries WHERE kind = 'span' ORDER BY id")]
+    assert marks == [1, 1, 1, None, None, None, None], marks  # kept where every value could be, and not through the view
+    fields = ("duration_s", "duration_s:number", "parent_id", "start", "end", "span_id", "parent_id:json")
+    read = list(store.select("span", ("time", "rank"), fields, order="time"))
+    store._db.execute("UPDATE entries SET v0 = NULL, v1 = NULL, v2 = NULL, v3 = NULL, v4 = NULL, v5 = NULL")
+    assert read == list(store.select("span", ("time", "rank"), fields, order="time"))  # the JSON's answer
+    assert read[0][2] == spans[0]["duration_s"] and read[2][4] == 1 and read[6][2] == 2.5
+    store._db.execute("DELETE FROM entries WHERE kind = 'span'")
+    assert store.write_batch({"client_id": "c1", "pid": 7}, [(*row[:8], row[8] + 10) for row in rows]) == 6
+    totals = sorted(span_totals(store))
+    assert totals == [(1, 0, "forward", spans[0]["duration_s"]), (1, 1, "forward", spans[1]["duration_s"])], totals
+    store._db.execute("UPDATE records SET data = '{\"duration_s\": 4.0}' WHERE time = 100.0")  # the copy goes too
+    assert sorted(span_totals(store))[0] == (1, 0, "forward", 4.0)

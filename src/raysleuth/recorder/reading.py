@@ -29,7 +29,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from raysleuth.errors import StoreCorrupt, UsageError
-from raysleuth.recorder.schema import PACKED, VALUE_COLUMNS
+from raysleuth.recorder.schema import COPIED, COPY_MARK, PACKED, VALUE_COLUMNS
 
 __all__ = ["buckets", "bulk", "loads", "table_for", "newest_per_worker", "select", "span_totals", "tail_records", "tails",
            "where_clause"]
@@ -90,11 +90,17 @@ def _field_sql(field: str, guarded: bool = True, packed: bool = False, packed_sq
     slots = [f"WHEN '{kind}' THEN {VALUE_COLUMNS[template.index(path)]}" for kind, template in PACKED.items()
              if path in template]
     stored = f"CASE kind {' '.join(slots)} END" if slots else "NULL"
+    # a field also kept in a value column (schema.COPIED) is read there, where the row's mark says it was kept
+    copies = [(kind, VALUE_COLUMNS[fields.index(path)]) for kind, fields in COPIED.items()
+              if path in fields and form != "json"]  # json: the JSON text's own spelling
     if form == "json":
         stored = f"json_quote({stored})"
     elif form == "number":
         stored = f"CASE WHEN typeof({stored}) IN ('integer', 'real') THEN {stored} END"
-    return f"CASE WHEN {packed_sql} THEN {stored} ELSE {value} END"
+    copied = "".join(f" WHEN kind = '{kind}' AND {VALUE_COLUMNS[-1]} = {COPY_MARK} THEN " +
+                     (f"CASE WHEN typeof({column}) IN ('integer', 'real') THEN {column} END" if form == "number"
+                      else column) for kind, column in copies)
+    return f"CASE WHEN {packed_sql} THEN {stored}{copied} ELSE {value} END"
 
 
 def select(store, kind: str | Iterable[str] | None, columns: Sequence[str] = ("time",), fields: Sequence[str] = (), *,
@@ -218,11 +224,13 @@ def span_totals(store, *, job: Iterable[str] | None = None) -> Iterator[tuple]:
     if store.schema_version < 2 and job is not None:
         return
     where, args = where_clause(kind="span", job=job)
-    sql = ("SELECT step, rank, COALESCE(name, phase, '?'), SUM(json_extract(data, '$.duration_s')) FROM "
-           + table_for(store, job) +
-           f" WHERE {' AND '.join(where)} AND step IS NOT NULL AND rank IS NOT NULL AND json_valid(data)"
-           " AND json_type(data, '$.duration_s') IN ('integer', 'real')"
-           " AND IFNULL(json_extract(data, '$.parent_id'), 0) IN (0, '')"
+    table = table_for(store, job)
+    packed, flag = _packs(store), "data = ''" if table == "entries" else "packed"
+    duration = _field_sql("duration_s:number", True, packed, flag)  # valid JSON, a number (or its kept copy)
+    parent = _field_sql("parent_id", True, packed, flag)
+    sql = (f"SELECT step, rank, COALESCE(name, phase, '?'), SUM({duration}) FROM {table}"
+           f" WHERE {' AND '.join(where)} AND step IS NOT NULL AND rank IS NOT NULL AND {duration} IS NOT NULL"
+           f" AND IFNULL({parent}, 0) IN (0, '')"
            " GROUP BY step, rank, COALESCE(name, phase, '?') ORDER BY step, rank")
     yield from _rows(store, sql, args)
 

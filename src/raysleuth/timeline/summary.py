@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -23,24 +22,37 @@ def summarize_steps(spans: list[dict[str, Any]]) -> list[StepPhase]:
 
 
 def _summarize_rows(rows: Iterable[tuple]) -> list[StepPhase]:
-    """:func:`summarize_steps` over (step, name, rank, pid, duration_s) tuples."""
-    grouped: dict[tuple[int, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    names: dict[Any, str | None] = {}  # name -> its phase (None: a Ray call, left out)
+    """:func:`summarize_steps` over (step, name, rank, pid, duration_s) tuples.
+
+    Each (step, name) as read is looked up once: the rows after it find their (step, phase)'s durations in one
+    dict hit (a 1,000-rank hour: 299,000 rows, 300 of those)."""
+    grouped: dict[tuple[int, str], dict[str, float]] = {}
+    cells: dict[tuple, dict[str, float] | None] = {}  # (step, name) -> its durations per rank; None: left out
     ranks: dict[Any, str] = {}
     for step, name, rank, pid, duration in rows:
         if step is None:
             continue
-        phase = names.get(name, "")
-        if phase == "":
-            phase = names[name] = None if str(name if name is not None else "").startswith("ray.call:") else str(name)
-        if phase is None:
+        cell = cells.get((step, name), _UNSEEN)
+        if cell is _UNSEEN:
+            cell = cells[(step, name)] = _cell(grouped, step, name)
+        if cell is None:
             continue
         who = ranks.get(rank) if rank is not None else f"pid {pid}"
         if who is None:
             who = ranks[rank] = str(rank)
-        grouped[(int(step), phase)][who] += duration if type(duration) is float and duration - duration == 0 \
-            else _number(duration, 0.0)
+        cell[who] = cell.get(who, 0.0) + (duration if type(duration) is float and duration - duration == 0
+                                          else _number(duration, 0.0))
     return phase_rows(grouped)
+
+
+_UNSEEN: Any = object()
+
+
+def _cell(grouped: dict[tuple[int, str], dict[str, float]], step: Any, name: Any) -> dict[str, float] | None:
+    """The durations per rank of ``name``'s phase in ``step``; None for a Ray call (not a phase)."""
+    if str(name if name is not None else "").startswith("ray.call:"):
+        return None
+    return grouped.setdefault((int(step), str(name)), {})
 
 
 def phase_rows(grouped: dict[tuple[int, str], dict[str, float]]) -> list[StepPhase]:
