@@ -272,12 +272,15 @@ _phase: contextvars.ContextVar = contextvars.ContextVar("raysleuth_phase", defau
 ``_Phase`` or None; each has ``name`` (the phase) and ``span_id`` (the parent of spans opened inside)."""
 _Phase = collections.namedtuple("_Phase", "name span_id")
 _last_step: int | None = None
+last_step_box: list[int | None] = [None]
+"""The last step set, in a list: what the collectives' wrapper reads on every call (an item of a list it holds
+costs less to read, with the caches cold, than a module's attribute)."""
 
 
 def set_step(step: int | None) -> contextvars.Token:
     """Set the current training step (used to tag records); returns a reset token."""
     global _last_step
-    _last_step = step
+    _last_step = last_step_box[0] = step
     return _step.set(step)
 
 

@@ -196,7 +196,7 @@ def _wrap(op: str, original: Callable) -> Callable:
         "_rs_hook": sys.modules[__name__], "_rs_op": op, "_rs_asynchronous": op in ("isend", "irecv"),
         "_rs_group_at": sys.maxsize if group_at < 0 else group_at, "_rs_input_at": input_at,
         "_rs_output_at": output_at, "_rs_time_ns": time.time_ns, "_rs_current_step": _current_step,
-        "_rs_steps": runtime, "_rs_append": _ring.append, "_rs_progress": _progress, "_rs_detail": _detail,
+        "_rs_last_step": runtime.last_step_box, "_rs_append": _ring.append, "_rs_progress": _progress, "_rs_detail": _detail,
         "_rs_default": _default_group,
     }
     collective = functools.wraps(original)(wrapper.build(original, namespace))

@@ -37,7 +37,7 @@ def collective({params}):
         _rs_g[1] = _rs_seq = _rs_g[1] + 1
         _rs_mine = [
             _rs_g[0], _rs_seq, _rs_op, {asynchronous},
-            _rs_current_step() if _rs_steps._last_step is not None else None,  # None: no step set yet
+            _rs_current_step() if _rs_last_step[0] is not None else None,  # None: no step set yet
             _rs_hook._details({args}, _rs_input_at, _rs_output_at) if _rs_detail[0] else None,
             _rs_time_ns(), None]
         _rs_append(_rs_mine)  # whole before a reader can see it
