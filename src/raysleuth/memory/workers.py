@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import operator
 import time
 from typing import Any
 
@@ -166,6 +167,10 @@ def _summarise_series(series: _Series, policy: LeakPolicy | None, per_step: bool
     return worker
 
 
+#: The fields of a row :func:`_worker_key` reads: rows equal in these are one worker's.
+_IDENTITY_FIELDS = operator.itemgetter(4, 5, 6, 7, 8)
+
+
 def _worker_key(row: tuple) -> tuple:
     """(node ip, pid, source) of a memory row: the data's own pid and ip first (agent samples)."""
     source = row[6] or "watch"
@@ -213,9 +218,13 @@ def memory_report(store, *, rank: int | list[int] | None = None, since: float | 
     columns = _COLUMNS if senders is None else _COLUMNS[:4] + ("sender", "sender")
 
     def take() -> None:
-        for (node_ip, pid, source), rows in itertools.groupby(batch, key=worker_key):
+        # runs of rows with the same identity fields (compared in C), then each run's worker: a worker's rows
+        # reach its series in the order read, as with a key computed for every row
+        for _, run in itertools.groupby(batch, key=_IDENTITY_FIELDS):
+            rows = list(run)
+            node_ip, pid, source = worker_key(rows[0])
             if source in TREND_SOURCES:
-                groups.setdefault((node_ip, pid), {}).setdefault(source, _Series()).add(list(rows))
+                groups.setdefault((node_ip, pid), {}).setdefault(source, _Series()).add(rows)
         batch.clear()
 
     with bulk():  # the rows and columns all stay alive: nothing for the collector to find
