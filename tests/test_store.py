@@ -207,7 +207,7 @@ def test_a_spans_numbers_are_read_from_their_kept_copy_as_from_their_json(tmp_pa
     store._db.execute("INSERT INTO records (kind, time, rank, step, name, data) VALUES ('span', 200.0, 1, 1, "
                       "'forward', '{\"duration_s\": 2.5, \"parent_id\": null, \"start\": 1.5, \"span_id\": 9}')")
     marks = [row[0] for row in store._db.execute("SELECT v5 FROM entries WHERE kind = 'span' ORDER BY id")]
-    assert marks == [1, 1, 1, None, None, None, None], marks  # kept where every value could be, and not through the view
+    assert marks == [1, 1, 1, None, None, None, None], marks  # kept where each value could be; not via the view
     fields = ("duration_s", "duration_s:number", "parent_id", "start", "end", "span_id", "parent_id:json")
     read = list(store.select("span", ("time", "rank"), fields, order="time"))
     store._db.execute("UPDATE entries SET v0 = NULL, v1 = NULL, v2 = NULL, v3 = NULL, v4 = NULL, v5 = NULL")

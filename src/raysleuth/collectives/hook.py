@@ -21,6 +21,7 @@ The hot path builds no dict, formats no string and takes no lock: under the
 GIL the append and each store are atomic. A dump copies the ring in one C
 call and reads each entry's end once (:func:`raw_entries`).
 """
+
 from __future__ import annotations
 
 import collections
@@ -196,8 +197,8 @@ def _wrap(op: str, original: Callable) -> Callable:
         "_rs_hook": sys.modules[__name__], "_rs_op": op, "_rs_asynchronous": op in ("isend", "irecv"),
         "_rs_group_at": sys.maxsize if group_at < 0 else group_at, "_rs_input_at": input_at,
         "_rs_output_at": output_at, "_rs_time_ns": time.time_ns, "_rs_current_step": _current_step,
-        "_rs_last_step": runtime.last_step_box, "_rs_append": _ring.append, "_rs_progress": _progress, "_rs_detail": _detail,
-        "_rs_default": _default_group,
+        "_rs_last_step": runtime.last_step_box, "_rs_append": _ring.append, "_rs_progress": _progress,
+        "_rs_detail": _detail, "_rs_default": _default_group,
     }
     collective = functools.wraps(original)(wrapper.build(original, namespace))
     collective.__raysleuth_collective__ = True  # type: ignore[attr-defined]
