@@ -271,23 +271,19 @@ _phase: contextvars.ContextVar = contextvars.ContextVar("raysleuth_phase", defau
 """The innermost scope: an open ``rs.span`` (one variable: setting one is most of a span's cost), a set_phase's
 ``_Phase`` or None; each has ``name`` (the phase) and ``span_id`` (the parent of spans opened inside)."""
 _Phase = collections.namedtuple("_Phase", "name span_id")
-_last_step: int | None = None
-last_step_box: list[int | None] = [None]
-"""The last step set, in a list: what the collectives' wrapper reads on every call (an item of a list it holds
-costs less to read, with the caches cold, than a module's attribute)."""
+last_step_box: list[int | None] = [None]  # the last step set (a list item: what the collectives' wrapper reads)
 
 
 def set_step(step: int | None) -> contextvars.Token:
     """Set the current training step (used to tag records); returns a reset token."""
-    global _last_step
-    _last_step = last_step_box[0] = step
+    last_step_box[0] = step
     return _step.set(step)
 
 
 def current_step() -> int | None:
     """The current step: this context's, else the last one set in the process."""
     step = _step.get()
-    return step if step is not None else _last_step
+    return step if step is not None else last_step_box[0]
 
 
 def set_phase(phase: str | None) -> contextvars.Token:

@@ -85,7 +85,7 @@ class Span:
             self.parent_id = None if outer is None else outer.span_id
             if self.step is None:
                 step = _step_var.get()
-                self.step = step if step is not None else runtime._last_step
+                self.step = step if step is not None else runtime.last_step_box[0]
             self._token = _scope.set(self)  # the span is the scope: its name is the phase, its id the parent
             self.start = _now()
         except Exception:
