@@ -41,7 +41,6 @@ from raysleuth.collectives.hook import (
     _groups,
     _progress,
     _wake,
-    raw_entries,
     set_detail,
     wrap_collectives,
 )
@@ -321,8 +320,8 @@ def _on_detail(value: Any) -> None:
 def _changed() -> bool:
     """Did anything happen since the last periodic dump? (ring or Flight Recorder positions)"""
     global _last_dump_key
-    newest = raw_entries()[-1:]  # a new call is a new newest entry: another list, started at another time
-    key = (_progress[0], *((id(newest[0][0]), newest[0][0][hook._START], newest[0][1]) if newest else ()),
+    newest = hook._ring[-1] if hook._ring else None  # a new call is a new newest entry: another list, started later
+    key = (_progress[0], *((id(newest), newest[hook._START], newest[hook._END]) if newest is not None else ()),
            _fr_position())
     if key == _last_dump_key:
         return False

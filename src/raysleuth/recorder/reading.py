@@ -229,9 +229,9 @@ def span_totals(store, *, job: Iterable[str] | None = None) -> Iterator[tuple]:
     duration = _field_sql("duration_s:number", True, packed, flag)  # valid JSON, a number (or its kept copy)
     parent = _field_sql("parent_id", True, packed, flag)
     sql = (f"SELECT step, rank, COALESCE(name, phase, '?'), SUM({duration}) FROM {table}"
-           f" WHERE {' AND '.join(where)} AND step IS NOT NULL AND rank IS NOT NULL AND {duration} IS NOT NULL"
-           f" AND IFNULL({parent}, 0) IN (0, '')"
-           " GROUP BY step, rank, COALESCE(name, phase, '?') ORDER BY step, rank")
+           f" WHERE {' AND '.join(where)} AND step IS NOT NULL AND rank IS NOT NULL AND IFNULL({parent}, 0) IN (0, '')"
+           f" GROUP BY step, rank, COALESCE(name, phase, '?') HAVING SUM({duration}) IS NOT NULL"  # SUM skips NULLs
+           " ORDER BY step, rank")
     yield from _rows(store, sql, args)
 
 

@@ -259,7 +259,7 @@ def copied_values(kind: str, data: object) -> tuple | None:
     if fields is None or type(data) is not dict:
         return None
     values: tuple[Any, ...] = tuple(map(data.get, fields))
-    for value in values:
+    for value in values:  # _plain's test inlined, plus finite floats: 2.4 µs a span instead of 2.9 with calls
         of = type(value)
         if of is float:
             if value - value != 0:  # nan or inf: JSON that SQLite does not read
