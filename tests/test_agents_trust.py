@@ -38,6 +38,7 @@ def test_a_dead_workers_spool_on_another_node_reaches_the_run_through_that_nodes
 
     run_id = cluster.session_name()
     writer = get_writer()
+    agents.get_agents()  # this job uses the agents: the writer keeps one on every node while it is alive
     before = ray.get(writer.info.remote(), timeout=60)["forwarded"]
     client_id = uuid.uuid4().hex[:16]
     header = {"client_id": client_id, "pid": _dead_pid(), "node_id": ray_cluster.worker_node_id, "rank": 3}

@@ -27,6 +27,10 @@ def test_each_private_name_exists_in_this_ray():
     assert callable(ray_private.require("ray.remote_function", "RemoteFunction", "_remote"))
 
 
+def test_the_job_table_names_this_driver_alive(ray_cluster):
+    assert ray.get_runtime_context().get_job_id() in ray_private.live_jobs()
+
+
 def test_a_missing_name_says_what_and_which_ray():
     with pytest.raises(RayInternalsChanged) as caught:
         ray_private.require("ray._raylet", "NoSuchClientAnyMore")

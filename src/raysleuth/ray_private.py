@@ -18,6 +18,8 @@ What raysleuth uses, and why:
   of actor methods) and ``_make_actor_method_executor`` (the zero-code
   setup wraps the methods a worker runs), ``get_dashboard_url``;
 - ``ray._private.worker._global_node``: this process's Ray logs folder;
+- ``ray._private.state.jobs``: which jobs (drivers) are alive, from the GCS
+  (the writer retires the node agents once no job that used raysleuth is);
 - ``RemoteFunction._remote``, ``ActorMethod._remote``: detailed Ray-call
   tracing wraps the submission paths (and labels each call from the
   descriptors Ray keeps on them); ``RemoteFunction._function``: crash
@@ -56,6 +58,7 @@ __all__ = [
     "global_worker",
     "function_execution_table",
     "is_ray_worker_process",
+    "live_jobs",
     "ray_call",
     "ray_train_thread_runner",
     "remote_function_body",
@@ -134,6 +137,16 @@ def is_ray_worker_process() -> bool:
         return ray is not None and worker is not None and getattr(worker.global_worker, "mode", None) == ray.WORKER_MODE
     except Exception:
         return False
+
+
+def live_jobs() -> set[str]:
+    """The ids (hex) of the jobs whose driver is alive, from the GCS's job table (``ray._private.state.jobs``)."""
+    table = require("ray._private.state", "jobs")()
+    try:
+        return {str(job["JobID"]) for job in table if not job["IsDead"]}
+    except (KeyError, TypeError) as error:
+        raise RayInternalsChanged(f"raysleuth reads `JobID` and `IsDead` from Ray's job table, which Ray "
+                                  f"{_ray_version()} spells otherwise ({error})", fix=UPGRADE_FIX) from None
 
 
 def global_node() -> Any:

@@ -11,10 +11,13 @@ one writer call per node at a time, not per worker). When the writer asks, it
 forwards its node's spool (evidence a worker could not
 deliver before it died) to the writer (:mod:`raysleuth.agents.spools`).
 
-Lifetime: agents live as long as the Ray cluster (detached; the writer keeps
-one on every alive node so that each node's spool is forwarded). They reserve
-no CPU. :func:`remove_agents` removes them all, and the writer then makes
-none (a command that needs an agent makes it again). What callers may run and read through them is narrowed by
+Lifetime: agents are detached; the writer keeps one on every alive node, so
+that each node's spool is forwarded, while a job that used raysleuth is
+alive, and removes them once none has been for a while
+(:mod:`raysleuth.agents.lifetime`; a command that asks for agents counts as
+such a job while it runs). They reserve no CPU. :func:`remove_agents`
+removes them all at once, and the writer then makes none (a command that
+needs an agent makes it again). What callers may run and read through them is narrowed by
 :mod:`raysleuth.agents.guard`.
 
 :func:`call_agents` fans one method out to every node in parallel and
@@ -38,18 +41,16 @@ from raysleuth.agents.host import (
     worker_logs,
 )
 from raysleuth.agents.controls import ControlRelay, CountRelay
+from raysleuth.agents.lifetime import _agent_names, _note_user, existing_agents, kill_agents, remove_agents
 from raysleuth.agents.ranks import is_ray_worker, rank_hints, read_train_logs, thread_times
 from raysleuth.agents.relay import RELAY_GROUP, RELAY_THREADS, DeliveryRelay
 from raysleuth.agents.spools import SpoolForwarder
-from raysleuth.cluster.own import AGENT_PREFIX, NAMESPACE, OWN_TASK_EVENTS, WRITER_NAME
+from raysleuth.cluster.own import AGENT_PREFIX, NAMESPACE, OWN_TASK_EVENTS
 from raysleuth.errors import ClusterUnreachable
 
 __all__ = ["AgentResult", "NodeAgent", "call_agents", "find_tool", "get_agents", "rank_hints", "read_train_logs",
-           "existing_agents", "remove_agents", "thread_times", "versions"]
+           "existing_agents", "kill_agents", "remove_agents", "thread_times", "versions"]
 
-# recorder.writer's AGENTS_CONTROL, by value: the writer makes agents, so importing it here would close an
-# import loop. The names of raysleuth's own actors come from their one list, cluster.own.
-_AGENTS_CONTROL = "agents"
 
 
 class NodeAgent:
@@ -247,6 +248,7 @@ def get_agents(*, timeout: float = 30.0) -> dict[str, Any]:
     session = cluster.session_name() or "?"
     nodes = {node.node_id: node.node_ip for node in cluster.nodes(alive_only=True) if node.node_id}
     existing = set(_agent_names())
+    _note_user(session)
     for key in [key for key in _handles if key[0] == session and (key[1] not in nodes
                                                                  or AGENT_PREFIX + key[1][:16] not in existing)]:
         del _handles[key]  # the node or its agent is gone
@@ -328,53 +330,3 @@ def _agent_error(error: Exception) -> str:
     cause = getattr(error, "cause", error)  # a RayTaskError carries the agent's own exception
     unfit = isinstance(cause, AttributeError) or (isinstance(cause, TypeError) and "argument" in str(cause))
     return f"{type(error).__name__}: {str(error)[:300]}" + (f" ({STALE_AGENT})" if unfit else "")
-
-
-def _agent_names() -> list[str]:
-    import ray
-
-    names = []
-    for entry in ray.util.list_named_actors(all_namespaces=True):
-        name = entry.get("name", "") if isinstance(entry, dict) else str(entry)
-        if name.startswith(AGENT_PREFIX) and (not isinstance(entry, dict) or entry.get("namespace") == NAMESPACE):
-            names.append(name)
-    return sorted(names)
-
-
-def existing_agents() -> list[Any]:
-    """Handles of the agents that exist now (none is created)."""
-    import ray
-
-    handles = []
-    for name in _agent_names():
-        try:
-            handles.append(ray.get_actor(name, namespace=NAMESPACE))
-        except ValueError:
-            continue
-    return handles
-
-
-def remove_agents() -> list[str]:
-    """Remove every node's agent (the documented cleanup); returns the names removed.
-
-    Agents otherwise live as long as the cluster. The writer then stops
-    making them; a command that needs an agent (``raysleuth stacks``...) makes
-    it again, and the writer asks the agents that exist to forward spools.
-    """
-    import ray
-
-    if not ray.is_initialized():
-        raise ClusterUnreachable("not connected to Ray", fix="connect first (raysleuth.cluster.connect)")
-    try:
-        writer = ray.get_actor(WRITER_NAME, namespace=NAMESPACE)
-        ray.get(writer.set_control.remote(_AGENTS_CONTROL, "removed"), timeout=30)
-    except Exception:
-        pass  # no writer: nothing makes agents again
-    removed = []
-    for name in _agent_names():
-        try:
-            ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
-            removed.append(name)
-        except Exception:
-            continue
-    return removed

@@ -18,7 +18,9 @@ and node whose process is gone (a worker that exited before the writer
 could take its last records); every :data:`AGENT_FORWARD_S` seconds it asks
 each node's agent (created where missing) to send that node's files
 (:meth:`EvidenceWriter.ingest`), so a worker killed on any node keeps its
-records in the run while the cluster still runs.
+records in the run while the cluster still runs. Once no job that used
+raysleuth has been alive for a while, it has the agents forward one last
+time and removes them (:mod:`raysleuth.agents.lifetime`).
 
 Scaling: one writer serialises all inserts (tens of thousands of records a
 second, bench/bench_store.py; a commit is about 0.1 ms, so the cost is the
@@ -82,6 +84,12 @@ class EvidenceWriter:
         self.ingested = 0
         self.forwarded = 0
         self.node_id = _own_node_id()
+        self.job_id = _own_job_id()
+        self.agent_users: set[str] = set()
+        """Jobs that asked for the node agents (:meth:`note_agent_user`)."""
+        self._lifetime: Any = None
+        """The agents' :class:`~raysleuth.agents.lifetime.Lifetime` (made at the first round)."""
+        self.agents_retired = 0
         self.ingest_spool()
         threading.Thread(target=self._scan_spool, name="raysleuth-spool", daemon=True).start()
 
@@ -101,10 +109,40 @@ class EvidenceWriter:
             self.ingest_spool()
             if time.monotonic() - asked >= AGENT_FORWARD_S:
                 asked = time.monotonic()
-                # after remove_agents() only the agents that commands made again are asked; none is made
-                with self._lock:  # not get_controls(): that counts the RPCs workers make
-                    removed = self.controls.get(AGENTS_CONTROL) == "removed"
-                _ask_agents_to_forward(create=not removed)
+                self._agents_round()
+
+    def _agents_round(self) -> None:
+        """Ask every node's agent to forward its spool, making the missing ones while they are wanted; retire
+        them once no job that used raysleuth has been alive for a while (:mod:`raysleuth.agents.lifetime`)."""
+        # lazy: only the writer actor decides the agents' lifetime; workers importing this module need none of it
+        from raysleuth.agents import lifetime
+
+        with self._lock:  # not get_controls(): that counts the RPCs workers make
+            removed = self.controls.get(AGENTS_CONTROL) == "removed"
+            jobs = {str(entry["job_id"]) for entry in self.registry.values() if entry.get("job_id")}
+            jobs |= self.agent_users
+        if self.job_id:
+            jobs.add(self.job_id)  # the job that made the writer
+            last = max((entry.get("last_seen", 0.0) for entry in self.registry.values()), default=None)
+        if removed:  # after remove_agents() only the agents that commands made again are asked; none is made
+            _ask_agents_to_forward(create=False)
+            return
+        try:
+            alive: set[str] | None = ray_private.live_jobs()
+        except Exception:
+            alive = None  # cannot tell: keep them
+        if self._lifetime is None:
+            self._lifetime = lifetime.Lifetime()
+        action = self._lifetime.step(lifetime.wanted(jobs, alive, last, time.time()), time.monotonic())
+        if action == "retire":
+            self.agents_retired += len(_retire_agents())
+        else:
+            _ask_agents_to_forward(create=action == "keep")
+
+    def note_agent_user(self, job_id: str) -> None:
+        """A job asked for the node agents (a ``raysleuth`` command): they stay while it is alive."""
+        with self._lock:
+            self.agent_users.add(str(job_id))
 
     def ingest(self, header: dict[str, Any], rows: list) -> int:
         """Store a batch an agent read from a dead worker's spool (not a live client: no registry entry)."""
@@ -158,6 +196,7 @@ class EvidenceWriter:
             "received": self.received,
             "ingested": self.ingested,
             "forwarded": self.forwarded,
+            "agents_retired": self.agents_retired,
             "clients": len(self.registry),
             "calls": dict(self.calls),
         }
@@ -267,6 +306,15 @@ def _own_node_id() -> str | None:
         return None
 
 
+def _own_job_id() -> str | None:
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_job_id()
+    except Exception:
+        return None
+
+
 def _ask_agents_to_forward(create: bool = True) -> None:
     """Every node's agent (``create``: made where missing) sends its node's abandoned spool files to this writer.
 
@@ -285,6 +333,22 @@ def _ask_agents_to_forward(create: bool = True) -> None:
             handle.forward_spools.remote(me)
     except Exception:
         pass  # no State API yet, a node going away: the next round asks again
+
+
+def _retire_agents() -> list[str]:
+    """Every agent forwards its node's spool one last time (waited for, up to 30 s), then goes; their names."""
+    try:
+        import ray
+
+        from raysleuth import agents  # lazy: only the writer actor retires agents (as _ask_agents_to_forward)
+
+        me = ray.get_runtime_context().current_actor
+        refs = [handle.forward_spools.remote(me) for handle in agents.existing_agents()]
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=30)
+        return agents.kill_agents()
+    except Exception:
+        return []  # the next round, if they are still unwanted, does not try again: a command may remove them
 
 
 _writer_lock = threading.Lock()
