@@ -12,20 +12,27 @@
    In the same pair, in interleaved rounds (each variant first equally
    often), each call after 16 MiB of other memory traffic (as between a job's
    collectives, so the wrapper meets its data cold), the same tensor goes
-   through: the bare collective; the default wrapper; full mode's wrapper
-   (file:line and shapes of each call, no target); the bare call behind one
+   through: the bare collective; the default wrapper; the bare call behind one
    plain Python function (the floor of any wrapper, no target); and the A/A
-   control, the bare call again under another name. Per call, the calling thread's
+   control, the bare call again under another name. Full mode's wrapper
+   (file:line and shapes of each call, no target) is timed after, in a pass
+   of its own beside the bare call: in one pass each light call would evict
+   full mode's entries from the shared ring and pay for freeing them, which
+   a job in one mode never does (it read light mode's cost 4-8 µs high). Per call, the calling thread's
    CPU time (``time.thread_time_ns``): the wrapper runs on that thread before
    the collective starts, so the CPU it adds is the wall time it adds, and the
    scheduler's preemptions, which make wall clocks on a shared machine stray
    by 10-20 %, do not count in it. The wrapper's cost is its CPU µs per call
    over the bare call's (median over rounds of per-round medians), as a share
    of the bare 1 MiB call's wall time in the same run (its best round: the
-   smallest denominator). Target: < 2 %. The A/A control, measured the same
-   way, shows what this machine can resolve: where its share strays from 0 by
-   more than :data:`RESOLVE` (a quarter of the target), the figure is not
-   trusted and the target counts as missed. The wall-clock ratios of the
+   smallest denominator). This is done in :data:`PAIRS` fresh pairs of
+   processes (where a process's objects land, and so which share cache sets,
+   is drawn anew each time: one pair's figure moves by +-1 % between runs of
+   the same code), and judged on the median over the pairs. Target: < 2 %.
+   The A/A control, measured the same way, shows what this machine can
+   resolve: where its median share strays from 0 by more than
+   :data:`RESOLVE` (a quarter of the target), the figure is not trusted and
+   the target counts as missed. The wall-clock ratios of the
    same rounds are printed too, labelled for what they are.
 
 Exits 1 when a target is missed.
@@ -47,6 +54,8 @@ SHARE_TARGET = 0.02
 RESOLVE = SHARE_TARGET / 4
 """The A/A control's share must stay within this of 0 for the machine to resolve the target."""
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "30"))
+PAIRS = max(1, int(os.environ.get("BENCH_PAIRS", "3")))
+"""Fresh process pairs measured; the target is judged on the median over them."""
 CALLS = {1: 12, 262_144: 12}
 TRAFFIC_FLOATS = 4 * 1024 * 1024
 """16 MiB of other memory traffic before each call."""
@@ -156,14 +165,23 @@ def _worker(rank: int, port: int, home: str, queue) -> None:
         hook.set_detail(name == "full")
         barrier()
 
-    variants = [("bare", bare), ("light", light), ("full", light), ("plain", plain), ("again", bare)]
+    # Two passes over the same tensor: light mode's variants, then full mode's beside the bare call. One pass
+    # for both would let each light call evict full mode's entries from the shared ring (each holding a frame's
+    # code, torch.Size and dtype objects to free, with cold caches), which a job in light mode never does.
+    light_variants = [("bare", bare), ("light", light), ("plain", plain), ("again", bare)]
+    full_variants = [("bare", bare), ("full", light)]
     results = {}
     for numel, calls in CALLS.items():
         tensor = torch.ones(numel)
         for _ in range(10):
             bare(tensor)
             light(tensor)
-        results[numel] = interleaved(variants, tensor, ROUNDS, calls, before_round=detail, before_call=barrier)
+        results[numel] = interleaved(light_variants, tensor, ROUNDS, calls, before_round=detail, before_call=barrier)
+        full = interleaved(full_variants, tensor, max(1, ROUNDS // 2), calls, before_round=detail,
+                           before_call=barrier)
+        hook.set_detail(False)
+        results[numel]["full"] = full["full"]
+        results[numel]["full bare"] = full["bare"]
     hook.set_detail(False)
     if rank == 0:
         queue.put(results)
@@ -191,7 +209,7 @@ def gloo_pair() -> dict:
     return result
 
 
-def report_pair(numel: int, rounds: dict[str, dict[str, list[float]]]) -> None:
+def report_pair(numel: int, rounds: dict[str, dict[str, list[float]]]) -> dict[str, float]:
     size = "1 element" if numel == 1 else "1 MiB"
     wall = min(rounds["bare"]["wall"])
     print(f"gloo all_reduce of {size}: bare call {wall / 1000:,.1f} µs wall (best round), "
@@ -200,20 +218,29 @@ def report_pair(numel: int, rounds: dict[str, dict[str, list[float]]]) -> None:
     for name, label in (("light", "raysleuth's default (light)"), ("full", "full mode's wrapper (file:line, shapes)"),
                         ("plain", "the floor of any wrapper (one plain Python function)"),
                         ("again", "A/A control (the bare call again, under another name)")):
-        cpu = added(rounds, name)
+        base = "full bare" if name == "full" else "bare"  # full mode: its own pass, against its own bare calls
+        cpu = added(rounds, name, base)
         shares[name] = cpu / wall
-        best_ratio = min(rounds[name]["wall"]) / wall
+        best_ratio = min(rounds[name]["wall"]) / min(rounds[base]["wall"])
         print(f"  {label}: +{cpu / 1000:,.2f} µs CPU per call = {shares[name] * 100:+.3f}% of the bare call; "
               f"wall clock (shared machine: carries the scheduler's noise) best-round ratio {best_ratio:.3f}, "
-              f"median per-round {added(rounds, name, kind='wall') / 1000:+,.1f} µs")
-    if numel != 1:
-        control = shares["again"]
-        resolved = abs(control) <= RESOLVE
-        target("this machine resolves the target (A/A control's CPU share within "
-               f"{RESOLVE * 100:.1f}% of 0)", resolved, f"{control * 100:+.3f}%")
-        light = shares["light"]
-        target("raysleuth's default (light) on a 1 MiB gloo all_reduce: CPU added per call / bare wall",
-               light < SHARE_TARGET and resolved, f"{light * 100:.3f}% (< {SHARE_TARGET * 100:.0f}%)")
+              f"median per-round {added(rounds, name, base, kind='wall') / 1000:+,.1f} µs")
+    return shares
+
+
+def judge(pairs: list[dict[str, float]]) -> None:
+    """The < 2 % target on the median over the pairs (each a fresh pair of processes: where a process's objects
+    land, and so which of them share cache sets, is drawn anew each time, and moves one pair's figure by +-1 %)."""
+    controls = [shares["again"] for shares in pairs]
+    lights = [shares["light"] for shares in pairs]
+    control, light = statistics.median(controls), statistics.median(lights)
+    listed = lambda values: ", ".join(f"{value * 100:+.2f}%" for value in values)  # noqa: E731
+    resolved = abs(control) <= RESOLVE
+    target(f"this machine resolves the target (A/A control's CPU share within {RESOLVE * 100:.1f}% of 0, median of "
+           f"{len(pairs)} pairs)", resolved, f"{control * 100:+.3f}% (pairs: {listed(controls)})")
+    target("raysleuth's default (light) on a 1 MiB gloo all_reduce: CPU added per call / bare wall, median of "
+           f"{len(pairs)} pairs", light < SHARE_TARGET and resolved,
+           f"{light * 100:.3f}% (< {SHARE_TARGET * 100:.0f}%; pairs: {listed(lights)})")
 
 
 def main() -> int:
@@ -226,11 +253,15 @@ def main() -> int:
           f"{cold_wrapped - cold_bare:,.0f} ns (bare {cold_bare:,.0f} ns)")
     target("light wrapper per collective, caches hot", hook < HOOK_TARGET_NS,
            f"{hook:,.0f} ns (< {HOOK_TARGET_NS:,} ns)")
-    pair = gloo_pair()
-    print(f"one gloo pair set up by install() (light mode); {ROUNDS} interleaved rounds, each call after 16 MiB "
-          "of other memory traffic; CPU = the calling thread's (time.thread_time_ns)")
-    for numel in CALLS:
-        report_pair(numel, pair[numel])
+    judged = []
+    for index in range(PAIRS):
+        pair = gloo_pair()
+        print(f"gloo pair {index + 1} of {PAIRS}, set up by install() (light mode); {ROUNDS} interleaved rounds, each "
+              "call after 16 MiB of other memory traffic; CPU = the calling thread's (time.thread_time_ns)")
+        for numel in CALLS:
+            shares = report_pair(numel, pair[numel])
+        judged.append(shares)  # the 1 MiB call's (the last of CALLS)
+    judge(judged)
     return exit_code()
 
 
