@@ -199,6 +199,13 @@ def test_timeline_export_streams_the_same_events(run, tmp_path):
     old = old_build_timeline(run=str(run), ray_tasks=False, steps=(3, 5), ranks=[1, 2])
     assert _events(json.loads((tmp_path / "steps.json").read_text())["traceEvents"]) == _events(old.events)
     assert bounded.written == len(old.events)
+    from _synthetic import JOB  # rows read with their sender's number: a job filter reads the senders' jobs
+
+    for jobs in ([JOB], ["no-such-job"]):
+        chosen = export_timeline(tmp_path / "job.json", run=str(run), ray_tasks=False, jobs=jobs)
+        old = old_build_timeline(run=str(run), ray_tasks=False, jobs=jobs)
+        assert _events(json.loads((tmp_path / "job.json").read_text())["traceEvents"]) == _events(old.events)
+        assert chosen.written == len(old.events) and (chosen.spans > 0) == (jobs == [JOB])
 
 
 def test_timeline_cut_to_a_time_range(run, tmp_path):

@@ -1,11 +1,13 @@
 """The evidence database on its own: schema, writes, reads, corruption."""
 
+import json
 import sqlite3
 import time
 
 import pytest
 
 from raysleuth.errors import StoreCorrupt, StoreNotFound
+from raysleuth.recorder import reading
 from raysleuth.recorder.store import SCHEMA_VERSION, EvidenceStore, latest_run, open_run, resolve_store_path
 
 
@@ -185,6 +187,18 @@ def test_a_read_of_the_rows_own_columns_answers_as_the_view_and_names_its_sender
     assert {r[5] for r in store.select("memory", ("time", "rank", "pid"), fields, job="01000000")} == {None, 99}
     with pytest.raises(UsageError, match="sender"):
         list(store.select("memory", ("sender", "pid")))
+    # ``stored`` and the value columns, as the rows hold them: a packed sample's numbers there and its data '',
+    # any other sample's data its JSON; ``senders`` gives each sender's identity by its number
+    stored = list(store.select("memory", ("sender", "stored", "v0", "v1"), order="id"))
+    packed = [row for row in stored if row[1] == ""]
+    assert len(packed) == 16 and all(row[2] is not None for row in packed)
+    assert all(json.loads(row[1]) == {"rss_bytes": 5, "pid": 99} and row[2] is None for row in stored
+               if row[1] != "")
+    identities = reading.senders(store, ("pid", "job_id"))
+    assert sorted(identities.values()) == [(7, "01000000"), (8, "02000000")]
+    assert {identities[row[0]][0] for row in stored} == {7, 8}
+    with pytest.raises(UsageError, match="stored"):
+        list(store.select("memory", ("stored", "pid")))
 
 
 def test_a_spans_numbers_are_read_from_their_kept_copy_as_from_their_json(tmp_path):

@@ -27,6 +27,7 @@ from raysleuth import evidence
 from raysleuth.cluster import own
 from raysleuth.memory.series import METRICS, _as_int, _present, _Series
 from raysleuth.memory.trend import LeakPolicy, detect_leak, leaks
+from raysleuth.recorder import reading
 from raysleuth.recorder.reading import bulk
 
 __all__ = ["MemoryReport", "SampleRun", "WorkerMemory", "memory_report", "sample_workers", "sparkline"]
@@ -181,14 +182,6 @@ def _worker_key(row: tuple) -> tuple:
 _NO_SENDER = (None,) * (2 + len(_IDENTITY))
 
 
-def _senders(store) -> dict[int, tuple] | None:
-    """Each sender's (pid, node ip) + ``_IDENTITY``, by its number (schema 3 on; None before: rows carry them)."""
-    if store.schema_version < 3:
-        return None
-    sql = f"SELECT id, pid, node_ip, {', '.join(_IDENTITY)} FROM senders"
-    return {row[0]: row[1:] for row in store._db.execute(sql)}
-
-
 def _sender_key(senders: dict[int, tuple]):
     """:func:`_worker_key` of a row that holds its sender's number (in place of its pid and node ip)."""
 
@@ -212,7 +205,8 @@ def memory_report(store, *, rank: int | list[int] | None = None, since: float | 
     """
     groups: dict[tuple[Any, Any], dict[str, _Series]] = {}
     batch: list[tuple] = []
-    senders = _senders(store)  # rows then read their sender's number, not its identity through the view's join
+    # rows then read their sender's number, not its identity through the view's join (None before schema 3)
+    senders = reading.senders(store, ("pid", "node_ip") + _IDENTITY)
     worker_key = _worker_key if senders is None else _sender_key(senders)
     # the sender's number in the pid and node ip places, so a row keeps the layout _Series and the key read
     columns = _COLUMNS if senders is None else _COLUMNS[:4] + ("sender", "sender")

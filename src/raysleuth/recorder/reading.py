@@ -31,15 +31,20 @@ from typing import Any
 from raysleuth.errors import StoreCorrupt, UsageError
 from raysleuth.recorder.schema import COPIED, COPY_MARK, PACKED, VALUE_COLUMNS
 
-__all__ = ["buckets", "bulk", "loads", "table_for", "newest_per_worker", "select", "span_totals", "tail_records", "tails",
-           "where_clause"]
+__all__ = ["buckets", "bulk", "loads", "table_for", "newest_per_worker", "select", "senders", "span_totals",
+           "tail_records", "tails", "where_clause"]
 
 #: Columns a reader may name (the records table's own).
 READABLE = ("id", "kind", "time", "rank", "step", "phase", "name", "level", "data", "seq", "world_size", "node_id",
-            "node_ip", "hostname", "pid", "actor_id", "actor_name", "actor_class", "client_id", "job_id", "sender")
+            "node_ip", "hostname", "pid", "actor_id", "actor_name", "actor_class", "client_id", "job_id", "sender",
+            "stored") + VALUE_COLUMNS
 #: Columns the rows themselves hold (``entries``, schema 3 on): a read of only these skips the view's join, and its
-#: ``data`` reconstruction. ``sender``: the row's number in ``senders`` (schema 3 on, where it alone is readable).
-_OWN = frozenset(("id", "kind", "time", "rank", "step", "phase", "name", "level", "seq", "sender"))
+#: ``data`` reconstruction. ``sender``: the row's number in ``senders`` (schema 3 on, where it alone is readable);
+#: ``stored``: ``data`` as the row holds it (``''`` where the kind's template sits in the value columns,
+#: :data:`schema.PACKED`); ``v0``..``v5``: those columns (schema 4 on; None before). Readable with the rows' own
+#: columns only (:func:`senders` gives each sender's identity).
+_OWN_ONLY = frozenset(("sender", "stored") + VALUE_COLUMNS)
+_OWN = frozenset(("id", "kind", "time", "rank", "step", "phase", "name", "level", "seq")) | _OWN_ONLY
 ORDERS = {"time": "time, id", "rank": "rank, time, id", "id": "id", None: ""}
 _FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
@@ -124,8 +129,9 @@ def select(store, kind: str | Iterable[str] | None, columns: Sequence[str] = ("t
     if old and filters.get("job") is not None:
         return
     own = store.schema_version >= 3 and _OWN.issuperset(columns)
-    if "sender" in columns and not own:
-        raise UsageError("the column 'sender' is read with the rows' own columns only, from a schema 3 file on",
+    only = next((column for column in columns if column in _OWN_ONLY), None)
+    if only is not None and not own:
+        raise UsageError(f"the column {only!r} is read with the rows' own columns only, from a schema 3 file on",
                          fix=f"read it with {', '.join(sorted(_OWN))}")
     job = filters.pop("job", None) if own else None
     where, args = where_clause(kind=kind, **filters)
@@ -136,7 +142,8 @@ def select(store, kind: str | Iterable[str] | None, columns: Sequence[str] = ("t
     table, flag = ("entries", "data = ''") if own else ("records", "packed")
 
     def sql(guarded: bool) -> str:
-        parts = ["NULL" if old and column == "job_id" else column for column in columns]
+        parts = ["NULL" if (old and column == "job_id") or (not packed and column in VALUE_COLUMNS)
+                 else "data" if column == "stored" else column for column in columns]
         fielded = [_field_sql(f, guarded, packed, flag) for f in fields]
         text = f"SELECT {', '.join(parts + fielded) or '1'} FROM {table}"
         if where:
@@ -198,6 +205,17 @@ def bulk() -> Iterator[None]:
             if _one_shot:
                 gc.freeze()
             gc.enable()
+
+
+def senders(store, columns: Sequence[str]) -> dict[int, tuple] | None:
+    """Each sender's ``columns`` (identity columns: ``pid``, ``node_ip``...) by its number, for rows read with
+    their ``sender`` (:func:`select`'s own columns: no view join a row); None before schema 3 (rows carry them)."""
+    if store.schema_version < 3:
+        return None
+    unknown = [column for column in columns if column not in READABLE or column in _OWN]
+    if unknown:
+        raise UsageError(f"no identity column {unknown[0]!r} in senders", fix="name identity columns (pid, node_ip...)")
+    return {row[0]: row[1:] for row in _rows(store, f"SELECT id, {', '.join(columns)} FROM senders", [])}
 
 
 def loads(value: str | None, default: Any = None) -> Any:

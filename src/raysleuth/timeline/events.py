@@ -14,7 +14,8 @@ from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from raysleuth.recorder import open_store
-from raysleuth.recorder.reading import loads
+from raysleuth.recorder.reading import loads, senders
+from raysleuth.recorder.schema import PACKED, VALUE_COLUMNS
 from raysleuth.timeline.budget import cut_to_budget
 from raysleuth.timeline.model import Timeline, _label, _number, _Tracks
 from raysleuth.timeline.ray_tasks import _add_ray_tasks
@@ -39,8 +40,14 @@ def _stream(timeline: Timeline, tracks: _Tracks, address, *, run=None, home=None
     worker_ranks: dict[tuple[str | None, int | None], int] = {}
     window = [float("inf"), float("-inf")]
     texts: list[str] = []
-    rows = store.select(["span", "event", "heartbeat"], _ROW_COLUMNS, ("start", "end", "span_id", "parent_id",
-                        "attrs:json", "error:json"), order="rank", step_min=step_min, step_max=step_max, **bounds)
+    # each row read with its sender's number, its identity looked up once a sender (no view join a row)
+    identities = senders(store, _IDENTITY)
+    fields = ("start", "end", "span_id", "parent_id", "attrs:json", "error:json")
+    kinds = ["span", "event", "heartbeat"]
+    rows = store.select(kinds, _ROW_COLUMNS, fields, order="rank", step_min=step_min, step_max=step_max, **bounds) \
+        if identities is None else _identified(store.select(kinds, _OWN_ROW_COLUMNS, fields, order="rank",
+                                                            step_min=step_min, step_max=step_max, **bounds),
+                                               identities)
     event = _Writer(timeline, tracks, worker_ranks, window, texts)
     for row in rows:
         event.row(row)
@@ -50,9 +57,8 @@ def _stream(timeline: Timeline, tracks: _Tracks, address, *, run=None, home=None
     bounded = steps is not None and window[0] <= window[1]
     memory_bounds = {**bounds, "since": max(window[0], since or window[0]) if bounded else since,
                      "until": min(window[1], until or window[1]) if bounded else until}
-    for time_, rank, pid, node_id, node_ip, data in store.select(
-            "memory", ("time", "rank", "pid", "node_id", "node_ip", "data"), order="rank", **memory_bounds):
-        text = event.memory(time_, rank, pid, node_id, node_ip, data)
+    for time_, rank, pid, node_id, node_ip, data, values in _memory_rows(store, identities, memory_bounds):
+        text = event.memory(time_, rank, pid, node_id, node_ip, data, values)
         if text is not None:
             texts.append(text)
             timeline.memory_samples += 1
@@ -70,6 +76,32 @@ def _stream(timeline: Timeline, tracks: _Tracks, address, *, run=None, home=None
 
 
 _ROW_COLUMNS = ("kind", "time", "rank", "step", "name", "pid", "node_id", "node_ip", "actor_class", "data")
+_IDENTITY = ("pid", "node_id", "node_ip", "actor_class")
+_OWN_ROW_COLUMNS = ("kind", "time", "rank", "step", "name", "sender", "stored")
+_NO_IDENTITY = (None,) * len(_IDENTITY)
+_MEMORY_KEYS = PACKED["memory"][:5]
+"""The packed memory sample's ``*_bytes`` fields, in the value columns ``v0``..``v4``."""
+
+
+def _identified(rows, identities: dict[int, tuple]):
+    """Rows of ``_OWN_ROW_COLUMNS`` + fields as rows of ``_ROW_COLUMNS`` + fields (the sender's identity put in)."""
+    for row in rows:
+        yield row[:5] + identities.get(row[5], _NO_IDENTITY) + row[6:]
+
+
+def _memory_rows(store, identities: dict[int, tuple] | None, bounds: dict):
+    """(time, rank, pid, node id, node ip, data as JSON text or None, packed values or None) of each memory
+    sample: a packed sample's numbers read from its value columns, not from the JSON the view makes of them."""
+    if identities is None:
+        for row in store.select("memory", ("time", "rank", "pid", "node_id", "node_ip", "data"), order="rank",
+                                **bounds):
+            yield row + (None,)
+        return
+    for time_, rank, sender, stored, *values in store.select("memory", ("time", "rank", "sender", "stored")
+                                                             + VALUE_COLUMNS[:5], order="rank", **bounds):
+        pid, node_id, node_ip, _ = identities.get(sender, _NO_IDENTITY)
+        yield (time_, rank, pid, node_id, node_ip, stored, None) if stored else \
+            (time_, rank, pid, node_id, node_ip, None, values)
 
 
 def _value(value: Any) -> str:
@@ -181,17 +213,24 @@ class _Writer:
                               f'"dur":{_us_text(max(0.0, end - start))},{track},"args":{args}}}')
         self.timeline.spans += 1
 
-    def memory(self, time_, rank, worker_pid, node_id, node_ip, text) -> str | None:
-        """One memory sample's counter event (its ``*_bytes`` values in MiB), or None when it has none."""
-        try:
-            data = json.loads(text) if text else {}
-        except ValueError:
-            return None  # {"raw": text}: no values
-        if type(data) is not dict:
-            return None  # {"value": data}: no values
+    def memory(self, time_, rank, worker_pid, node_id, node_ip, text, values=None) -> str | None:
+        """One memory sample's counter event (its ``*_bytes`` values in MiB), or None when it has none.
+
+        ``text``: the sample's JSON; or ``values``: a packed sample's value columns (``_MEMORY_KEYS``' values).
+        """
+        if values is not None:
+            items: Any = zip(_MEMORY_KEYS, values)
+        else:
+            try:
+                data = json.loads(text) if text else {}
+            except ValueError:
+                return None  # {"raw": text}: no values
+            if type(data) is not dict:
+                return None  # {"value": data}: no values
+            items = data.items()
         parts = []
         keys, spelled_values = self.memory_keys, self.memory_values
-        for key, value in data.items():
+        for key, value in items:
             spelled = keys.get(key)
             if spelled is None:
                 spelled = keys[key] = (encode_basestring_ascii(key.removesuffix("_bytes") + "_mb") + ":"
