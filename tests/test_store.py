@@ -233,3 +233,19 @@ def test_a_spans_numbers_are_read_from_their_kept_copy_as_from_their_json(tmp_pa
     assert totals == [(1, 0, "forward", spans[0]["duration_s"]), (1, 1, "forward", spans[1]["duration_s"])], totals
     store._db.execute("UPDATE records SET data = '{\"duration_s\": 4.0}' WHERE time = 100.0")  # the copy goes too
     assert sorted(span_totals(store))[0] == (1, 0, "forward", 4.0)
+
+
+def test_a_stored_json_value_reads_as_json_loads_reads_it():
+    """``reading.loads`` parses with orjson and reads what orjson refuses with ``json``: the same values."""
+    import math
+
+    texts = ['{"a": [1, 2.5, "x", null, true, {"b": -3}]}', '[1e308, -0.0, 1.5e-7]', '"\\u00e9\\ud83d\\ude00"',
+             '{"a": NaN, "b": Infinity, "c": -Infinity}', '{"big": 123456789012345678901234567890}',
+             '{"dup": 1, "dup": 2}', '  {"spaced" :  1 }  ', '[18446744073709551615, 18446744073709551616]',
+             '[-9223372036854775808, -9223372036854775809]', '{"t": 1780000000123456789, "s": "12345678901234567890"}',
+             '[1' + '0' * 400 + ']', '"\\ud800"']
+    for text in texts:
+        got, expected = reading.loads(text), json.loads(text)
+        assert json.dumps(got) == json.dumps(expected) and type(got) is type(expected), text
+    assert math.isnan(reading.loads('{"a": NaN}')["a"])
+    assert reading.loads("{bad json", "default") == "default" and reading.loads(None, 7) == 7

