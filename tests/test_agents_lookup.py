@@ -8,6 +8,9 @@ from raysleuth.agents import call_agents, get_agents
 
 
 def test_a_second_fan_out_looks_nothing_up(ray_cluster, monkeypatch):
+    from raysleuth.recorder import get_writer
+
+    get_writer()  # the first fan-out tells the writer this job uses agents (once: the second looks nothing up)
     first = get_agents()
     assert len(first) == 2  # the shared 2-node cluster: one agent each
     looked_up = []
@@ -22,7 +25,7 @@ def test_a_second_fan_out_looks_nothing_up(ray_cluster, monkeypatch):
 
 
 def test_a_call_an_agent_does_not_take_is_an_answer_with_the_fix_not_a_traceback(ray_cluster):
-    # an agent made by another raysleuth (agents live as long as the cluster) lacks a method...
+    # an agent made by another raysleuth (agents outlive the command that made them) lacks a method...
     answers = call_agents("no_such_method", timeout=30)
     assert len(answers) == 2 and not any(answer.ok for answer in answers)
     assert all(answer.error.startswith("AttributeError") and "remove_agents()" in answer.error for answer in answers)

@@ -87,9 +87,12 @@ def test_an_agent_runs_and_reads_only_what_raysleuth_needs_and_can_be_removed(ra
     handles = [handle for handle, _ip in agents.get_agents().values()]
     removed = agents.remove_agents()
     assert len(removed) >= 2 and all(name.startswith(agents.AGENT_PREFIX) for name in removed)
-    for handle in handles:
+    for handle in handles:  # ray.kill is asynchronous: a call sent at once may still be answered
+        deadline = time.monotonic() + 30
         with pytest.raises(ray.exceptions.RayActorError):
-            ray.get(handle.ping.remote(), timeout=60)
+            while time.monotonic() < deadline:
+                ray.get(handle.ping.remote(), timeout=60)
+                time.sleep(0.5)
     time.sleep(AGENT_FORWARD_S + 2)  # the writer's next rounds make none again
     assert agents.existing_agents() == []
     try:

@@ -41,7 +41,9 @@ from raysleuth.agents.host import (
     worker_logs,
 )
 from raysleuth.agents.controls import ControlRelay, CountRelay
-from raysleuth.agents.lifetime import _agent_names, _note_user, existing_agents, kill_agents, remove_agents
+from raysleuth.agents.lifetime import (
+    _agent_names, _note_user, _own_names, existing_agents, kill_agents, remove_agents,
+)
 from raysleuth.agents.ranks import is_ray_worker, rank_hints, read_train_logs, thread_times
 from raysleuth.agents.relay import RELAY_GROUP, RELAY_THREADS, DeliveryRelay
 from raysleuth.agents.spools import SpoolForwarder
@@ -247,8 +249,9 @@ def get_agents(*, timeout: float = 30.0) -> dict[str, Any]:
         raise ClusterUnreachable("not connected to Ray", fix="connect first (raysleuth.cluster.connect)")
     session = cluster.session_name() or "?"
     nodes = {node.node_id: node.node_ip for node in cluster.nodes(alive_only=True) if node.node_id}
-    existing = set(_agent_names())
-    _note_user(session)
+    own = _own_names()
+    existing = set(_agent_names(own))
+    _note_user(session, own)
     for key in [key for key in _handles if key[0] == session and (key[1] not in nodes
                                                                  or AGENT_PREFIX + key[1][:16] not in existing)]:
         del _handles[key]  # the node or its agent is gone

@@ -79,28 +79,40 @@ _noted: set[tuple[str, str]] = set()
 """(Ray session, job) pairs that told the writer they use agents."""
 
 
-def _note_user(session: str) -> None:
-    """Tell the writer, once per job, that this job uses the agents: they stay while it is alive (no wait)."""
+def _note_user(session: str, names: list[str]) -> None:
+    """Tell the writer, once per job, that this job uses the agents: they stay while it is alive (no wait).
+
+    ``names``: raysleuth's named actors now (:func:`_own_names`): with no writer among them there is nobody
+    to tell (and nothing retires agents), so nothing is looked up.
+    """
     import ray
 
+    if WRITER_NAME not in names:
+        return
     try:
         key = (session, ray.get_runtime_context().get_job_id())
         if key not in _noted:
+            _noted.add(key)  # once, even if the writer is of another raysleuth version and refuses it
             ray.get_actor(WRITER_NAME, namespace=NAMESPACE).note_agent_user.remote(key[1])
-            _noted.add(key)
     except Exception:
-        pass  # no writer (none retires agents then), or one of another raysleuth version
+        pass
 
 
-def _agent_names() -> list[str]:
+def _own_names() -> list[str]:
+    """The names of raysleuth's named actors (its namespace), from one listing."""
     import ray
 
     names = []
     for entry in ray.util.list_named_actors(all_namespaces=True):
         name = entry.get("name", "") if isinstance(entry, dict) else str(entry)
-        if name.startswith(AGENT_PREFIX) and (not isinstance(entry, dict) or entry.get("namespace") == NAMESPACE):
+        if not isinstance(entry, dict) or entry.get("namespace") == NAMESPACE:
             names.append(name)
     return sorted(names)
+
+
+def _agent_names(names: list[str] | None = None) -> list[str]:
+    """The agents among ``names`` (default: listed now)."""
+    return [name for name in (_own_names() if names is None else names) if name.startswith(AGENT_PREFIX)]
 
 
 def existing_agents() -> list[Any]:
