@@ -57,6 +57,10 @@ def ray_cluster(raysleuth_home) -> RayCluster:
         dashboard_port = probe.getsockname()[1]
     # A loaded 2-core machine can take longer than Ray's 30 s to register a raylet.
     os.environ.setdefault("RAY_raylet_start_wait_time_s", "180")
+    # The shared cluster runs this session's job and many short victim jobs: its writer (inheriting this) keeps
+    # the node agents for the session rather than retiring them between two tests that use them; the agents'
+    # retirement has its own cluster in tests/test_agents_lifetime.py.
+    os.environ.setdefault("RAYSLEUTH_AGENTS_IDLE_S", "86400")
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 8, "include_dashboard": True,
                                                             "dashboard_port": dashboard_port})
     cluster.add_node(num_cpus=8)
