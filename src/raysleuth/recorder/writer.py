@@ -109,7 +109,10 @@ class EvidenceWriter:
             self.ingest_spool()
             if time.monotonic() - asked >= AGENT_FORWARD_S:
                 asked = time.monotonic()
-                self._agents_round()
+                try:
+                    self._agents_round()
+                except Exception:
+                    pass  # the next round asks again: this thread also ingests the spools, and must not end
 
     def _agents_round(self) -> None:
         """Ask every node's agent to forward its spool, making the missing ones while they are wanted; retire
@@ -121,9 +124,9 @@ class EvidenceWriter:
             removed = self.controls.get(AGENTS_CONTROL) == "removed"
             jobs = {str(entry["job_id"]) for entry in self.registry.values() if entry.get("job_id")}
             jobs |= self.agent_users
+            last = max((entry.get("last_seen", 0.0) for entry in self.registry.values()), default=None)
         if self.job_id:
             jobs.add(self.job_id)  # the job that made the writer
-            last = max((entry.get("last_seen", 0.0) for entry in self.registry.values()), default=None)
         if removed:  # after remove_agents() only the agents that commands made again are asked; none is made
             _ask_agents_to_forward(create=False)
             return
