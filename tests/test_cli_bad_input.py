@@ -159,6 +159,13 @@ def test_vscode_path_not_writable_is_one_line(tmp_path):
     assert "cannot write" in err
 
 
+@pytest.mark.parametrize("folder", ["/", "."])
+def test_timeline_to_a_folder_is_one_line(folder):
+    code, out, err = run_cli("timeline", "--no-ray-tasks", "-o", folder)  # hypothesis found "/" (a traceback)
+    assert_clean(code, err, codes=(2,))
+    assert "is a folder" in err and "trace.json" in err, err
+
+
 def test_logs_ray_grep_bad_regex_is_one_line():
     code, out, err = run_cli("logs", "--ray", "--pid", "4242", "--grep", "[")
     assert_clean(code, err, codes=(2,))

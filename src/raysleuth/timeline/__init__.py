@@ -89,6 +89,9 @@ def export_timeline(path: Path | str, address: str | None = None, **options: Any
     chrome://tracing sort them on load. ``options``: those of :func:`build_timeline`.
     """
     target = Path(path).expanduser()
+    if target.is_dir() or not target.name:
+        raise UsageError(f"-o {path}: that is a folder, not a file to write the trace to",
+                         fix=f"name the file, e.g. -o {target / 'trace.json'}")
     options.setdefault("limit", TRACE_LIMIT)
     timeline = Timeline(events=[])
     tracks = _Tracks()
