@@ -179,7 +179,6 @@ def _worker(rank: int, port: int, home: str, queue) -> None:
         results[numel] = interleaved(light_variants, tensor, ROUNDS, calls, before_round=detail, before_call=barrier)
         full = interleaved(full_variants, tensor, max(1, ROUNDS // 2), calls, before_round=detail,
                            before_call=barrier)
-        hook.set_detail(False)
         results[numel]["full"] = full["full"]
         results[numel]["full bare"] = full["bare"]
     hook.set_detail(False)
