@@ -61,6 +61,9 @@ def ray_cluster(raysleuth_home) -> RayCluster:
     # the node agents for the session rather than retiring them between two tests that use them; the agents'
     # retirement has its own cluster in tests/test_agents_lifetime.py.
     os.environ.setdefault("RAYSLEUTH_AGENTS_IDLE_S", "86400")
+    # Its writer seals memory samples into blocks every 64 (not 32,768): every job here that records memory is
+    # then read back through the blocks, and each memory test checks them on a real cluster.
+    os.environ.setdefault("RAYSLEUTH_SEAL_ROWS", "64")
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 8, "include_dashboard": True,
                                                             "dashboard_port": dashboard_port})
     cluster.add_node(num_cpus=8)

@@ -17,11 +17,12 @@ def _store(ray_cluster):
     return open_store(cluster.session_name(), home=ray_cluster.home)
 
 
-def test_one_leaking_rank_of_four_is_the_only_one_flagged(ray_cluster, capsys):
+def test_one_leaking_rank_of_four_is_the_only_one_flagged(ray_cluster, capsys, monkeypatch):
     import ray
 
     from raysleuth import cli
     from raysleuth.memory import memory_report
+    from raysleuth.recorder import blocks
     from victims.memory_actors import MemoryWorker
 
     started = time.time()
@@ -38,6 +39,13 @@ def test_one_leaking_rank_of_four_is_the_only_one_flagged(ray_cluster, capsys):
     store = _store(ray_cluster)
     report = memory_report(store, rank=[0, 1, 2, 3])
     ours = {r["pid"] for r in results}  # the shared cluster's run holds other modules' ranks 0-3 too
+    # the writer sealed these samples into blocks (RAYSLEUTH_SEAL_ROWS=64 on this cluster), and the verdicts read
+    # from them are the rows' own
+    assert blocks.top(store) and any(sender for sender, *_ in blocks.read(store, blocks.top(store)))
+    with monkeypatch.context() as patch:
+        patch.setattr(blocks, "top", lambda store: 0)
+        by_rows = memory_report(store, rank=[0, 1, 2, 3], since=started)
+    assert memory_report(store, rank=[0, 1, 2, 3], since=started).to_dict() == by_rows.to_dict()
     by_rank = {w.rank: w for w in report.workers if w.pid in ours}
     assert sorted(by_rank) == [0, 1, 2, 3]
     assert [w.rank for w in report.leaks if w.pid in ours] == [2], [(w.rank, w.reason) for w in by_rank.values()]

@@ -37,6 +37,7 @@ from raysleuth.memory import memory_report
 from raysleuth.memory.pairs import _median_in_place, _median_list
 from raysleuth.memory.trend import LeakPolicy, _judge, _mann_kendall_s, kendall_tau, theil_sen
 from raysleuth.options import format_ranks, parse_ranks
+from raysleuth.recorder import blocks
 from raysleuth.recorder.store import EvidenceStore
 from raysleuth.timeline import export_timeline, summarize_steps, timeline_summary
 
@@ -94,6 +95,7 @@ def _open(path: Path) -> EvidenceStore:
                                              ("full", None)])
 def test_memory_report_answers_as_before(request, which, ranks):
     store = _open(request.getfixturevalue("run" if which == "light" else "full_run"))
+    assert blocks.top(store)  # the samples are read from the blocks the store's write path sealed
     new, old = memory_report(store, rank=ranks), old_memory_report(store, rank=ranks)
     assert new.to_dict() == old.to_dict()
     assert new.workers and (ranks is not None or any(worker.leak for worker in new.workers))

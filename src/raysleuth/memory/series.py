@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from raysleuth.recorder.blocks import NULL
+
 #: The sample fields a worker's summary reads.
 METRICS = ("rss_bytes", "uss_bytes", "cuda_allocated_bytes", "cuda_reserved_bytes", "cuda_peak_bytes")
 
@@ -57,6 +59,31 @@ class _Series:
         if not set(map(type, steps)) <= _STEPS:  # SQLite gives ints and None: anything else reads as no step
             steps = [s if isinstance(s, int) and not isinstance(s, bool) else None for s in steps]
         self.chunks.append((times, ids, _floats(steps), *(_floats(c) for c in columns[9:])))
+
+    def add_block(self, times, ints, key_row: tuple) -> None:
+        """Samples of one block (:func:`raysleuth.recorder.blocks.read`: times, then ids, ranks, steps and the five
+        numbers as int64 with :data:`~raysleuth.recorder.blocks.NULL`), read as :meth:`add` reads their rows.
+        ``key_row``: the row's identity places (``_COLUMNS + _FIELDS`` up to the numbers)."""
+        import numpy as np
+
+        ids, ranks = ints[0], ints[1]
+        if len(times) > 1 and bool((np.diff(times) < 0).any()):
+            self._in_order = False  # a block is in id order; a clock that went back reads as rows out of order
+        if (float(times[0]), int(ids[0])) < self._newest:
+            self._in_order = False
+        k = int(np.lexsort((ids, times))[-1])
+        if (float(times[k]), int(ids[k])) > self._newest:
+            self._newest = (float(times[k]), int(ids[k]))
+            self.last = (float(times[k]), int(ids[k]), *(None if v == NULL else int(v) for v in ints[1:3, k]),
+                         *key_row[4:9], *(None if v == NULL else int(v) for v in ints[3:, k]))
+        ranked = np.flatnonzero(ranks != NULL)
+        if len(ranked):  # as :meth:`add`: the last ranked row in (rank, time, id) order
+            j = int(ranked[np.lexsort((ids[ranked], times[ranked], ranks[ranked]))[-1]])
+            if (float(times[j]), int(ids[j])) >= self._rank_at:
+                self.rank, self._rank_at = int(ranks[j]), (float(times[j]), int(ids[j]))
+        numbers = ints[2:].astype(float)
+        numbers[ints[2:] == NULL] = np.nan
+        self.chunks.append((np.asarray(times, dtype=float), np.array(ids), *numbers))
 
     def ordered(self) -> tuple:
         """(times, steps, {metric: values}) in (time, id) order."""

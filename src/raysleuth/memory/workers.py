@@ -27,7 +27,7 @@ from raysleuth import evidence
 from raysleuth.cluster import own
 from raysleuth.memory.series import METRICS, _as_int, _present, _Series
 from raysleuth.memory.trend import LeakPolicy, detect_leak, leaks
-from raysleuth.recorder import reading
+from raysleuth.recorder import blocks, reading
 from raysleuth.recorder.reading import bulk
 
 __all__ = ["MemoryReport", "SampleRun", "WorkerMemory", "memory_report", "sample_workers", "sparkline"]
@@ -221,12 +221,18 @@ def memory_report(store, *, rank: int | list[int] | None = None, since: float | 
                 groups.setdefault((node_ip, pid), {}).setdefault(source, _Series()).add(rows)
         batch.clear()
 
-    with bulk():  # the rows and columns all stay alive: nothing for the collector to find
-        for row in store.select("memory", columns, _FIELDS, order="rank", rank=rank, since=since, job=job):
-            batch.append(row)
-            if len(batch) >= 20_000:
-                take()
-        take()
+    # what the writer sealed into blocks (recorder.blocks) comes as columns; only the rest row by row
+    high = blocks.top(store) if senders is not None else 0
+    with bulk(), blocks.snapshot(store):  # the rows and columns all stay alive: nothing for the collector to find
+        if high:
+            _take_blocks(store, high, groups, worker_key, rank=rank, since=since, job=job)
+        for clause in blocks.beyond(high):
+            for row in store.select("memory", columns, _FIELDS, order="rank", rank=rank, since=since, job=job,
+                                    clause=clause):
+                batch.append(row)
+                if len(batch) >= 20_000:
+                    take()
+            take()
     chosen = [max(by_source.values(), key=lambda s: sum(len(c[0]) for c in s.chunks))  # the denser source
               for by_source in groups.values()]
     if senders is None:
@@ -244,6 +250,26 @@ def memory_report(store, *, rank: int | list[int] | None = None, since: float | 
         workers = [_summarise_series(series, policy, per_step) for series in chosen]
     workers.sort(key=lambda w: (w.rank is None, w.rank if w.rank is not None else 0, w.node_ip or "", w.pid or 0))
     return MemoryReport(store=str(store.path), workers=workers)
+
+
+def _take_blocks(store, high: int, groups: dict, worker_key, *, rank, since, job) -> None:
+    """Each block of the passes up to ``high`` into its worker's series, through the reader's own filters."""
+    import numpy as np
+
+    jobs = None if job is None else [job] if isinstance(job, str) else list(job)
+    ranks = None if rank is None else np.array([rank] if isinstance(rank, int) else list(rank), dtype=np.int64)
+    for sender, source, times, ints in blocks.read(store, high, job=jobs):
+        keep = None if ranks is None else np.isin(ints[1], ranks)
+        if since is not None:
+            keep = times >= since if keep is None else keep & (times >= since)
+        if keep is not None:
+            if not keep.any():
+                continue
+            times, ints = times[keep], ints[:, keep]
+        key_row = (None,) * 4 + (sender, sender, source, None, None)
+        node_ip, pid, source = worker_key(key_row)
+        if source in TREND_SOURCES:
+            groups.setdefault((node_ip, pid), {}).setdefault(source, _Series()).add_block(times, ints, key_row)
 
 
 # ------------------------------------------------------------ from outside

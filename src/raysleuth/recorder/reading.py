@@ -40,11 +40,11 @@ __all__ = ["buckets", "bulk", "loads", "table_for", "newest_per_worker", "select
 READABLE = ("id", "kind", "time", "rank", "step", "phase", "name", "level", "data", "seq", "world_size", "node_id",
             "node_ip", "hostname", "pid", "actor_id", "actor_name", "actor_class", "client_id", "job_id", "sender",
             "stored") + VALUE_COLUMNS
-#: Columns the rows themselves hold (``entries``, schema 3 on): a read of only these skips the view's join, and its
-#: ``data`` reconstruction. ``sender``: the row's number in ``senders`` (schema 3 on, where it alone is readable);
+#: Columns the rows themselves hold (``entries``, schema 3 on): a read of only these skips the view's join, and
+#: its ``data`` reconstruction. ``sender``: the row's number in ``senders`` (schema 3 on, readable there alone);
 #: ``stored``: ``data`` as the row holds it (``''`` where the kind's template sits in the value columns,
-#: :data:`schema.PACKED`); ``v0``..``v5``: those columns (schema 4 on; None before). Readable with the rows' own
-#: columns only (:func:`senders` gives each sender's identity).
+#: :data:`schema.PACKED`); ``v0``..``v5``: those columns (schema 4 on; None before), with the rows' own columns
+#: only (:func:`senders` gives each sender's identity).
 _OWN_ONLY = frozenset(("sender", "stored") + VALUE_COLUMNS)
 _OWN = frozenset(("id", "kind", "time", "rank", "step", "phase", "name", "level", "seq")) | _OWN_ONLY
 ORDERS = {"time": "time, id", "rank": "rank, time, id", "id": "id", None: ""}
@@ -112,17 +112,15 @@ def _field_sql(field: str, guarded: bool = True, packed: bool = False, packed_sq
 
 def select(store, kind: str | Iterable[str] | None, columns: Sequence[str] = ("time",), fields: Sequence[str] = (), *,
            order: str | None = "time", newest_first: bool = False, limit: int | None = None, batch: int = 20_000,
-           **filters: Any) -> Iterator[tuple]:
+           clause: tuple[str, list] | None = None, **filters: Any) -> Iterator[tuple]:
     """Yield ``columns + fields`` of each matching record of ``store`` (an open ``EvidenceStore``).
 
-    ``fields`` are paths into ``data`` (``"rss_bytes"``, ``"request.id"``).
-    ``order``: ``"time"`` (time, id), ``"rank"`` (rank, time, id: one
-    rank's records together), ``"id"`` or ``None``. ``filters``: those of
-    :func:`where_clause`. A run recorded before job ids reads ``job_id`` as
-    None and matches no ``job`` filter. A read of the rows' own columns only
-    (:data:`_OWN`: no identity, no ``data``) reads the rows' table, not the
-    view (schema 3 on: about a fifth less CPU for the 1,000-rank hour's
-    360,000 memory samples, no join); ``sender`` is readable there alone.
+    ``fields`` are paths into ``data`` (``"rss_bytes"``, ``"request.id"``). ``order``: ``"time"`` (time, id),
+    ``"rank"`` (rank, time, id: one rank's records together), ``"id"`` or ``None``. ``filters``: those of
+    :func:`where_clause`; ``clause``: one more (SQL, arguments). A run recorded before job ids reads ``job_id``
+    as None and matches no ``job`` filter. A read of the rows' own columns only (:data:`_OWN`: no identity, no
+    ``data``) reads the rows' table, not the view (schema 3 on: about a fifth less CPU for the 1,000-rank
+    hour's 360,000 memory samples, no join); ``sender`` is readable there alone.
     """
     unknown = [column for column in columns if column not in READABLE]
     if unknown:
@@ -141,6 +139,8 @@ def select(store, kind: str | Iterable[str] | None, columns: Sequence[str] = ("t
         jobs = _listed(job)
         where.append(f"sender IN (SELECT id FROM senders WHERE job_id IN ({','.join('?' * len(jobs))}))")
         args += jobs
+    if clause is not None:
+        where, args = where + [clause[0]], args + clause[1]
     table, flag = ("entries", "data = ''") if own else ("records", "packed")
 
     def sql(guarded: bool) -> str:
@@ -271,14 +271,14 @@ def span_totals(store, *, job: Iterable[str] | None = None) -> Iterator[tuple]:
     yield from _rows(store, sql, args)
 
 
-def buckets(store, kind: str, field: str, width: float, *, start: float) -> Iterator[tuple]:
-    """(rank, pid, bucket, first time, highest value) of a numeric ``data`` field per worker and ``width`` seconds."""
+def buckets(store, kind: str, field: str, width: float, *, start: float, clause=("1", [])) -> Iterator[tuple]:
+    """(rank, pid, bucket, first time, highest value) of a numeric field per worker and ``width`` s (clause: select's)."""
     if not _FIELD.match(field):
         raise UsageError(f"data field {field!r} cannot be read in SQL", fix="name fields as word.word")
     value = _field_sql(f"{field}:number", True, _packs(store))
-    sql = (f"SELECT rank, pid, CAST((time - ?) / ? AS INTEGER) AS bucket, MIN(time), MAX({value})"
-           f" FROM records WHERE kind = ? AND {value} IS NOT NULL GROUP BY rank, pid, bucket ORDER BY rank, pid, bucket")
-    yield from _rows(store, sql, [start, width, kind])
+    sql = (f"SELECT rank, pid, CAST((time - ?) / ? AS INTEGER) AS bucket, MIN(time), MAX({value}) FROM records WHERE "
+           f"kind = ? AND {value} IS NOT NULL AND {clause[0]} GROUP BY rank, pid, bucket ORDER BY rank, pid, bucket")
+    yield from _rows(store, sql, [start, width, kind, *clause[1]])
 
 
 def _rows(store, sql: str, args: list, batch: int = 20_000, malformed: type[Exception] | None = None) -> Iterator[tuple]:

@@ -25,6 +25,14 @@ IDENTITY_COLUMNS = (
 ROW_COLUMNS = ("kind", "time", "rank", "step", "phase", "name", "level", "data", "seq")
 COLUMNS = ROW_COLUMNS + IDENTITY_COLUMNS
 
+_NUMBER = " AND ".join(f"typeof({c}) IN ('integer', 'null') AND coalesce({c}, 0) != -9223372036854775808"
+                       for c in ("rank", "step", "v0", "v1", "v2", "v3", "v4"))
+#: The memory rows a pass of :mod:`raysleuth.recorder.blocks` copies into its blocks: a packed sample of a known
+#: sender whose rank, step and numbers are integers or null (never int64's lowest, a block's null) and whose
+#: source is text or null. Migration 5 spells it in its index; a reader matches that spelling exactly.
+SEALED = (f"kind = 'memory' AND data = '' AND sender IS NOT NULL AND typeof(time) IN ('real', 'integer') "
+          f"AND {_NUMBER} AND typeof(v5) IN ('text', 'null')")
+
 # Each entry upgrades the schema by one version; never edit a shipped entry.
 MIGRATIONS: tuple[str, ...] = (
     """
@@ -187,6 +195,34 @@ MIGRATIONS: tuple[str, ...] = (
     END;
     CREATE TRIGGER records_delete INSTEAD OF DELETE ON records BEGIN
         DELETE FROM entries WHERE id = OLD.id;
+    END;
+    """,
+    # 5: memory samples also kept as columns in blocks, one per sender and source per pass (`recorder.blocks`):
+    # a pass copies the samples of ids (lo, hi] that its `SEALED` test takes; readers read the blocks and, row by
+    # row, only what no pass holds. Writing, changing or removing a memory row at or below a pass's top drops
+    # that pass and every later one (their rows are read row by row again): a block never holds a stale copy.
+    # `memory_loose` indexes the memory rows no pass takes (an agent's sample, JSON), for that reader.
+    """
+    CREATE TABLE block_passes (hi INTEGER PRIMARY KEY, lo INTEGER NOT NULL);
+    CREATE TABLE memory_blocks (pass INTEGER NOT NULL, sender INTEGER NOT NULL, source TEXT, n INTEGER NOT NULL,
+                                body BLOB NOT NULL);
+    CREATE INDEX memory_blocks_pass ON memory_blocks (pass);
+    CREATE INDEX memory_loose ON entries (id) WHERE kind = 'memory' AND NOT (""" + SEALED + """);
+    CREATE TRIGGER memory_blocks_insert AFTER INSERT ON entries
+        WHEN NEW.kind = 'memory' AND NEW.id <= (SELECT coalesce(max(hi), 0) FROM block_passes) BEGIN
+        DELETE FROM memory_blocks WHERE pass >= NEW.id;
+        DELETE FROM block_passes WHERE hi >= NEW.id;
+    END;
+    CREATE TRIGGER memory_blocks_update AFTER UPDATE ON entries
+        WHEN (OLD.kind = 'memory' OR NEW.kind = 'memory')
+             AND min(OLD.id, NEW.id) <= (SELECT coalesce(max(hi), 0) FROM block_passes) BEGIN
+        DELETE FROM memory_blocks WHERE pass >= min(OLD.id, NEW.id);
+        DELETE FROM block_passes WHERE hi >= min(OLD.id, NEW.id);
+    END;
+    CREATE TRIGGER memory_blocks_delete AFTER DELETE ON entries
+        WHEN OLD.kind = 'memory' AND OLD.id <= (SELECT coalesce(max(hi), 0) FROM block_passes) BEGIN
+        DELETE FROM memory_blocks WHERE pass >= OLD.id;
+        DELETE FROM block_passes WHERE hi >= OLD.id;
     END;
     """,
 )

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from raysleuth.errors import StoreCorrupt, StoreNotFound, UsageError
-from raysleuth.recorder import reading
+from raysleuth.recorder import blocks, reading
 from raysleuth.recorder.files import private_file, write_private
 from raysleuth.recorder.reading import where_clause
 from raysleuth.recorder.schema import (
@@ -41,19 +41,8 @@ from raysleuth.recorder.schema import (
 )
 from raysleuth.redaction import redact_record
 
-__all__ = [
-    "COLUMNS",
-    "IDENTITY_COLUMNS",
-    "MIGRATIONS",
-    "ROW_COLUMNS",
-    "EvidenceStore",
-    "Record",
-    "SCHEMA_VERSION",
-    "latest_run",
-    "list_runs",
-    "resolve_store_path",
-    "run_dir",
-]
+__all__ = ["COLUMNS", "IDENTITY_COLUMNS", "MIGRATIONS", "ROW_COLUMNS", "EvidenceStore", "Record", "SCHEMA_VERSION",
+           "latest_run", "list_runs", "resolve_store_path", "run_dir"]
 
 DB_NAME = "evidence.sqlite"
 
@@ -158,6 +147,7 @@ class EvidenceStore:
         self.readonly = readonly
         self._lock = threading.Lock()
         self._senders: dict[tuple, tuple[int, int | None]] = {}  # identity -> (senders id, clients id), committed
+        self._unsealed = 0  # memory rows written since the last pass (recorder.blocks)
         try:
             if readonly:
                 if not self.path.is_file():
@@ -265,6 +255,9 @@ class EvidenceStore:
                 self._senders.clear()  # a sender row written in the transaction undone is gone
                 self._db.rollback()
                 raise
+            self._unsealed += sum(row[0] == "memory" for _, entries in packed for row in entries)
+            if self._unsealed >= blocks.PASS_ROWS:
+                self._unsealed = blocks.seal_quietly(self._db)
             return added
 
     def _sender(self, identity: tuple) -> tuple[int, int | None]:
@@ -372,8 +365,11 @@ class EvidenceStore:
         return self._db.execute("PRAGMA quick_check").fetchone()[0]
 
     def close(self) -> None:
-        """Close the connection."""
+        """Close the connection (a writer's first seals what it wrote since its last pass)."""
         try:
+            if not self.readonly and self._unsealed:
+                with self._lock:
+                    blocks.seal_quietly(self._db)
             self._db.close()
         except Exception:
             pass

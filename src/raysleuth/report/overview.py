@@ -16,7 +16,8 @@ from collections import defaultdict
 from typing import Any
 
 from raysleuth.options import format_ranks
-from raysleuth.recorder.reading import buckets, span_totals
+from raysleuth.recorder.blocks import rss_buckets
+from raysleuth.recorder.reading import span_totals
 from raysleuth.report import sections
 
 __all__ = ["ALONE", "memory_curves", "span_overview"]
@@ -49,7 +50,7 @@ def memory_curves(store, leaking: set) -> dict[str, Any]:
     peaks: dict[str, float] = {}
     ranks: dict[str, Any] = {}
     writer = None
-    for rank, pid, _bucket, when, value in buckets(store, "memory", "rss_bytes", width, start=start):
+    for rank, pid, _bucket, when, value in rss_buckets(store, width, start=start):
         if writer != (rank, pid):  # the rows come worker by worker
             writer, label = (rank, pid), sections.rank_label(rank) + (f" · pid {pid}" if pid else "")
             curve = curves.setdefault(label, {"x": [], "y": []})

@@ -1,0 +1,182 @@
+"""Memory samples also kept as columns in blocks, written at ingest (schema 5), for readers of every worker's series.
+
+A thousand ranks sampled every 10 s are 360,000 memory rows an hour; SQLite hands each to Python as a tuple at
+about 2 µs, whatever it holds. So the writer's store seals what it wrote into blocks from time to time: a
+**pass** takes every memory row of ids ``(lo, hi]`` that :data:`~raysleuth.recorder.schema.SEALED` admits (a
+packed sample whose numbers are integers or null) and writes one block per sender and source, its samples'
+time, id, rank, step and five numbers as arrays (native byte order, zlib). The rows stay as they are; every
+other reader reads them as before.
+
+A reader of the samples (:func:`raysleuth.memory.workers.memory_report`) reads, in one snapshot, the blocks of
+every pass, then row by row only what no pass holds: the rows above the newest pass's top, and those at or
+below it that ``SEALED`` leaves out (through migration 5's ``memory_loose`` index). Migration 5's triggers
+drop a pass and every later one when a memory row at or below its top is written, changed or removed, so a
+block never holds a stale copy: those rows are read row by row again.
+
+A pass costs the writer about 0.1 s for 32,000 samples. One that fails leaves the rows to be read row by
+row and never fails the batch that was being stored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import operator
+import os
+import zlib
+from array import array
+from collections.abc import Iterator
+from typing import Any
+
+from raysleuth.recorder import reading
+from raysleuth.recorder.schema import SEALED
+
+__all__ = ["PASS_ROWS", "SEALED", "beyond", "read", "rss_buckets", "seal", "seal_quietly", "snapshot", "top"]
+
+
+def _pass_rows() -> int:
+    try:
+        return max(1, int(os.environ.get("RAYSLEUTH_SEAL_ROWS", "32768")))
+    except ValueError:  # never the writer's error: the default
+        return 32_768
+
+
+#: Memory rows written since the last pass that start the next (1,000 ranks: every 5 minutes in light mode);
+#: ``RAYSLEUTH_SEAL_ROWS`` in the writer's environment sets it.
+PASS_ROWS = _pass_rows()
+#: A block's null (SEALED leaves out a row holding this value).
+NULL = -(2**63)
+#: The integer columns of a block, in order, after its times.
+INTS = ("id", "rank", "step", "v0", "v1", "v2", "v3", "v4")
+
+_SEAL = (f"SELECT sender, v5, time, id, rank, step, v0, v1, v2, v3, v4 FROM entries "
+         f"WHERE id > ? AND id <= ? AND {SEALED} ORDER BY sender, v5, id")
+
+
+def seal(db) -> int:
+    """One pass over what was written since the last (a writer's connection, outside a transaction; the store's
+    lock held): the samples it sealed."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        low = db.execute("SELECT coalesce(max(hi), 0) FROM block_passes").fetchone()[0]
+        high = db.execute("SELECT coalesce(max(id), 0) FROM entries").fetchone()[0]
+        sealed = 0
+        if high > low:
+            written = []
+            for (sender, source), group in itertools.groupby(db.execute(_SEAL, (low, high)),
+                                                             key=operator.itemgetter(0, 1)):
+                columns = list(zip(*group))
+                body = array("d", columns[2]).tobytes() + b"".join(
+                    array("q", [NULL if value is None else value for value in column]).tobytes()
+                    for column in columns[3:])
+                written.append((high, sender, source, len(columns[2]), zlib.compress(body, 1)))
+                sealed += len(columns[2])
+            db.executemany("INSERT INTO memory_blocks (pass, sender, source, n, body) VALUES (?, ?, ?, ?, ?)",
+                           written)
+            db.execute("INSERT INTO block_passes (hi, lo) VALUES (?, ?)", (high, low))
+        db.commit()
+        return sealed
+    except BaseException:
+        db.rollback()
+        raise
+
+
+def seal_quietly(db) -> int:
+    """:func:`seal`, where one that fails leaves its rows to be read one by one (never the writer's error): 0."""
+    try:
+        seal(db)
+    except Exception:
+        pass
+    return 0
+
+
+def top(store) -> int:
+    """The newest pass's top id (0: no pass, or a file before schema 5): every row ``SEALED`` admits at or below
+    it is in a block."""
+    if store.schema_version < 5:
+        return 0
+    return store._db.execute("SELECT coalesce(max(hi), 0) FROM block_passes").fetchone()[0]
+
+
+@contextlib.contextmanager
+def snapshot(store) -> Iterator[None]:
+    """Reads inside see one state of the file (a read transaction), so a pass the writer commits meanwhile
+    neither hides rows nor shows them twice."""
+    db = store._db
+    if db.in_transaction or not store.readonly:  # a writer's connection: its own passes wait for its lock
+        yield
+        return
+    db.execute("BEGIN")
+    try:
+        yield
+    finally:
+        db.rollback()  # nothing was written: ends the read
+
+
+def beyond(high: int) -> list[tuple[str, list[Any]]]:
+    """The SQL conditions (with their arguments) of the rows a reader of the blocks up to ``high`` still reads row
+    by row: above the top, and at or below it those the passes left out (spelled as the ``memory_loose`` index)."""
+    if not high:
+        return [("1", [])]
+    return [("id > ?", [high]),
+            (f"id IN (SELECT id FROM entries INDEXED BY memory_loose WHERE kind = 'memory' AND NOT ({SEALED}) "
+             "AND id <= ?)", [high])]
+
+
+def rss_buckets(store, width: float, *, start: float) -> Iterator[tuple]:
+    """``reading.buckets(store, "memory", "rss_bytes", width, start=start)``, the same tuples in the same order, from
+    the blocks and the rows no pass holds (the report's memory curves): every sample's (rank, pid, bucket), then
+    one sort and one cut in numpy. The rows' own groups join in where their highest value is an int64."""
+    import numpy as np
+
+    high = top(store)
+    if not high:
+        yield from reading.buckets(store, "memory", "rss_bytes", width, start=start)
+        return
+    pids = {sender: NULL if pid is None else pid for sender, pid in store._db.execute("SELECT id, pid FROM senders")}
+    parts: list[tuple] = []
+    with snapshot(store):
+        for sender, _source, times, ints in read(store, high):
+            have = ints[3] != NULL
+            parts.append((ints[1][have], np.full(int(have.sum()), pids.get(sender, NULL), dtype=np.int64),
+                          ((times[have] - start) / width).astype(np.int64),  # SQLite's CAST: toward zero
+                          times[have], ints[3][have]))
+        rows = [row for clause in beyond(high)
+                for row in reading.buckets(store, "memory", "rss_bytes", width, start=start, clause=clause)]
+    if any(type(row[4]) is not int or not NULL < row[4] < -NULL or type(row[0] or 0) is not int
+           or type(row[1] or 0) is not int for row in rows):  # a float or a huge value: SQLite's own answer
+        yield from reading.buckets(store, "memory", "rss_bytes", width, start=start)
+        return
+    if rows:
+        columns = list(zip(*rows))
+        parts.append(tuple(np.array([NULL if v is None else v for v in column], dtype=np.int64) for column in
+                           columns[:3]) + (np.array(columns[3], dtype=float), np.array(columns[4], dtype=np.int64)))
+    if not parts:
+        return
+    ranks, pid, bucket, times, values = (np.concatenate(column) for column in zip(*parts))
+    if not len(ranks):
+        return
+    order = np.lexsort((bucket, pid, ranks))  # SQLite's ORDER BY rank, pid, bucket: null (NULL here) first
+    ranks, pid, bucket, times, values = ranks[order], pid[order], bucket[order], times[order], values[order]
+    cuts = np.flatnonzero((np.diff(ranks) != 0) | (np.diff(pid) != 0) | (np.diff(bucket) != 0)) + 1
+    starts = np.concatenate(([0], cuts))
+    for rank, who, at, first, value in zip(ranks[starts].tolist(), pid[starts].tolist(), bucket[starts].tolist(),
+                                           np.minimum.reduceat(times, starts).tolist(),
+                                           np.maximum.reduceat(values, starts).tolist()):
+        yield (None if rank == NULL else rank, None if who == NULL else who, at, first, value)
+
+
+def read(store, high: int, *, job: list[str] | None = None) -> Iterator[tuple[int, str | None, Any, Any]]:
+    """Each block of the passes up to ``high``: (sender, source, times as float64, the :data:`INTS` as an 8×n
+    int64 array). ``job``: only the senders of these Ray jobs."""
+    import numpy as np
+
+    sql = "SELECT sender, source, n, body FROM memory_blocks WHERE pass <= ?"
+    args: list[Any] = [high]
+    if job is not None:
+        sql += f" AND sender IN (SELECT id FROM senders WHERE job_id IN ({','.join('?' * len(job))}))"
+        args += job
+    for sender, source, n, body in store._db.execute(sql + " ORDER BY pass, sender", args):
+        raw = zlib.decompress(body)
+        yield (sender, source, np.frombuffer(raw, dtype=np.float64, count=n),
+               np.frombuffer(raw, dtype=np.int64, offset=8 * n).reshape(len(INTS), n))
