@@ -312,9 +312,10 @@ def positions_from_records(records: Iterable[dict[str, Any]], *, alive: set | No
     return positions_from_dumps(list(map(evidence.Collectives.from_record_dict, records)), alive=alive, job=job)
 
 
-def positions_from_dumps(dumps: list[evidence.Collectives], *, alive: set | None = None,
-                         job: str | None = None) -> list[RankPositions]:
-    """:func:`positions_from_records` of dumps already read."""
+def positions_from_dumps(dumps: list[evidence.Collectives], *, alive: set | None = None, job: str | None = None,
+                         taken: dict[int, dict[str, dict[int, Entry]]] | None = None) -> list[RankPositions]:
+    """:func:`positions_from_records` of dumps already read (``taken``: entries already taken from some of them,
+    by ``id`` of the dump, whose arrays were then dropped)."""
     job = job if job is not None else newest_job(dumps)
     ranks: dict[int, RankPositions] = {}
     for dump in sorted(dumps, key=_dumped_at):
@@ -329,7 +330,8 @@ def positions_from_dumps(dumps: list[evidence.Collectives], *, alive: set | None
         if known is None or (pid is not None and known.pid is not None and pid != known.pid):
             known = ranks[rank] = RankPositions(rank=rank, pid=pid, node_ip=node_ip)  # a new process took the rank
         known.dumped_at = max(known.dumped_at, _dumped_at(dump))
-        for group, entries in entries_from_dump(data).items():
+        found = taken.get(id(dump)) if taken else None
+        for group, entries in (found if found is not None else entries_from_dump(data)).items():
             known.groups.setdefault(group, {}).update(entries)
         for group, info in dump.groups.items():
             known.group_info[str(group)] = info

@@ -16,7 +16,13 @@ from typing import Any
 
 from raysleuth import cluster, evidence
 from raysleuth.collectives.matcher import PENDING_AFTER, match
-from raysleuth.collectives.model import ENTRIES_PER_GROUP, CollectiveVerdict, newest_job, positions_from_dumps
+from raysleuth.collectives.model import (
+    ENTRIES_PER_GROUP,
+    CollectiveVerdict,
+    entries_from_dump,
+    newest_job,
+    positions_from_dumps,
+)
 from raysleuth.recorder import get_writer, open_store
 from raysleuth.recorder.reading import bulk, newest_per_worker, tail_records
 from raysleuth.recorder.store import COLUMNS
@@ -124,12 +130,28 @@ def read_collectives(store, job: str | None = None) -> list[dict[str, Any]]:
     return _read_dumps(store, job)[0]
 
 
-def _read_dumps(store, job: str | None) -> tuple[list[dict[str, Any]], list[evidence.Collectives]]:
-    """:func:`read_collectives`, and each record read as a dump (its fields checked once)."""
+def _read_dumps(store, job: str | None, taken: dict[int, Any] | None = None,
+                ) -> tuple[list[dict[str, Any]], list[evidence.Collectives]]:
+    """:func:`read_collectives`, and each record read as a dump (its fields checked once).
+
+    ``taken``: filled, as each dump is read, with its entries (:func:`~raysleuth.collectives.model.entries_from_dump`,
+    by ``id`` of its dump, for :func:`positions_from_dumps`), whose parsed arrays are then dropped from the dump and
+    its record: a thousand dumps' arrays (about 270 MB of dicts) are never all alive at once.
+    """
     ids = newest_per_worker(store, "collectives")[-RECORD_LIMIT:]
+    records, dumps = [], []
     with bulk():
-        records = tail_records(store, ids, COLUMNS, ("calls", "flight_recorder.entries"), ENTRIES_PER_GROUP)
-        dumps = [evidence.Collectives.from_record_dict(r) for r in records]
+        for record in tail_records(store, ids, COLUMNS, ("calls", "flight_recorder.entries"), ENTRIES_PER_GROUP):
+            data, entries = record["data"], None
+            if taken is not None and isinstance(data, dict):
+                entries = entries_from_dump(data)
+                data.pop("calls", None)
+                if isinstance(data.get("flight_recorder"), dict):
+                    data["flight_recorder"].pop("entries", None)
+            records.append(record)
+            dumps.append(evidence.Collectives.from_record_dict(record))
+            if entries is not None and taken is not None:
+                taken[id(dumps[-1])] = entries
     job = job if job is not None else newest_job(dumps)
     kept = [k for k, dump in enumerate(dumps) if job is None or dump.job_id in (None, job)]
     return [records[k] for k in kept], [dumps[k] for k in kept]
@@ -158,11 +180,12 @@ def collect_collectives(address: str | None = None, *, run: str | None = None, h
                     notes.append("could not reach raysleuth's writer to ask for a dump; using stored dumps")
                 else:
                     answered = _wait_for_answers(store, request_id, asked_at, wait, job)
-            records, dumps = _read_dumps(store, job)
+            taken: dict[int, Any] = {}
+            records, dumps = _read_dumps(store, job, taken)
         finally:
             store.close()
         alive = _alive_processes() if live else None
-        positions = positions_from_dumps(dumps, alive=alive, job=job)
+        positions = positions_from_dumps(dumps, alive=alive, job=job, taken=taken)
         verdict = match(positions, pending_after=pending_after, last=last, group=group)
     if records and live and request_id and positions and not answered:
         notes.append(f"no worker answered the dump request within {wait:.0f}s; positions are from earlier dumps")

@@ -351,10 +351,9 @@ def tails(store, ids: list[int], columns: Sequence[str], arrays: Sequence[str],
 
 
 def tail_records(store, ids: list[int], columns: Sequence[str], arrays: Sequence[str],
-                 keep: int) -> list[dict[str, Any]]:
+                 keep: int) -> Iterator[dict[str, Any]]:
     """The records of ``ids`` as dicts (:meth:`Record.to_dict`; ``columns``: the store's), each array at
-    ``arrays`` (paths) cut to its newest items as :func:`tails` picks them, put back where it was."""
-    records = []
+    ``arrays`` (paths) cut to its newest items as :func:`tails` picks them, put back where it was; one at a time."""
     for row, items in tails(store, ids, columns, arrays, keep):
         record = store._record(row).to_dict()
         for path, values in items.items():  # a dump (not a foreign row): its entries back in
@@ -364,8 +363,7 @@ def tail_records(store, ids: list[int], columns: Sequence[str], arrays: Sequence
                 place = place.get(name) if isinstance(place, dict) else None
             if isinstance(place, dict):
                 place[last] = values
-        records.append(record)
-    return records
+        yield record
 
 
 #: Paths one ``json_extract`` takes (SQLite allows 127 arguments a function).
