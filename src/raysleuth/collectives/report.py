@@ -142,19 +142,25 @@ def _read_dumps(store, job: str | None, taken: dict[int, Any] | None = None,
     records, dumps = [], []
     with bulk():
         for record in tail_records(store, ids, COLUMNS, ("calls", "flight_recorder.entries"), ENTRIES_PER_GROUP):
-            data, entries = record["data"], None
-            if taken is not None and isinstance(data, dict):
-                entries = entries_from_dump(data)
-                data.pop("calls", None)
-                if isinstance(data.get("flight_recorder"), dict):
-                    data["flight_recorder"].pop("entries", None)
+            dump = evidence.Collectives.from_record_dict(record)
+            if taken is not None:
+                entries = entries_from_dump(dump.raw)
+                dump = _without_arrays(dump)
+                taken[id(dump)] = entries
             records.append(record)
-            dumps.append(evidence.Collectives.from_record_dict(record))
-            if entries is not None and taken is not None:
-                taken[id(dumps[-1])] = entries
+            dumps.append(dump)
     job = job if job is not None else newest_job(dumps)
     kept = [k for k, dump in enumerate(dumps) if job is None or dump.job_id in (None, job)]
     return [records[k] for k in kept], [dumps[k] for k in kept]
+
+
+def _without_arrays(dump: evidence.Collectives) -> evidence.Collectives:
+    """The dump, and its record's data, without the parsed calls and Flight Recorder entries (once taken)."""
+    dump.raw.pop("calls", None)
+    recorder = dump.raw.get("flight_recorder")
+    if isinstance(recorder, dict):
+        recorder.pop("entries", None)
+    return dataclasses.replace(dump, calls=(), flight_recorder=recorder if isinstance(recorder, dict) else None)
 
 
 def collect_collectives(address: str | None = None, *, run: str | None = None, home: Path | str | None = None,
