@@ -221,9 +221,10 @@ def memory_report(store, *, rank: int | list[int] | None = None, since: float | 
                 groups.setdefault((node_ip, pid), {}).setdefault(source, _Series()).add(rows)
         batch.clear()
 
-    # what the writer sealed into blocks (recorder.blocks) comes as columns; only the rest row by row
-    high = blocks.top(store) if senders is not None else 0
+    # what the writer sealed into blocks (recorder.blocks) comes as columns; only the rest row by row, the top
+    # of the passes read in the same snapshot as both
     with bulk(), blocks.snapshot(store):  # the rows and columns all stay alive: nothing for the collector to find
+        high = blocks.top(store) if senders is not None else 0
         if high:
             _take_blocks(store, high, groups, worker_key, rank=rank, since=since, job=job)
         for clause in blocks.beyond(high):

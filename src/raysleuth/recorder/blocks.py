@@ -129,13 +129,14 @@ def rss_buckets(store, width: float, *, start: float) -> Iterator[tuple]:
     one sort and one cut in numpy. The rows' own groups join in where their highest value is an int64."""
     import numpy as np
 
-    high = top(store)
-    if not high:
+    if not top(store):
         yield from reading.buckets(store, "memory", "rss_bytes", width, start=start)
         return
-    pids = {sender: NULL if pid is None else pid for sender, pid in store._db.execute("SELECT id, pid FROM senders")}
     parts: list[tuple] = []
-    with snapshot(store):
+    with snapshot(store):  # the top, the blocks and the rows of one state of the file
+        high = top(store)
+        pids = {sender: NULL if pid is None else pid
+                for sender, pid in store._db.execute("SELECT id, pid FROM senders")}
         for sender, _source, times, ints in read(store, high):
             have = ints[3] != NULL
             parts.append((ints[1][have], np.full(int(have.sum()), pids.get(sender, NULL), dtype=np.int64),
