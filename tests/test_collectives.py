@@ -95,6 +95,25 @@ def test_collective_progress_is_a_heartbeat(ray_cluster, jobs, reports):
     assert beats and max(b.data["step"] for b in beats) > 2
 
 
+def test_the_reports_read_of_the_stored_dumps_names_the_same_culprit(ray_cluster, jobs, reports):
+    """The report reads a run's dumps as ``collectives --run`` does (one at a time); on real gloo jobs its verdict
+    names the same rank and kind, and its section is the one the whole records made."""
+    from raysleuth import cluster
+    from raysleuth.collectives.report import read_collectives, stored_verdict
+    from raysleuth.recorder import open_store
+    from raysleuth.report import sections
+
+    store = open_store(cluster.session_name(), home=ray_cluster.home)
+    try:
+        for fault in ("skip", "shape"):
+            verdict = stored_verdict(store, jobs[fault]["job"])
+            assert [(c.rank, c.kind) for c in verdict.culprits] == [(1, JOBS[fault][1])], verdict.summary
+            assert sections.verdict_section(verdict) == sections.collective_section(
+                read_collectives(store, jobs[fault]["job"]))
+    finally:
+        store.close()
+
+
 def test_cli_names_the_culprit_and_exits_1(ray_cluster, jobs, reports, capsys):
     from raysleuth.cli import main
 

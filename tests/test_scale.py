@@ -257,6 +257,35 @@ def test_collectives_take_each_dumps_entries_as_it_is_read(run):
     assert positions_from_dumps(dumps) != whole  # the arrays are gone: only what was taken holds the entries
 
 
+def test_the_reports_collectives_are_read_as_the_command_reads_them(run):
+    """The report's verdict comes from the command's streamed read (a dump at a time), and is the one the whole
+    records made."""
+    from raysleuth.report import _collectives, sections
+
+    store = _open(run)
+    section = _collectives(store)
+    assert section == sections.collective_section(read_collectives(store))
+    assert [culprit["rank"] for culprit in section["culprits"]] == [7]
+
+
+def test_the_reports_step_section_reads_sqls_totals_in_columns(run):
+    """SQL's per-step totals take the numpy path; the section and its band are the rows' and ``_band``'s."""
+    from scale_reference import old_span_section
+
+    from raysleuth.recorder.reading import span_totals
+    from raysleuth.report import overview, sections
+
+    store = _open(run)
+    totals = list(span_totals(store))
+    assert len(totals) > 1000 and sections._span_columns(totals) is not None
+    assert json.dumps(sections.span_section(totals), sort_keys=True) == json.dumps(old_span_section(totals),
+                                                                                 sort_keys=True)
+    section = overview.span_overview(store)
+    rest = {rank: {step: value for step, value in zip(section["steps"], section["totals"][rank]) if value is not None}
+            for rank in section["ranks"] if rank not in section["alone"]}
+    assert section["alone"] == [5] and section["band"] == overview._band(rest)  # the synthetic straggler, alone
+
+
 def _cut(record: dict, arrays: tuple, keep: int) -> dict:
     """A stored dump with each array cut in Python to its newest ``keep`` items per group, objects only."""
     data = record["data"]

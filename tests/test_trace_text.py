@@ -166,6 +166,39 @@ def test_the_reports_step_section_is_what_it_was():
         assert span_section(totals)["stragglers"]
 
 
+def test_the_step_section_of_totals_as_sql_hands_them_is_read_in_columns_to_the_bit():
+    """Totals in SQL's shape (one per step, rank and phase, in that order) take the numpy path, which answers as
+    the rows did: three or more phases summed in order, ties (the first rank is the slowest), Ray calls left out
+    of the stragglers, ranks missing from steps, -0.0, ints, and medians of an even count."""
+    import random
+
+    from raysleuth.report.sections import _span_columns, span_section
+
+    rng = random.Random(38)
+    for ranks in (2, 3, 40):
+        totals = []
+        for step in range(25):
+            for rank in range(ranks):
+                if rng.random() < 0.1:
+                    continue  # a rank missing from a step
+                for phase in ("backward", "forward", "opt", "ray.call:Worker.step"):
+                    if rng.random() < 0.2:
+                        continue
+                    seconds = rng.choice([rng.uniform(0.1, 2.0), 0.1, 0.2, 1, -0.0, 5.0 if rank == 1 else 0.3])
+                    totals.append((step, rank, phase, seconds))
+        assert _span_columns(totals) is not None
+        new, old = span_section(totals), old_span_section(totals)
+        assert json.dumps(new, sort_keys=True) == json.dumps(old, sort_keys=True)
+        assert new["stragglers"] and not any(s["phase"].startswith("ray.call:") for s in new["stragglers"])
+    only_calls = [(step, rank, "ray.call:Worker.step", 1.0 + rank) for step in range(3) for rank in range(3)]
+    assert _span_columns(only_calls) is not None and span_section(only_calls) == old_span_section(only_calls)
+    sparse = [(rank * 1000 + step, rank, "step", 1.0) for rank in range(60) for step in range(30)]  # own step counts
+    assert _span_columns(sparse) is None and span_section(sparse) == old_span_section(sparse)
+    shuffled = list(reversed(totals))  # not SQL's order: the rows' path, same answer
+    assert _span_columns(shuffled) is None
+    assert json.dumps(span_section(shuffled), sort_keys=True) == json.dumps(old_span_section(shuffled), sort_keys=True)
+
+
 def test_a_stored_run_whose_cluster_is_gone_is_read_without_importing_ray(tmp_path):
     """Nothing listens at the address: the trace is written and says Ray's task events were left out, and Ray
     (about 0.5 s of CPU to import) is never imported to learn that."""

@@ -154,6 +154,17 @@ def _read_dumps(store, job: str | None, taken: dict[int, Any] | None = None,
     return [records[k] for k in kept], [dumps[k] for k in kept]
 
 
+def stored_verdict(store, job: str | None = None) -> CollectiveVerdict | None:
+    """The matcher's verdict (default options) on a stored run's newest dumps, read as ``collectives --run`` reads
+    them: one dump's entries taken at a time, no collector walks (None: the run holds no dump of that job)."""
+    with bulk():
+        taken: dict[int, Any] = {}
+        _, dumps = _read_dumps(store, job, taken)
+        if not dumps:
+            return None
+        return match(positions_from_dumps(dumps, job=job, taken=taken))
+
+
 def _without_arrays(dump: evidence.Collectives) -> evidence.Collectives:
     """The dump, and its record's data, without the parsed calls and Flight Recorder entries (once taken)."""
     dump.raw.pop("calls", None)

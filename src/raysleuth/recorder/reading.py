@@ -256,7 +256,8 @@ def table_for(store, job: Any = None) -> str:
 
 
 def span_totals(store, *, job: Iterable[str] | None = None) -> Iterator[tuple]:
-    """(step, rank, phase, seconds) per step, rank and phase: top-level spans (no parent) with a numeric duration."""
+    """(step, rank, phase, seconds) per step, rank and phase, in that order: top-level spans (no parent) with a
+    numeric duration."""
     if store.schema_version < 2 and job is not None:
         return
     where, args = where_clause(kind="span", job=job)
@@ -267,7 +268,7 @@ def span_totals(store, *, job: Iterable[str] | None = None) -> Iterator[tuple]:
     sql = (f"SELECT step, rank, COALESCE(name, phase, '?'), SUM({duration}) FROM {table}"
            f" WHERE {' AND '.join(where)} AND step IS NOT NULL AND rank IS NOT NULL AND IFNULL({parent}, 0) IN (0, '')"
            f" GROUP BY step, rank, COALESCE(name, phase, '?') HAVING SUM({duration}) IS NOT NULL"  # SUM skips NULLs
-           " ORDER BY step, rank")
+           " ORDER BY step, rank, COALESCE(name, phase, '?')")  # the GROUP BY's own order: no second sort
     yield from _rows(store, sql, args)
 
 

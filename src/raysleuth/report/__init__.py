@@ -36,7 +36,7 @@ from typing import Any
 
 from raysleuth import evidence
 from raysleuth.errors import UsageError
-from raysleuth.collectives.report import read_collectives
+from raysleuth.collectives.report import read_collectives, stored_verdict
 from raysleuth.memory import memory_report
 from raysleuth.options import format_ranks
 from raysleuth.recorder import open_store
@@ -125,7 +125,7 @@ def build_report_data(store) -> dict[str, Any]:
         "doctor": _robust(sections.doctor_section, fetched["doctor"]),
         "stacks": _robust(sections.stack_section, fetched["stacks"]),
         "tasks": _robust(sections.task_section, fetched["tasks"]),
-        "collectives": _robust(sections.collective_section, read_collectives(store)),
+        "collectives": _collectives(store),
         "consistency": _robust(sections.consistency_section, fetched["consistency"]),
         "memory": _memory(store),
         "crashes": _robust(sections.crash_section, fetched["crashes"]),
@@ -150,6 +150,15 @@ def _robust(build, records: list) -> dict[str, Any]:
             continue
         kept.append(record)
     return build(kept)
+
+
+def _collectives(store) -> dict[str, Any] | None:
+    """The collectives verdict as ``raysleuth collectives --run`` reads it (a dump at a time); when a malformed
+    dump breaks that read, every dump read whole and the section built without the rows that break it."""
+    try:
+        return sections.verdict_section(stored_verdict(store))
+    except Exception:
+        return _robust(sections.collective_section, read_collectives(store))
 
 
 def _memory(store) -> dict[str, Any]:

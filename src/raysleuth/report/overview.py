@@ -39,6 +39,25 @@ def _band(series: dict[Any, dict[Any, float]]) -> dict[str, Any]:
             "high": [max(by_x[x]) for x in xs], "count": len(series)}
 
 
+def _step_band(steps: list, columns: list[list[float | None]]) -> dict[str, Any] | None:
+    """:func:`_band` of step totals (one list per rank, None: no total that step) in numpy; None when a total is
+    NaN (numpy would not tell it from None) or not a number."""
+    import numpy as np
+
+    try:
+        table = np.array(columns, dtype=np.float64).reshape(len(columns), len(steps))
+    except (TypeError, ValueError):
+        return None
+    if int(np.isnan(table).sum()) != sum(column.count(None) for column in columns):
+        return None
+    seen = ~np.isnan(table).all(axis=0)
+    table = table[:, seen]
+    return {"x": [step for step, here in zip(steps, seen.tolist()) if here],
+            "low": np.nanmin(table, axis=0).tolist(),
+            "median": [round(value, 4) for value in np.nanmedian(table, axis=0).tolist()],
+            "high": np.nanmax(table, axis=0).tolist(), "count": len(columns)}
+
+
 def memory_curves(store, leaking: set) -> dict[str, Any]:
     """``curves`` (label -> x, y) drawn alone, and ``band`` for the rest when there are many workers."""
     first = next(store.select("memory", ("time",), limit=1), None)
@@ -81,9 +100,12 @@ def span_overview(store) -> dict[str, Any]:
     if len(section["ranks"]) <= ALONE:
         return section
     alone = sorted({straggler["rank"] for straggler in section["stragglers"]})[:ALONE]
-    rest = {rank: {step: value for step, value in zip(section["steps"], section["totals"][rank]) if value is not None}
-            for rank in section["ranks"] if rank not in alone}
-    section["band"], section["alone"] = _band(rest), alone
-    section["grouped"] = (f"{len(rest)} ranks ({format_ranks(rest)}) drawn as one band: the fastest, median and "
+    others = [rank for rank in section["ranks"] if rank not in alone]
+    band = _step_band(section["steps"], [section["totals"][rank] for rank in others])
+    if band is None:
+        band = _band({rank: {step: value for step, value in zip(section["steps"], section["totals"][rank])
+                             if value is not None} for rank in others})
+    section["band"], section["alone"] = band, alone
+    section["grouped"] = (f"{len(others)} ranks ({format_ranks(others)}) drawn as one band: the fastest, median and "
                           "slowest step per step; drawn alone: the stragglers")
     return section

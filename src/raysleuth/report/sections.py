@@ -17,12 +17,13 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from raysleuth.collectives import match
-from raysleuth.collectives.model import positions_from_records
+from raysleuth.collectives.model import CollectiveVerdict, positions_from_records
 from raysleuth.evidence import Consistency, Crash, Death, DoctorRun, Log, StackRun, TasksRun
-from raysleuth.timeline.summary import phases_from_totals, stragglers_of
+from raysleuth.timeline.summary import STRAGGLER_RATIO, phases_from_totals, stragglers_of
 
 __all__ = [
     "collective_section",
+    "verdict_section",
     "consistency_section",
     "crash_section",
     "doctor_section",
@@ -112,7 +113,13 @@ def collective_section(records: Sequence[Any]) -> dict[str, Any] | None:
     """Collective positions of the newest job: every rank's last collectives aligned, and the culprits."""
     if not records:
         return None
-    verdict = match(positions_from_records([r if isinstance(r, dict) else r.to_dict() for r in records]))
+    return verdict_section(match(positions_from_records([r if isinstance(r, dict) else r.to_dict() for r in records])))
+
+
+def verdict_section(verdict: CollectiveVerdict | None) -> dict[str, Any] | None:
+    """:func:`collective_section` of a verdict already made (None: no dump)."""
+    if verdict is None:
+        return None
     return {"summary": verdict.summary, "culprits": [c.to_dict() for c in verdict.culprits],
             "groups": [{"label": g.label, "name": g.name, "ranks": g.ranks, "rows": g.rows} for g in verdict.groups]}
 
@@ -217,7 +224,18 @@ def span_section(totals: Iterable[tuple[int, int, str, float]]) -> dict[str, Any
     timeline's (:func:`raysleuth.timeline.summary.stragglers_of`, the rule
     ``raysleuth timeline --summary`` marks): per step and phase, the slowest
     rank when it took at least 1.5× the median of the ranks.
+
+    Totals as SQL hands them (``reading.span_totals``: one per step, rank and phase, in that order, whole numbers
+    and finite seconds) are read as columns in numpy (:func:`_span_columns`); anything else row by row. Both give
+    the same answer, to the bit.
     """
+    totals = totals if isinstance(totals, list) else list(totals)
+    section = _span_columns(totals)
+    return section if section is not None else _span_rows(totals)
+
+
+def _span_rows(totals: list[tuple]) -> dict[str, Any]:
+    """:func:`span_section` a row at a time: any totals (repeated keys summed in order, foreign values skipped)."""
     table: dict[int, dict[int, dict[str, float]]] = {}  # step -> rank -> phase -> seconds
     phases: set[str] = set()
     for step, rank, phase, seconds in totals:
@@ -258,5 +276,75 @@ def span_section(totals: Iterable[tuple[int, int, str, float]]) -> dict[str, Any
                    "step_seconds": step_totals[int(row.slowest)][index[row.step]]}
                   for row in stragglers_of(rows)]
     return {"steps": steps, "ranks": ranks, "phases": sorted(phases), "totals": step_totals,
+            "mean_phase": mean_phase, "stragglers": stragglers}
+
+
+def _span_columns(totals: list[tuple]) -> dict[str, Any] | None:
+    """:func:`span_section` in numpy, or None when the totals are not SQL's shape (then :func:`_span_rows`).
+
+    SQL's shape: int steps and ranks, str phases, finite int or float seconds, keys strictly increasing in
+    (step, rank, phase), and steps shared by the ranks (a dense table at most 8 cells a total). Then each (step, rank)'s phases are summed in phase order, as the rows' loop adds them;
+    means are ``fsum``'s, medians the middle (or the halved sum of the two middles), the slowest the first
+    highest in rank order, and every figure is rounded by Python's ``round``: the rows' answer, bit for bit.
+    """
+    import math
+
+    import numpy as np
+
+    if not totals:
+        return None
+    steps, ranks, names, seconds = zip(*totals)
+    if (set(map(type, steps)) != {int} or set(map(type, ranks)) != {int} or set(map(type, names)) != {str}
+            or not set(map(type, seconds)) <= {int, float}):
+        return None
+    ordered = sorted(set(names))
+    code = {name: number for number, name in enumerate(ordered)}
+    try:
+        step_of, rank_of = np.array(steps, dtype=np.int64), np.array(ranks, dtype=np.int64)
+        values = np.array(seconds, dtype=np.float64)
+    except OverflowError:  # an int past 64 bits
+        return None
+    phase_of = np.fromiter(map(code.__getitem__, names), dtype=np.int64, count=len(names))
+    if not np.isfinite(values).all():
+        return None
+    step_step, rank_step, phase_step = np.diff(step_of), np.diff(rank_of), np.diff(phase_of)
+    if not ((step_step > 0) | ((step_step == 0) & ((rank_step > 0) | ((rank_step == 0) & (phase_step > 0))))).all():
+        return None
+    step_list, rank_list = np.unique(step_of), np.unique(rank_of)
+    if len(step_list) * len(rank_list) * len(ordered) > 8 * len(totals) + 4096:
+        return None  # sparse (ranks counting steps of their own): a dense table would not fit; the rows' dicts do
+    s, r = np.searchsorted(step_list, step_of), np.searchsorted(rank_list, rank_of)
+    cube = np.zeros((len(step_list), len(rank_list), len(ordered)))
+    cube[s, r, phase_of] += values  # 0.0 + x, as the rows' loop adds: -0.0 becomes 0.0
+    present = np.zeros((len(step_list), len(rank_list)), dtype=bool)
+    present[s, r] = True
+    total = cube[:, :, 0]
+    for phase in range(1, len(ordered)):  # in phase order, one at a time (numpy's pairwise sum would differ)
+        total = total + cube[:, :, phase]
+    steps_out, ranks_out = step_list.tolist(), rank_list.tolist()
+    step_totals: dict[Any, list[float | None]] = {}
+    mean_phase: dict[Any, dict[str, float]] = {}
+    for column, rank in enumerate(ranks_out):
+        seen = present[:, column]
+        step_totals[rank] = [round(value, 4) if here else None
+                             for value, here in zip(total[:, column].tolist(), seen.tolist())]
+        rows = cube[seen, column, :]
+        mean_phase[rank] = {name: round(math.fsum(rows[:, phase].tolist()) / len(rows), 4)
+                            for phase, name in enumerate(ordered)}
+    stragglers = []
+    judged = [phase for phase, name in enumerate(ordered) if not name.startswith("ray.call:")]
+    for row, step in enumerate(steps_out if judged else ()):
+        here = cube[row][present[row]][:, judged]  # the ranks seen in this step, 0.0 for a phase they did not record
+        if len(here) < 2:
+            continue
+        medians, slowest = np.median(here, axis=0), here.argmax(axis=0)
+        highest = here[slowest, np.arange(len(judged))]
+        ratios = np.divide(highest, medians, out=np.ones_like(highest), where=medians > 0)
+        for column in np.flatnonzero(ratios >= STRAGGLER_RATIO).tolist():
+            rank = int(rank_list[present[row]][slowest[column]])
+            stragglers.append({"step": step, "rank": rank, "phase": ordered[judged[column]],
+                               "seconds": round(float(highest[column]), 4), "median": round(float(medians[column]), 4),
+                               "ratio": round(float(ratios[column]), 2), "step_seconds": step_totals[rank][row]})
+    return {"steps": steps_out, "ranks": ranks_out, "phases": ordered, "totals": step_totals,
             "mean_phase": mean_phase, "stragglers": stragglers}
 
