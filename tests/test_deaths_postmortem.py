@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 from zero_code_run import SRC, run_job
@@ -52,6 +53,53 @@ def test_the_killed_rank_is_read_after_the_cluster_is_gone(killed):
     assert [death["rank"] for death in json.loads(dead.stdout)["deaths"]][:1] == [2]
     explained = _cli("explain", peers[0]["message"], "--json")
     assert json.loads(explained.stdout)["matches"][0]["id"] == "gloo-peer-died", explained.stdout
+
+
+def test_a_watch_not_answered_yet_is_pending_then_installed_not_an_error(ray_cluster):
+    """A writer slow to answer (a loaded node) leaves the worker's death watch pending: the setup's record says
+    so, no error, and a control tick records it installed once the answer comes (the request is not sent again)."""
+    import ray
+
+    from raysleuth.deaths import watch
+    from raysleuth.worker_setup import worker
+
+    @ray.remote
+    def slow_answer():
+        time.sleep(4)
+        return True
+
+    saved, was_started = dict(worker._state), watch._started.is_set()
+    watch._started.clear()
+    watch._asked[:] = [slow_answer.remote()]  # the install call in flight, answering in 4 s
+    try:
+        worker._state.update(installed=[], errors=[], pending=[], started=time.monotonic(), timings_ms={})
+        worker._attempt("death_watch", lambda: watch.start_death_watch(wait=0.5))
+        assert worker._state["pending"] == ["death_watch"] and worker._state["errors"] == []
+        assert worker._late_parts() is False  # still in flight: no error, still pending
+        deadline = time.monotonic() + 60
+        while not worker._late_parts():
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert worker._state["installed"] == ["death_watch"] and worker._state["errors"] == []
+        assert watch._started.is_set() and watch._asked == []
+        from raysleuth import cluster, evidence
+        from raysleuth.recorder import get_client, open_store
+
+        get_client().flush(timeout=10)
+        store = open_store(cluster.session_name(), home=ray_cluster.home)
+        try:
+            late = [event for event in evidence.read(store, evidence.Instrumented)
+                    if event.late and event.row.pid == os.getpid()]
+        finally:
+            store.close()
+        outcomes = [(event.installed, list(event.errors), event.row.level) for event in late]
+        assert outcomes == [(("death_watch",), [], "INFO")]
+    finally:
+        worker._state.clear()
+        worker._state.update(saved)
+        watch._asked.clear()
+        if not was_started:  # the writer was never asked here: the next caller must ask it
+            watch._started.clear()
 
 
 def test_the_writer_records_a_death_while_the_cluster_lives(ray_cluster):

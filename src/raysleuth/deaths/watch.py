@@ -88,19 +88,37 @@ def _install(writer: object, interval: float) -> bool:
 
 
 _started = threading.Event()
+_asked: list = []  # the install call sent to the writer and not answered yet (its ObjectRef)
+_asking = threading.Lock()
 
 
-def start_death_watch(*, interval: float = WATCH_S, wait: float = 10.0) -> bool:
-    """Make sure the run's writer watches for deaths (once per process; needs a connected Ray). Never raises."""
+def start_death_watch(*, interval: float = WATCH_S, wait: float = 10.0) -> bool | None:
+    """Make sure the run's writer watches for deaths (once per process; needs a connected Ray). Never raises.
+
+    True: it watches. None: asked, and the writer has not answered within ``wait`` seconds (a writer still
+    starting on a loaded node): the request stands, and a later call (``wait=0`` to only look) sees its answer
+    instead of asking again. False: it cannot here (no Ray, no writer, or the call failed).
+    """
     if _started.is_set():
         return True
     try:
         import ray
 
-        ray.get(ray_private.ray_call(get_writer(), _install, interval), timeout=wait)
+        with _asking:
+            if not _asked:
+                _asked.append(ray_private.ray_call(get_writer(), _install, interval))
+            asked = _asked[0]
+        ready, _ = ray.wait([asked], timeout=wait)
+        if not ready:
+            return None
+        with _asking:
+            _asked.clear()
+        ray.get(asked)
         _started.set()
         return True
     except Exception:
+        with _asking:
+            _asked.clear()
         return False
 
 

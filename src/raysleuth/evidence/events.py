@@ -72,7 +72,7 @@ class Instrumented(Evidence):
     KIND, NAME = "event", "instrumented"
     WRITTEN_BY = ("`pool.install_here` in each worker `instrument`/`RayResourcePool(debug_mode=True)` reached; "
                   "`raysleuth.setup_worker` (`source: worker_setup`) once the deferred parts are in, level "
-                  "`WARNING` when a part failed")
+                  "`WARNING` when a part failed; again (`late`) for a part that answered after it (the death watch)")
     NAMED = "`instrumented`"
 
     installed: tuple[str, ...] = ()
@@ -82,6 +82,10 @@ class Instrumented(Evidence):
     setup_ms: float | None = None
     timings_ms: dict[str, Any] = dataclasses.field(default_factory=dict)
     mode: str | None = None
+    pending: tuple[str, ...] = ()
+    """Parts asked and not answered yet (the writer's death watch on a loaded node): a ``late`` record follows."""
+    late: bool | None = None
+    """True: the outcome of a part that was pending (in ``installed`` or ``errors``)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -283,9 +283,10 @@ def _span_columns(totals: list[tuple]) -> dict[str, Any] | None:
     """:func:`span_section` in numpy, or None when the totals are not SQL's shape (then :func:`_span_rows`).
 
     SQL's shape: int steps and ranks, str phases, finite int or float seconds, keys strictly increasing in
-    (step, rank, phase), and steps shared by the ranks (a dense table at most 8 cells a total). Then each (step, rank)'s phases are summed in phase order, as the rows' loop adds them;
-    means are ``fsum``'s, medians the middle (or the halved sum of the two middles), the slowest the first
-    highest in rank order, and every figure is rounded by Python's ``round``: the rows' answer, bit for bit.
+    (step, rank, phase), and steps shared by the ranks (a dense table at most 8 cells a total). Then each
+    (step, rank)'s phases are summed in phase order, as the rows' loop adds them; means are ``fsum``'s, medians
+    the middle (or the halved sum of the two middles), the slowest the first highest in rank order, and every
+    figure is rounded by Python's ``round``: the rows' answer, bit for bit.
     """
     import math
 

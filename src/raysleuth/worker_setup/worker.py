@@ -53,7 +53,8 @@ DEFER_S = 2.0
 
 _lock = threading.Lock()
 _done_pid: int | None = None
-_state: dict[str, Any] = {"installed": [], "errors": [], "setup_ms": None, "timings_ms": {}, "internal": False}
+_state: dict[str, Any] = {"installed": [], "errors": [], "pending": [], "setup_ms": None, "timings_ms": {},
+                          "internal": False}
 
 
 def setup_report() -> dict[str, Any]:
@@ -65,7 +66,9 @@ def _attempt(name: str, step: Any) -> None:
     started = time.perf_counter()
     try:
         result = step()
-        if result is False:
+        if result is None and name in _LATE:
+            _state["pending"].append(name)  # asked and not answered yet: a control tick sees the answer
+        elif result is False:
             _state["errors"].append(f"{name}: not available here")
         else:
             _state["installed"].append(name)
@@ -236,12 +239,46 @@ def _ship_logs() -> Any:
     return install_log_shipping()
 
 
-def _start_death_watch() -> bool:
+def _start_death_watch() -> bool | None:
     """The writer watches Ray's dead actors while the cluster lives (deaths outlive the job: issue 29)."""
     # lazy: a part of the zero-code setup, loaded when it installs (worker start-up)
     from raysleuth.deaths.watch import start_death_watch
 
     return start_death_watch()
+
+
+#: Parts that may answer after the setup's record (None from their step: asked, no answer yet), and how long a
+#: control tick waits for them before it says they failed.
+_LATE = {"death_watch"}
+LATE_S = 120.0
+
+
+def _late_parts() -> bool:
+    """Each control tick while a part is pending: once it answers, or past :data:`LATE_S`, its outcome in a
+    second ``instrumented`` event (``late``; WARNING when it failed). True when none is pending."""
+    # lazy: a part of the zero-code setup, loaded when it installs (worker start-up)
+    from raysleuth.deaths.watch import start_death_watch
+
+    for name in list(_state["pending"]):
+        result = start_death_watch(wait=0) if name == "death_watch" else False
+        if result is None and time.monotonic() - _state.get("started", 0.0) < DEFER_S + LATE_S:
+            continue
+        _state["pending"].remove(name)
+        errors = [] if result else \
+            [f"{name}: " + ("no answer from raysleuth's writer" if result is None else "not available here")]
+        if errors:
+            _state["errors"].extend(errors)
+        else:
+            _state["installed"].append(name)
+        try:
+            # lazy: a part of the zero-code setup, loaded when it installs (worker start-up)
+            from raysleuth.recorder import record
+
+            record("event", {"installed": [] if errors else [name], "errors": errors, "source": "worker_setup",
+                             "late": True}, name="instrumented", level="WARNING" if errors else "INFO")
+        except Exception:
+            pass
+    return not _state["pending"]
 
 
 def _deferred_setup() -> bool:
@@ -255,12 +292,15 @@ def _deferred_setup() -> bool:
         _leave_internal_actor()
         return True
     _attempt("death_watch", _start_death_watch)
+    if _state["pending"]:
+        control.on_tick(_late_parts)
     try:
         # lazy: a part of the zero-code setup, loaded when it installs (worker start-up)
         from raysleuth.recorder import record
 
         errors = list(_state["errors"])
         record("event", {"installed": list(_state["installed"]), "errors": errors, "source": "worker_setup",
+                         "pending": list(_state["pending"]),
                          "setup_ms": _state["setup_ms"], "timings_ms": dict(_state["timings_ms"]),
                          "mode": runtime.settings().mode},
                name="instrumented", level="WARNING" if errors else "INFO")
