@@ -50,9 +50,9 @@ def _step_band(steps: list, columns: list[list[float | None]]) -> dict[str, Any]
         return None
     if int(np.isnan(table).sum()) != sum(column.count(None) for column in columns):
         return None
-    seen = ~np.isnan(table).all(axis=0)
+    seen = np.flatnonzero(~np.isnan(table).all(axis=0))
     table = table[:, seen]
-    return {"x": [step for step, here in zip(steps, seen.tolist()) if here],
+    return {"x": [steps[column] for column in seen.tolist()],
             "low": np.nanmin(table, axis=0).tolist(),
             "median": [round(value, 4) for value in np.nanmedian(table, axis=0).tolist()],
             "high": np.nanmax(table, axis=0).tolist(), "count": len(columns)}
