@@ -239,8 +239,13 @@ def test_a_straggler_recorded_before_its_phase_was_clear_is_recorded_again_once_
     assert first is not None and first.stragglers[0].phase is None and watch.unphased == {1}, watch.error
     assert watch.tick() is None  # still not clear: not reported again
     watch.options = Options(window=5.0, wait=3.0)  # the default sampling
-    again = watch.tick()
-    assert again is not None and again.stragglers[0].phase.function == "DeviceLatency.backward", again.notes
+    again = None
+    for _ in range(3):  # a loaded machine's window may still not tell the phase: the next one is looked at
+        again = watch.tick()
+        if again is not None:
+            break
+    assert again is not None, (watch.error, watch.last and watch.last.notes)
+    assert again.stragglers[0].phase.function == "DeviceLatency.backward", again.notes
     assert watch.reported == {1} and not watch.unphased
     store = open_store(cluster.session_name(), home=ray_cluster.home)
     try:
