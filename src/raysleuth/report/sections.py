@@ -335,6 +335,7 @@ def _span_columns(totals: list[tuple]) -> dict[str, Any] | None:
     stragglers = []
     judged = [phase for phase, name in enumerate(ordered) if not name.startswith("ray.call:")]
     for row, step in enumerate(steps_out if judged else ()):
+        seen_ranks = rank_list[present[row]]
         here = cube[row][present[row]][:, judged]  # the ranks seen in this step, 0.0 for a phase they did not record
         if len(here) < 2:
             continue
@@ -342,7 +343,7 @@ def _span_columns(totals: list[tuple]) -> dict[str, Any] | None:
         highest = here[slowest, np.arange(len(judged))]
         ratios = np.divide(highest, medians, out=np.ones_like(highest), where=medians > 0)
         for column in np.flatnonzero(ratios >= STRAGGLER_RATIO).tolist():
-            rank = int(rank_list[present[row]][slowest[column]])
+            rank = int(seen_ranks[slowest[column]])
             stragglers.append({"step": step, "rank": rank, "phase": ordered[judged[column]],
                                "seconds": round(float(highest[column]), 4), "median": round(float(medians[column]), 4),
                                "ratio": round(float(ratios[column]), 2), "step_seconds": step_totals[rank][row]})

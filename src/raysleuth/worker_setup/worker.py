@@ -247,29 +247,34 @@ def _start_death_watch() -> bool | None:
     return start_death_watch()
 
 
-#: Parts that may answer after the setup's record (None from their step: asked, no answer yet), and how long a
-#: control tick waits for them before it says they failed.
-_LATE = {"death_watch"}
+def _death_watch_answer() -> bool | None:
+    """Whether the writer has answered the death watch's install yet (None: not yet), without asking again."""
+    # lazy: a part of the zero-code setup, loaded when it installs (worker start-up)
+    from raysleuth.deaths.watch import start_death_watch
+
+    return start_death_watch(wait=0)
+
+
+#: Parts that may answer after the setup's record (None from their step: asked, no answer yet), each with how a
+#: control tick looks for its answer; and how long it looks before it says the part failed.
+_LATE = {"death_watch": _death_watch_answer}
 LATE_S = 120.0
 
 
 def _late_parts() -> bool:
     """Each control tick while a part is pending: once it answers, or past :data:`LATE_S`, its outcome in a
     second ``instrumented`` event (``late``; WARNING when it failed). True when none is pending."""
-    # lazy: a part of the zero-code setup, loaded when it installs (worker start-up)
-    from raysleuth.deaths.watch import start_death_watch
-
     for name in list(_state["pending"]):
-        result = start_death_watch(wait=0) if name == "death_watch" else False
+        result = _LATE[name]()
         if result is None and time.monotonic() - _state.get("started", 0.0) < DEFER_S + LATE_S:
             continue
         _state["pending"].remove(name)
-        errors = [] if result else \
-            [f"{name}: " + ("no answer from raysleuth's writer" if result is None else "not available here")]
-        if errors:
-            _state["errors"].extend(errors)
-        else:
+        if result:
             _state["installed"].append(name)
+            errors = []
+        else:
+            errors = [f"{name}: " + ("no answer from raysleuth's writer" if result is None else "not available here")]
+            _state["errors"].extend(errors)
         try:
             # lazy: a part of the zero-code setup, loaded when it installs (worker start-up)
             from raysleuth.recorder import record
