@@ -117,6 +117,23 @@ def test_every_reader_of_the_samples_answers_as_the_rows_do(store, monkeypatch):
     _same_answers(store, monkeypatch)
 
 
+def test_a_pass_and_the_readers_find_the_rows_past_the_passes_by_their_ids(store):
+    """The rows a pass seals, and those the readers of the blocks still read one by one, are found by id: SQLite
+    would otherwise walk the index of every memory row the run holds (a pass's cost growing with the run)."""
+    statements: list[str] = []
+    store._db.set_trace_callback(statements.append)
+    try:
+        memory_report(store)
+        list(blocks.rss_buckets(store, 17.0, start=START))
+    finally:
+        store._db.set_trace_callback(None)
+    picked = [sql for sql in statements if sql.startswith("SELECT") and ("id > " in sql or "memory_loose" in sql)]
+    assert len(picked) >= 4, statements  # each reader: past the top, and the rows below it no pass took
+    for sql in picked + [blocks._SEAL.replace("?", "0")]:
+        plan = " ".join(row[3] for row in store._db.execute("EXPLAIN QUERY PLAN " + sql))
+        assert "records_kind" not in plan and "PRIMARY KEY" in plan, (sql, plan)
+
+
 def test_a_row_written_changed_or_removed_below_a_pass_drops_it_and_the_later_ones(tmp_path, monkeypatch):
     path, writer = _written(tmp_path, monkeypatch, 50, samples=100)
     writer.close()

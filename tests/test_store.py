@@ -235,6 +235,70 @@ def test_a_spans_numbers_are_read_from_their_kept_copy_as_from_their_json(tmp_pa
     assert sorted(span_totals(store))[0] == (1, 0, "forward", 4.0)
 
 
+def test_span_totals_summed_in_numpy_are_sqls_sums(tmp_path):
+    """``reading.span_columns`` (the spans handed over unsorted, sorted and summed in numpy) answers what SQL's
+    GROUP BY answers (``span_totals``): repeated keys, whole numbers, names and phases, nested spans, no duration,
+    no rank or step, a row without its kept copy, a job filter; and hands the question back (None) when a step
+    is not a number."""
+    from raysleuth.recorder.reading import span_columns, span_rows, span_totals
+    
+    store = open_run(tmp_path, "run-span-columns")
+
+    def span(duration, parent=None):
+        return {"start": 1.0, "end": 2.0, "duration_s": duration, "span_id": 1, "parent_id": parent}
+
+    rows = [("span", 10.0, 0, 1, None, "forward", None, span(0.5), 0),
+            ("span", 11.0, 0, 1, None, "forward", None, span(0.25), 1),  # forward thrice in step 1: summed
+            ("span", 12.0, 0, 1, None, "forward", None, span(0.125), 2),
+            ("span", 13.0, 0, 1, "backward", None, None, span(2), 3),  # a phase, no name; an int
+            ("span", 14.0, 0, 1, "backward", None, None, span(3), 4),  # ints summed as ints
+            ("span", 15.0, 0, 2, None, "forward", None, span(1), 5),
+            ("span", 16.0, 0, 2, None, "forward", None, span(0.75), 6),  # an int and a float
+            ("span", 17.0, 0, 2, None, "inner", None, span(9.0, parent=3), 7),  # nested: not a total
+            ("span", 18.0, 0, 2, None, "idle", None, span(None), 8),  # no duration: no total
+            ("span", 19.0, None, 2, None, "forward", None, span(1.0), 9),  # no rank
+            ("span", 20.0, 1, None, None, "forward", None, span(1.0), 10),  # no step
+            ("span", 21.0, 1, 2, None, None, None, span(0.5, parent=0), 11),  # neither: '?'; parent 0 is top-level
+            ("span", 22.0, 1, 1, None, "forward", None, span(1 / 3), 12)]
+    store.write_batch({"client_id": "c1", "pid": 7, "job_id": "job-a"}, rows)
+    store.write_batch({"client_id": "c2", "pid": 8, "job_id": "job-b"},
+                      [("span", 23.0, 1, 1, None, "forward", None, span(0.1), 0)])
+    store._db.execute("INSERT INTO records (kind, time, rank, step, name, data) VALUES ('span', 24.0, 1, 1, "
+                      "'forward', '{\"duration_s\": 2.5, \"parent_id\": null}')")  # no kept copy
+    store._db.commit()
+    expected = list(span_totals(store))
+    assert (1, 0, "forward", 0.875) in expected and (1, 0, "backward", 5) in expected
+    for job in (None, ["job-a"], ["job-b"]):
+        columns = span_columns(store, job=job)
+        assert columns is not None and span_rows(columns) == list(span_totals(store, job=job)), job
+    store._db.execute("INSERT INTO records (kind, time, rank, step, name, data) VALUES ('span', 25.0, 1, 'two', "
+                      "'forward', '{\"duration_s\": 1.0}')")
+    assert span_columns(store) is None  # a step that is not a number: SQL's answer, row by row
+
+
+def test_the_writers_ranks_and_identities_found_by_index_are_those_every_row_holds(tmp_path):
+    """``counting.writers`` (ranks an index seek each, identities from ``senders``) finds the ranks, nodes and actor
+    classes one scan of every row finds: ranks of every kind, none, a text one; identities without a rank."""
+    from raysleuth.recorder.counting import writers
+
+    store = open_run(tmp_path, "run-writers")
+    for rank in range(40):
+        header = {"client_id": f"c{rank}", "pid": 100 + rank, "node_ip": f"10.0.0.{rank % 5}",
+                  "hostname": f"host{rank % 5}", "actor_class": "Trainer" if rank % 2 else "Rollout"}
+        kind = ("log", "memory", "span")[rank % 3]
+        store.write_batch(header, [(kind, 10.0 + n, rank if n else None, n, None, None, "INFO", {"n": n}, n)
+                                   for n in range(3)])
+    store.write_batch({"client_id": "agent", "node_ip": "10.0.0.9", "actor_class": None},
+                      [("event", 50.0, None, None, None, "up", "INFO", {}, 0)])
+    store._db.execute("INSERT INTO records (kind, time, rank, data) VALUES ('log', 60.0, 'seven', '{}')")
+    store._db.commit()
+    every = list(store._db.execute("SELECT DISTINCT rank, node_ip, hostname, actor_class FROM records"))
+    found = writers(store, store.kinds())
+    for column in range(4):
+        assert {row[column] for row in found} - {None} == {row[column] for row in every} - {None}, column
+    assert len({row[0] for row in found} - {None}) == 41
+
+
 def test_a_stored_json_value_reads_as_json_loads_reads_it():
     """``reading.loads`` parses with orjson and reads what orjson refuses with ``json``: the same values."""
     import math

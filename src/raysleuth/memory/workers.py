@@ -229,7 +229,7 @@ def memory_report(store, *, rank: int | list[int] | None = None, since: float | 
             _take_blocks(store, high, groups, worker_key, rank=rank, since=since, job=job)
         for clause in blocks.beyond(high):
             for row in store.select("memory", columns, _FIELDS, order="rank", rank=rank, since=since, job=job,
-                                    clause=clause):
+                                    clause=clause, by_id=bool(high) and rank is None):  # one rank: its index
                 batch.append(row)
                 if len(batch) >= 20_000:
                     take()

