@@ -14,6 +14,7 @@ from raysleuth.memory import memory_report
 from raysleuth.recorder import blocks, reading
 from raysleuth.recorder.schema import SEALED
 from raysleuth.recorder.store import EvidenceStore
+from raysleuth.report import overview
 
 START = 1_780_000_000.0
 MiB = 2**20
@@ -68,6 +69,9 @@ def _same_answers(store: EvidenceStore, monkeypatch) -> None:
     width = 17.0
     assert list(blocks.rss_buckets(store, width, start=START)) == \
         list(reading.buckets(store, "memory", "rss_bytes", width, start=START))
+    for leaking in (set(), {3}):  # the report's curves: from the columns in numpy, and from the rows
+        assert overview.memory_curves(store, leaking) == \
+            _rows_only(monkeypatch, lambda: overview.memory_curves(store, leaking)), leaking
 
 
 def _written(tmp_path, monkeypatch, pass_rows: int, samples: int = 60) -> tuple:

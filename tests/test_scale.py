@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -272,7 +273,7 @@ def test_the_reports_step_section_reads_sqls_totals_in_columns(run):
     """SQL's per-step totals take the numpy path; the section and its band are the rows' and ``_band``'s."""
     from scale_reference import old_span_section
 
-    from raysleuth.recorder.reading import span_totals
+    from raysleuth.recorder.reading import span_columns, span_rows, span_totals
     from raysleuth.report import overview, sections
 
     store = _open(run)
@@ -280,10 +281,44 @@ def test_the_reports_step_section_reads_sqls_totals_in_columns(run):
     assert len(totals) > 1000 and sections._span_columns(totals) is not None
     assert json.dumps(sections.span_section(totals), sort_keys=True) == json.dumps(old_span_section(totals),
                                                                                  sort_keys=True)
+    columns = span_columns(store)  # the spans summed in numpy: the same totals, the same section
+    assert columns is not None and span_rows(columns) == totals
+    assert json.dumps(sections.span_arrays(*columns), sort_keys=True) == json.dumps(old_span_section(totals),
+                                                                                  sort_keys=True)
     section = overview.span_overview(store)
     rest = {rank: {step: value for step, value in zip(section["steps"], section["totals"][rank]) if value is not None}
             for rank in section["ranks"] if rank not in section["alone"]}
     assert section["alone"] == [5] and section["band"] == overview._band(rest)  # the synthetic straggler, alone
+
+
+def test_the_reports_stragglers_are_marked_in_one_trace(run):
+    """Every straggler's mark on the step chart is a point of one trace, each named in its hover text."""
+    from raysleuth.report import _charts, build_report_data
+
+    data = build_report_data(_open(run))
+    marked = data["spans"]["stragglers"][:500]
+    chart = _charts(data)["steps"]
+    assert marked and chart.count('"name":"stragglers"') == 1 and chart.count("straggler rank ") == len(marked)
+    assert "straggler rank 5 " in chart
+
+
+@pytest.mark.parametrize("which", ["light", "full"])
+def test_the_reports_memory_curves_read_columns_as_the_rows_do(request, which):
+    """The curves and band from the blocks' columns in numpy are those of SQLite's buckets read row by row."""
+    from raysleuth.recorder.reading import buckets
+    from raysleuth.report import overview
+
+    store = _open(request.getfixturevalue("run" if which == "light" else "full_run"))
+    first = next(store.select("memory", ("time",), limit=1))[0]
+    last = next(store.select("memory", ("time",), limit=1, newest_first=True))[0]
+    width = max(1.0, (last - first) / overview.BUCKETS)
+    assert blocks.top(store) and blocks.rss_bucket_columns(store, width, start=first) is not None
+    for leaking in (set(), {13}, {13, 150, 3}):
+        drawn = overview.memory_curves(store, leaking)
+        rows = overview._curve_rows(buckets(store, "memory", "rss_bytes", width, start=first), leaking, first, width)
+        assert json.dumps(drawn) == json.dumps(rows), leaking
+        assert drawn["band"] and len(drawn["curves"]) >= 3
+        assert all(any(label.startswith(f"rank {rank} ") for label in drawn["curves"]) for rank in leaking)
 
 
 def _cut(record: dict, arrays: tuple, keep: int) -> dict:
@@ -302,9 +337,9 @@ def _cut(record: dict, arrays: tuple, keep: int) -> dict:
     return record
 
 
-def test_the_newest_dumps_read_in_sql_are_the_stored_dumps_cut_in_python(run):
-    """Every worker's newest dump (and the one that is not JSON), in (time, id) order, its arrays cut as Python
-    cuts them: one statement for the rows and their newest entries, the order taken from the ids."""
+def test_the_newest_dumps_read_are_the_stored_dumps_cut_in_python(run):
+    """Every worker's newest dump (and the one that is not JSON), in (time, id) order, its arrays cut as the
+    records read whole are cut: a few dumps parsed at a time, the order taken from the ids."""
     from raysleuth.recorder.reading import newest_per_worker, tail_records
     from raysleuth.recorder.store import COLUMNS
 
@@ -319,9 +354,10 @@ def test_the_newest_dumps_read_in_sql_are_the_stored_dumps_cut_in_python(run):
     assert len(fast) > 100 and any(len(record["data"].get("calls", [])) == 64 for record in fast)
 
 
-def test_the_newest_entries_are_picked_in_sql_as_python_would_cut_them(tmp_path):
-    """Three groups: the last 3 x 64 calls (over one json_extract's paths), items that are not objects left out."""
-    from raysleuth.recorder.reading import tails
+def test_the_newest_entries_are_picked_as_python_would_cut_them(tmp_path):
+    """Three groups: the last 3 x 64 calls, items that are not objects left out; then a dump holding a NaN (JSON
+    to Python, not to SQLite: cut all the same), one whose arrays are not arrays, and a row that is not JSON."""
+    from raysleuth.recorder.reading import tail_records, tails
     from raysleuth.recorder.store import COLUMNS
 
     store = EvidenceStore(tmp_path / "evidence.sqlite")
@@ -334,6 +370,18 @@ def test_the_newest_entries_are_picked_in_sql_as_python_would_cut_them(tmp_path)
     assert items["flight_recorder.entries"] == [c for c in calls[:5] if isinstance(c, dict)]
     rest = json.loads(row[COLUMNS.index("data") + 1])
     assert rest == {"groups": data["groups"], "flight_recorder": {}, "detail": False}
+    odd = [dict(data, calls=calls + [{"pg": "0", "seq": 300, "loss": float("nan")}]),
+           {"groups": [], "calls": {"0": calls[:3]}, "flight_recorder": [1, 2], "detail": True}]
+    store.write_batch(identity(0, 1), [("collectives", START + 1 + k, 0, None, None, "request", "INFO", odd[k], 1 + k)
+                                       for k in range(2)])
+    store._db.execute("INSERT INTO records (kind, time, rank, data) VALUES ('collectives', ?, 0, '{\"calls\": [')",
+                      (START + 9,))
+    store._db.commit()
+    nan, other, broken = list(tail_records(store, [2, 3, 4], COLUMNS, ("calls", "flight_recorder.entries"), 64))
+    assert nan["data"]["calls"][:-1] == [c for c in calls[-191:] if isinstance(c, dict)]
+    assert nan["data"]["calls"][-1]["seq"] == 300 and math.isnan(nan["data"]["calls"][-1]["loss"])
+    assert other["data"] == {"groups": [], "calls": [], "flight_recorder": [1, 2], "detail": True}
+    assert broken["data"] == {"raw": '{"calls": ['}
 
 
 def test_rank_ranges_read_back_as_the_ranks():

@@ -16,8 +16,8 @@ from collections import defaultdict
 from typing import Any
 
 from raysleuth.options import format_ranks
-from raysleuth.recorder.blocks import rss_buckets
-from raysleuth.recorder.reading import span_totals
+from raysleuth.recorder.blocks import rss_bucket_columns, rss_buckets
+from raysleuth.recorder.reading import span_columns, span_rows, span_totals
 from raysleuth.report import sections
 
 __all__ = ["ALONE", "memory_curves", "span_overview"]
@@ -65,11 +65,18 @@ def memory_curves(store, leaking: set) -> dict[str, Any]:
     if first is None or last is None:
         return {"curves": {}, "band": None, "grouped": ""}
     start, width = first[0], max(1.0, (last[0] - first[0]) / BUCKETS)
+    columns = rss_bucket_columns(store, width, start=start)
+    drawn = _curve_columns(columns, leaking, start, width) if columns is not None else None
+    return drawn if drawn is not None else _curve_rows(rss_buckets(store, width, start=start), leaking, start, width)
+
+
+def _curve_rows(buckets, leaking: set, start: float, width: float) -> dict[str, Any]:
+    """:func:`memory_curves` from the buckets a row at a time."""
     curves: dict[str, dict[str, list]] = {}
     peaks: dict[str, float] = {}
     ranks: dict[str, Any] = {}
     writer = None
-    for rank, pid, _bucket, when, value in rss_buckets(store, width, start=start):
+    for rank, pid, _bucket, when, value in buckets:
         if writer != (rank, pid):  # the rows come worker by worker
             writer, label = (rank, pid), sections.rank_label(rank) + (f" · pid {pid}" if pid else "")
             curve = curves.setdefault(label, {"x": [], "y": []})
@@ -85,17 +92,80 @@ def memory_curves(store, leaking: set) -> dict[str, Any]:
     alone |= set(sorted(peaks, key=lambda label: -peaks[label])[:3])
     rest = {label: dict(zip([round(x / width) for x in curve["x"]], curve["y"]))
             for label, curve in curves.items() if label not in alone}
-    band = _band(rest)
+    return _drawn(curves, _band(rest), [ranks[label] for label in rest], alone, width)
+
+
+def _drawn(curves: dict[str, dict[str, list]], band: dict[str, Any], rest: list, alone: set, width: float,
+           ) -> dict[str, Any]:
+    """The curves drawn alone, the band of the ``rest`` (their ranks) with its x in seconds, and the line saying so."""
     band["x"] = [round(x * width, 3) for x in band["x"]]
-    grouped = (f"{len(rest)} workers (ranks {format_ranks(r for l, r in ranks.items() if l in rest and r is not None)})"
+    grouped = (f"{len(rest)} workers (ranks {format_ranks(r for r in rest if r is not None)})"
                f" drawn as one band: lowest, median and highest RSS per {width:.0f} s; drawn alone: leaks and the "
                "three highest peaks")
     return {"curves": {label: curves[label] for label in sorted(alone)}, "band": band, "grouped": grouped}
 
 
+def _curve_columns(columns: tuple, leaking: set, start: float, width: float) -> dict[str, Any] | None:
+    """:func:`_curve_rows` from :func:`~raysleuth.recorder.blocks.rss_bucket_columns`' arrays: the same answer, to
+    the bit, with the band's lowest, median and highest per bucket taken in numpy. None (the rows' loop then)
+    when two workers would share a label, or a value is too large for numpy's rounding to be Python's."""
+    import numpy as np
+
+    from raysleuth.recorder.blocks import NULL
+
+    ranks, pids, _bucket, when, value = columns
+    if not len(ranks) or np.abs(value).max() >= 2**46:  # below: value / 2**20 * 100 is exact, so is np.round
+        return None if len(ranks) else {"curves": {}, "band": None, "grouped": ""}
+    starts = np.flatnonzero(np.concatenate(([True], (np.diff(ranks) != 0) | (np.diff(pids) != 0))))
+    ends = np.append(starts[1:], len(ranks))
+    labels, who = [], []
+    for rank, pid in zip(ranks[starts].tolist(), pids[starts].tolist()):
+        rank, pid = None if rank == NULL else rank, None if pid == NULL else pid
+        labels.append(sections.rank_label(rank) + (f" · pid {pid}" if pid else ""))
+        who.append(rank)
+    if len(set(labels)) < len(labels):  # (rank 3, pid None) and (rank 3, pid 0): one curve in the rows' loop
+        return None
+    xs = [round(at - start, 3) for at in when.tolist()]
+    mib = np.round(value / 2**20, 2)
+    ys = mib.tolist()
+    peaks = dict(zip(labels, np.maximum(np.maximum.reduceat(mib, starts), 0.0).tolist()))
+    bounds = list(zip(starts.tolist(), ends.tolist()))
+    curves = {label: {"x": xs[a:b], "y": ys[a:b]} for label, (a, b) in zip(labels, bounds)}
+    if len(curves) <= ALONE:
+        return {"curves": dict(sorted(curves.items())), "band": None, "grouped": ""}
+    alone = {label for label, rank in zip(labels, who) if rank in leaking}
+    alone |= set(sorted(peaks, key=lambda label: -peaks[label])[:3])
+    inside = np.ones(len(ranks), dtype=bool)
+    for label, (a, b) in zip(labels, bounds):
+        if label in alone:
+            inside[a:b] = False
+    keys = np.rint(np.array(xs) / width).astype(np.int64)  # Python's round: to even, as rint
+    worker = np.repeat(np.arange(len(starts)), ends - starts)
+    if (np.diff(keys)[worker[1:] == worker[:-1]] < 0).any():
+        return None  # a key that falls back along a worker (the buckets' first times come in order: never)
+    # a worker's points with one key: the last is kept (a dict's update); the keys rise along a worker
+    last = np.append((worker[1:] != worker[:-1]) | (keys[1:] != keys[:-1]), True)
+    keys, points = keys[inside & last], mib[inside & last]
+    order = np.lexsort((points, keys))
+    keys, points = keys[order], points[order]
+    first = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
+    counts = np.diff(np.append(first, len(keys)))
+    middle = first + counts // 2
+    median = np.where(counts % 2 == 1, points[middle], (points[middle - 1 + counts % 2] + points[middle]) / 2)
+    band = {"x": keys[first].tolist(), "low": points[first].tolist(),
+            "median": [round(m, 4) for m in median.tolist()], "high": points[first + counts - 1].tolist(),
+            "count": len(labels) - len(alone)}
+    rest = [rank for label, rank in zip(labels, who) if label not in alone]
+    return _drawn(curves, band, rest, alone, width)
+
+
 def span_overview(store) -> dict[str, Any]:
-    """:func:`sections.span_section` from per-step totals summed in SQL, with a band when there are many ranks."""
-    section = sections.span_section(span_totals(store))
+    """:func:`sections.span_section` of the per-step totals (:func:`~raysleuth.recorder.reading.span_columns`
+    summed in numpy, else in SQL), with a band when there are many ranks."""
+    columns = span_columns(store)
+    section = sections.span_arrays(*columns) if columns is not None else None
+    if section is None:
+        section = sections.span_section(span_rows(columns) if columns is not None else span_totals(store))
     section["band"], section["alone"], section["grouped"] = None, section["ranks"], ""
     if len(section["ranks"]) <= ALONE:
         return section

@@ -19,6 +19,7 @@ from typing import Any
 from raysleuth.collectives import match
 from raysleuth.collectives.model import CollectiveVerdict, positions_from_records
 from raysleuth.evidence import Consistency, Crash, Death, DoctorRun, Log, StackRun, TasksRun
+from raysleuth.recorder.reading import totals_arrays
 from raysleuth.timeline.summary import STRAGGLER_RATIO, phases_from_totals, stragglers_of
 
 __all__ = [
@@ -288,31 +289,27 @@ def _span_columns(totals: list[tuple]) -> dict[str, Any] | None:
     the middle (or the halved sum of the two middles), the slowest the first highest in rank order, and every
     figure is rounded by Python's ``round``: the rows' answer, bit for bit.
     """
+    if not totals:
+        return None
+    arrays = totals_arrays(*zip(*totals))
+    return span_arrays(*arrays) if arrays is not None else None
+
+
+def span_arrays(step_of, rank_of, phase_of, ordered: list[str], values) -> dict[str, Any] | None:
+    """:func:`span_section` of totals as numpy columns (``reading.span_columns``: int64 steps, ranks and codes into
+    the sorted phase names ``ordered``, float64 seconds), or None when they are not SQL's shape (a key not above
+    the one before, a value not finite, a table too sparse): then the rows' path, on the same totals as tuples."""
     import math
 
     import numpy as np
 
-    if not totals:
-        return None
-    steps, ranks, names, seconds = zip(*totals)
-    if (set(map(type, steps)) != {int} or set(map(type, ranks)) != {int} or set(map(type, names)) != {str}
-            or not set(map(type, seconds)) <= {int, float}):
-        return None
-    ordered = sorted(set(names))
-    code = {name: number for number, name in enumerate(ordered)}
-    try:
-        step_of, rank_of = np.array(steps, dtype=np.int64), np.array(ranks, dtype=np.int64)
-        values = np.array(seconds, dtype=np.float64)
-    except OverflowError:  # an int past 64 bits
-        return None
-    phase_of = np.fromiter(map(code.__getitem__, names), dtype=np.int64, count=len(names))
-    if not np.isfinite(values).all():
+    if not len(values) or not np.isfinite(values).all():
         return None
     step_step, rank_step, phase_step = np.diff(step_of), np.diff(rank_of), np.diff(phase_of)
     if not ((step_step > 0) | ((step_step == 0) & ((rank_step > 0) | ((rank_step == 0) & (phase_step > 0))))).all():
         return None
     step_list, rank_list = np.unique(step_of), np.unique(rank_of)
-    if len(step_list) * len(rank_list) * len(ordered) > 8 * len(totals) + 4096:
+    if len(step_list) * len(rank_list) * len(ordered) > 8 * len(values) + 4096:
         return None  # sparse (ranks counting steps of their own): a dense table would not fit; the rows' dicts do
     s, r = np.searchsorted(step_list, step_of), np.searchsorted(rank_list, rank_of)
     cube = np.zeros((len(step_list), len(rank_list), len(ordered)))
