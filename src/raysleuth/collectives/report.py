@@ -120,12 +120,12 @@ def _alive_processes() -> set | None:
 
 def read_collectives(store, job: str | None = None) -> list[dict[str, Any]]:
     """The newest dump of every worker, its newest :data:`~raysleuth.collectives.model.ENTRIES_PER_GROUP`
-    entries per group (cut in SQL: a dump an older raysleuth wrote held 256).
+    entries per group (a dump an older raysleuth wrote held 256).
 
     Each dump holds its worker's newest entries per group, so older dumps add nothing newer; a
     mismatch further back than that is not looked for (the newest entries already disagree then).
-    SQLite picks those entries by their place from the end of each array: a 180 KB dump is never parsed or
-    moved whole in Python.
+    The dumps are parsed a few at a time and cut as they are read (``reading.tail_records``): a thousand
+    180 KB dumps are never all in memory.
     """
     return _read_dumps(store, job)[0]
 

@@ -13,9 +13,10 @@ logprob gap beside them (:mod:`raysleuth.report.weights`), the ranks that entere
 collectives late (:mod:`raysleuth.report.stragglers`), and a link to the
 Perfetto trace when one was exported next to the report.
 
-Scale: the dense kinds are read as aggregates in SQL (:mod:`.overview`):
-memory curves one point per worker and time bucket, step phases one total
-per step, rank and phase, leak verdicts from the fast
+Scale: the dense kinds are read as aggregates (:mod:`.overview`, in numpy
+from columns where it can, else in SQL): memory curves one point per worker
+and time bucket, step phases one total per step, rank and phase, leak
+verdicts from the fast
 :func:`~raysleuth.memory.memory_report`; past 16 ranks the charts draw the
 ranks as one band plus the ranks that stand out. Every other section reads
 at most :data:`MAX_RECORDS` records (the newest), and the page says where it

@@ -1,8 +1,9 @@
-"""The report's dense sections read as aggregates in SQL, and summarised when there are many ranks.
+"""The report's dense sections read as aggregates, and summarised when there are many ranks.
 
 Memory curves are one point per worker and time bucket (the highest RSS in
-it, ``MAX`` in SQL); step phases are one total per step, rank and phase
-(``SUM`` in SQL). Up to :data:`ALONE` workers each gets its own curve. Past
+it: from the memory blocks' columns in numpy, else ``MAX`` in SQL); step
+phases are one total per step, rank and phase (the spans summed in numpy,
+else ``SUM`` in SQL). Up to :data:`ALONE` workers each gets its own curve. Past
 that the charts show the ranks as one group (lowest, median and highest per
 bucket or step) plus the ranks that stand out alone (leaks, the highest
 peaks, stragglers); every rank's numbers stay in the section's data and
