@@ -29,7 +29,8 @@ from typing import Any
 from raysleuth.recorder import reading
 from raysleuth.recorder.schema import SEALED
 
-__all__ = ["PASS_ROWS", "SEALED", "beyond", "read", "rss_bucket_columns", "rss_buckets", "seal", "seal_quietly", "snapshot", "top"]
+__all__ = ["PASS_ROWS", "SEALED", "beyond", "read", "rss_bucket_columns", "rss_buckets", "seal", "seal_quietly",
+           "snapshot", "top"]
 
 
 def _pass_rows() -> int:
@@ -49,9 +50,8 @@ INTS = ("id", "rank", "step", "v0", "v1", "v2", "v3", "v4")
 
 #: The rows of a pass, in id order (grouped in Python: SQLite's sort cost a fifth more), read by id: SQLite
 #: would otherwise walk the index of every memory row the run holds to test each one's id (0.16 s against 0.09 s
-#: for the last pass of a 1,000-rank hour, and growing with the run).
-#: A null comes as :data:`NULL` (``SEALED`` admits no row holding that value), so each column goes into its array
-#: as it is.
+#: for the last pass of a 1,000-rank hour, and growing with the run). A null comes as :data:`NULL` (``SEALED``
+#: admits no row holding that value), so each column goes into its array as it is.
 _SEAL = ("SELECT sender, v5, time, " + ", ".join(f"coalesce({column}, {NULL})" for column in INTS) +
          f" FROM entries NOT INDEXED WHERE id > ? AND id <= ? AND {SEALED}")
 
@@ -170,7 +170,8 @@ def rss_bucket_columns(store, width: float, *, start: float) -> tuple | None:
                           ((times[have] - start) / width).astype(np.int64),  # SQLite's CAST: toward zero
                           times[have], ints[3][have]))
         rows = [row for clause in beyond(high)
-                for row in reading.buckets(store, "memory", "rss_bytes", width, start=start, clause=clause, by_id=True)]
+                for row in reading.buckets(store, "memory", "rss_bytes", width, start=start, clause=clause,
+                                           by_id=True)]
     if any(type(row[4]) is not int or not NULL < row[4] < -NULL or type(row[0] or 0) is not int
            or type(row[1] or 0) is not int for row in rows):  # a float or a huge value: SQLite's own answer
         return None

@@ -29,15 +29,15 @@ def writers(store, kinds: Iterable[str] | None = None) -> list[tuple]:
     """(rank, node_ip, hostname, actor_class) of the run's writers, each rank and each sender identity at least once
     (unordered; a rank comes with no identity, an identity with no rank: readers take them as separate sets).
 
-    From schema 3 on, the ranks are found through the (kind, rank, time) index one rank at a time (a seek each,
-    ``kinds``: the kinds to look in, default every kind the run holds) and the identities in the ``senders`` table, where every row's sender is
-    written: 1,000 ranks in milliseconds, where a scan of every row took 0.21 s for a 1,000-rank hour. Before,
-    one scan of every row with SQLite's ``DISTINCT``.
+    From schema 3 on, the ranks are found through the (kind, rank, time) index one rank at a time (a seek each;
+    ``kinds``: the kinds to look in, default every kind the run holds) and the identities in the ``senders``
+    table, where every row's sender is written: 1,000 ranks in milliseconds, where a scan of every row took
+    0.21 s for a 1,000-rank hour. Before, one scan of every row with SQLite's ``DISTINCT``.
     """
     if store.rows_table != "entries":
         return list(_rows(store, "SELECT DISTINCT rank, node_ip, hostname, actor_class FROM records", []))
     ranks: set = set()
-    for kind in store.kinds() if kinds is None else kinds:  # each next rank: the smallest above the last one, one index seek
+    for kind in store.kinds() if kinds is None else kinds:  # each next rank: the smallest above the last, a seek
         ranks.update(row[0] for row in _rows(store, (
             "WITH RECURSIVE seen(rank) AS (SELECT MIN(rank) FROM entries WHERE kind = ?1 UNION ALL "
             "SELECT (SELECT MIN(rank) FROM entries WHERE kind = ?1 AND rank > seen.rank) FROM seen "
