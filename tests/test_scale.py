@@ -273,7 +273,7 @@ def test_the_reports_step_section_reads_sqls_totals_in_columns(run):
     """SQL's per-step totals take the numpy path; the section and its band are the rows' and ``_band``'s."""
     from scale_reference import old_span_section
 
-    from raysleuth.recorder.reading import span_columns, span_rows, span_totals
+    from raysleuth.recorder.totals import span_columns, span_rows, span_totals
     from raysleuth.report import overview, sections
 
     store = _open(run)
@@ -289,6 +289,51 @@ def test_the_reports_step_section_reads_sqls_totals_in_columns(run):
     rest = {rank: {step: value for step, value in zip(section["steps"], section["totals"][rank]) if value is not None}
             for rank in section["ranks"] if rank not in section["alone"]}
     assert section["alone"] == [5] and section["band"] == overview._band(rest)  # the synthetic straggler, alone
+
+
+def test_the_reports_logs_of_many_ranks_are_grouped_by_message(run):
+    """Past 16 ranks the report's logs are one row per message, level and logger, its ranks as ranges: the error
+    of one rank first, every warning and error line counted, none of the thousand-heading page."""
+    from raysleuth.report import build_report_data, render_report
+
+    store = _open(run)
+    data = build_report_data(store)
+    grouped = data["log_groups"]
+    held = store._db.execute("SELECT COUNT(*), COUNT(DISTINCT rank) FROM records WHERE kind = 'log' "
+                             "AND level IN ('WARNING', 'ERROR', 'CRITICAL')").fetchone()
+    assert data["logs"] == {} and (grouped["lines"], grouped["ranks"]) == held and held[1] > 16
+    first = grouped["groups"][0]
+    assert (first["level"], first["ranks"], first["count"]) == ("ERROR", "7", 1), first
+    assert sum(group["count"] for group in grouped["groups"]) == grouped["lines"]
+    assert all(len(group["lines"]) <= 20 for group in grouped["groups"]) and len(grouped["groups"]) < 10
+    page = render_report(data, title="t", inline_js=False)
+    assert "<h3>rank " not in page and "data loader slow" in page and "NCCL watchdog" in page
+
+
+def test_log_groups_put_the_worst_and_the_odd_ones_out_first(tmp_path):
+    """Errors before warnings; among warnings the message of two ranks before the one of twenty; a line without a
+    rank counted apart; INFO left out; each group's newest 20 lines, oldest first."""
+    from raysleuth import evidence
+    from raysleuth.report.sections import log_groups
+
+    store = EvidenceStore(tmp_path / "evidence.sqlite")
+    for rank in range(20):
+        rows = [("log", START + step, rank, step, None, "train", "WARNING",
+                 {"message": f"step {step} slow by {rank * 0.1:.1f} s"}, step) for step in range(5)]
+        rows.append(("log", START + 9, rank, None, None, "train", "INFO", {"message": "fine"}, 99))
+        if rank in (3, 4):
+            rows.append(("log", START + 8, rank, None, None, "io", "WARNING", {"message": "disk 97% full"}, 98))
+        store.write_batch(identity(rank, 20), rows)
+    store.write_batch({"client_id": "driver", "pid": 1}, [("log", START + 7, None, None, None, "driver", "ERROR",
+                                                            {"message": "trial 2 failed"}, 0)])
+    grouped = log_groups(evidence.read(store, (evidence.Log,)))
+    heads = [(g["level"], g["logger"], g["template"], g["count"], g["ranks"], g["unranked"]) for g in grouped["groups"]]
+    assert heads == [("ERROR", "driver", "trial <n> failed", 1, "", 1),
+                     ("WARNING", "io", "disk <n>% full", 2, "3-4", 0),
+                     ("WARNING", "train", "step <n> slow by <n> s", 100, "0-19", 0)], heads
+    slow = grouped["groups"][2]["lines"]
+    assert len(slow) == 20 and [line["time"] for line in slow] == sorted(line["time"] for line in slow)
+    assert slow[-1]["time"] == START + 4 and (grouped["lines"], grouped["ranks"], grouped["left_out"]) == (103, 20, 0)
 
 
 def test_the_reports_stragglers_are_marked_in_one_trace(run):

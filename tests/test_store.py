@@ -206,7 +206,7 @@ def test_a_spans_numbers_are_read_from_their_kept_copy_as_from_their_json(tmp_pa
     there in SQL: every reader answers as from the JSON, for rows with the copy, rows without it (written
     through the ``records`` view, as by an older raysleuth), rows whose values cannot be kept (NaN, a bool, a
     dict) and a row changed through the view afterwards."""
-    from raysleuth.recorder.reading import span_totals
+    from raysleuth.recorder.totals import span_totals
 
     store = open_run(tmp_path, "run-spans")
     spans = [{"start": 10.0 + i, "end": 10.25 + i, "duration_s": 0.25 + i / 7, "span_id": i, "parent_id": None}
@@ -236,11 +236,11 @@ def test_a_spans_numbers_are_read_from_their_kept_copy_as_from_their_json(tmp_pa
 
 
 def test_span_totals_summed_in_numpy_are_sqls_sums(tmp_path):
-    """``reading.span_columns`` (the spans handed over unsorted, sorted and summed in numpy) answers what SQL's
+    """``totals.span_columns`` (the spans handed over unsorted, sorted and summed in numpy) answers what SQL's
     GROUP BY answers (``span_totals``): repeated keys, whole numbers, names and phases, nested spans, no duration,
     no rank or step, a row without its kept copy, a job filter; and hands the question back (None) when a step
     is not a number."""
-    from raysleuth.recorder.reading import span_columns, span_rows, span_totals
+    from raysleuth.recorder.totals import span_columns, span_rows, span_totals
     
     store = open_run(tmp_path, "run-span-columns")
 

@@ -33,8 +33,8 @@ from orjson import loads as _fast_loads
 from raysleuth.errors import StoreCorrupt, UsageError
 from raysleuth.recorder.schema import COPIED, COPY_MARK, PACKED, VALUE_COLUMNS
 
-__all__ = ["buckets", "bulk", "loads", "table_for", "newest_per_worker", "select", "senders", "span_columns",
-           "span_rows", "span_totals", "tail_records", "tails", "totals_arrays", "where_clause"]
+__all__ = ["buckets", "bulk", "loads", "table_for", "newest_per_worker", "select", "senders", "tail_records", "tails",
+           "where_clause"]
 
 #: Columns a reader may name (the records table's own).
 READABLE = ("id", "kind", "time", "rank", "step", "phase", "name", "level", "data", "seq", "world_size", "node_id",
@@ -257,106 +257,6 @@ def table_for(store, job: Any = None) -> str:
     """The table an aggregate reads: the rows alone (``store.rows_table``: SQLite keeps the ``records`` view's
     join in an aggregate) unless a ``job`` filter needs the sender's column."""
     return store.rows_table if job is None else "records"
-
-
-def span_totals(store, *, job: Iterable[str] | None = None) -> Iterator[tuple]:
-    """(step, rank, phase, seconds) per step, rank and phase, in that order: top-level spans (no parent) with a
-    numeric duration."""
-    if store.schema_version < 2 and job is not None:
-        return
-    where, args = where_clause(kind="span", job=job)
-    table = table_for(store, job)
-    packed, flag = _packs(store), "data = ''" if table == "entries" else "packed"
-    duration = _field_sql("duration_s:number", True, packed, flag)  # valid JSON, a number (or its kept copy)
-    parent = _field_sql("parent_id", True, packed, flag)
-    sql = (f"SELECT step, rank, COALESCE(name, phase, '?'), SUM({duration}) FROM {table}"
-           f" WHERE {' AND '.join(where)} AND step IS NOT NULL AND rank IS NOT NULL AND IFNULL({parent}, 0) IN (0, '')"
-           f" GROUP BY step, rank, COALESCE(name, phase, '?') HAVING SUM({duration}) IS NOT NULL"  # SUM skips NULLs
-           " ORDER BY step, rank, COALESCE(name, phase, '?')")  # the GROUP BY's own order: no second sort
-    yield from _rows(store, sql, args)
-
-
-def span_columns(store, *, job: Iterable[str] | None = None) -> tuple | None:
-    """:func:`span_totals` as numpy columns: (steps, ranks, phase codes, phase names, seconds), one entry per step,
-    rank and phase in that order, the codes indexing the sorted names. SQLite's GROUP BY sorts every span to
-    sum them (0.8 s for a 1,000-rank hour's 299,000); here it hands the spans over unsorted and numpy sorts and
-    cuts them. A key held by one span is that span's duration; repeated keys are summed as SQLite's ``SUM``
-    does, in the order the spans were written: whole numbers exactly, otherwise a float added left to right.
-    None where these columns cannot say it (a step, rank or name of another type, an int past 64 bits, a
-    duration that is not finite): :func:`span_totals` then."""
-    import numpy as np
-
-    if store.schema_version < 2 and job is not None:
-        return _no_spans(np)
-    where, args = where_clause(kind="span", job=job)
-    table = table_for(store, job)
-    packed, flag = _packs(store), "data = ''" if table == "entries" else "packed"
-    duration = _field_sql("duration_s:number", True, packed, flag)
-    parent = _field_sql("parent_id", True, packed, flag)
-    sql = (f"SELECT id, step, rank, COALESCE(name, phase, '?'), {duration} FROM {table}"
-           f" WHERE {' AND '.join(where)} AND step IS NOT NULL AND rank IS NOT NULL AND IFNULL({parent}, 0) IN (0, '')"
-           f" AND {duration} IS NOT NULL")
-    rows = [row for row in _rows(store, sql, args)]
-    if not rows:
-        return _no_spans(np)
-    ids, steps, ranks, names, seconds = zip(*rows)
-    del rows
-    arrays = totals_arrays(steps, ranks, names, seconds)
-    if arrays is None:
-        return None
-    step_of, rank_of, phase_of, ordered, values = arrays
-    order = np.lexsort((np.array(ids, dtype=np.int64), phase_of, rank_of, step_of))  # a key's spans in id order
-    step_of, rank_of, phase_of = step_of[order], rank_of[order], phase_of[order]
-    first = np.flatnonzero(np.concatenate(([True], (np.diff(step_of) != 0) | (np.diff(rank_of) != 0)
-                                           | (np.diff(phase_of) != 0))))
-    counts = np.diff(np.append(first, len(order)))
-    totals = values[order[first]]
-    for group in np.flatnonzero(counts > 1).tolist():  # repeated keys (a phase entered twice in a step): few
-        taken = [seconds[at] for at in order[first[group]:first[group] + counts[group]].tolist()]
-        if all(type(value) is int for value in taken):
-            totals[group] = float(sum(taken))
-        else:
-            total = 0.0
-            for value in taken:
-                total += value
-            totals[group] = total
-    if not np.isfinite(totals).all():
-        return None
-    return step_of[first], rank_of[first], phase_of[first], ordered, totals
-
-
-def totals_arrays(steps: Sequence[Any], ranks: Sequence[Any], names: Sequence[Any],
-                  seconds: Sequence[Any]) -> tuple | None:
-    """(steps, ranks, phase codes as int64, the sorted phase names, seconds as float64) of span totals' columns;
-    None unless every step and rank is an int within 64 bits, every name a str and every duration a finite
-    int or float (what numpy's columns cannot hold exactly is left to the rows' readers)."""
-    import numpy as np
-
-    if (set(map(type, steps)) != {int} or set(map(type, ranks)) != {int} or set(map(type, names)) != {str}
-            or not set(map(type, seconds)) <= {int, float}):
-        return None
-    ordered = sorted(set(names))
-    code = {name: number for number, name in enumerate(ordered)}
-    try:
-        step_of, rank_of = np.array(steps, dtype=np.int64), np.array(ranks, dtype=np.int64)
-        values = np.array(seconds, dtype=np.float64)
-    except OverflowError:  # an int past 64 bits
-        return None
-    if not np.isfinite(values).all():
-        return None
-    return (step_of, rank_of, np.fromiter(map(code.__getitem__, names), dtype=np.int64, count=len(names)), ordered,
-            values)
-
-
-def span_rows(columns: tuple) -> list[tuple]:
-    """:func:`span_columns`' arrays as :func:`span_totals`' (step, rank, phase, seconds) tuples."""
-    steps, ranks, codes, names, seconds = columns
-    return list(zip(steps.tolist(), ranks.tolist(), [names[code] for code in codes.tolist()], seconds.tolist()))
-
-
-def _no_spans(np) -> tuple:
-    return (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), [],
-            np.empty(0, dtype=np.float64))
 
 
 def _by_id(term: str) -> str:

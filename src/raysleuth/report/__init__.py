@@ -131,7 +131,7 @@ def build_report_data(store) -> dict[str, Any]:
         "consistency": _robust(sections.consistency_section, fetched["consistency"]),
         "memory": _memory(store),
         "crashes": _robust(sections.crash_section, fetched["crashes"]),
-        "logs": _robust(sections.log_section, fetched["logs"]),
+        **_logs(fetched["logs"]),
         "spans": overview.span_overview(store),
         "weights": _robust(weights_section, fetched["weights"]),
         "stragglers": straggler_section(fetched["stragglers"]),  # the verdict: `raysleuth stragglers`
@@ -152,6 +152,15 @@ def _robust(build, records: list) -> dict[str, Any]:
             continue
         kept.append(record)
     return build(kept)
+
+
+def _logs(records: list) -> dict[str, Any]:
+    """``logs``: warning and error lines per rank; past :data:`~raysleuth.report.overview.ALONE` ranks, ``log_groups``
+    instead (one row per message, its ranks as ranges: a thousand ranks make as short a section as sixteen)."""
+    per_rank = _robust(sections.log_section, records)
+    if len(per_rank) <= overview.ALONE:
+        return {"logs": per_rank}
+    return {"logs": {}, "log_groups": _robust(sections.log_groups, records)}
 
 
 def _collectives(store) -> dict[str, Any] | None:
@@ -348,7 +357,7 @@ def generate_report(output: Path | str = "report.html", *, run: str | None = Non
         "consistency": len(data["consistency"]),
         "memory": sum(len(c["x"]) for c in data["memory"]["curves"].values()) + len(data["memory"]["verdicts"]),
         "crashes": len(data["crashes"]),
-        "logs": sum(len(lines) for lines in data["logs"].values()),
+        "logs": data["log_groups"]["lines"] if data.get("log_groups") else sum(map(len, data["logs"].values())),
         "spans": len(data["spans"]["steps"]),
         "weights": len(data["weights"]["syncs"]),
         "stragglers": len(data["stragglers"]["reported"]) + bool(data["stragglers"]["verdict"]) if data["stragglers"] else 0,

@@ -17,8 +17,8 @@ from collections import defaultdict
 from typing import Any
 
 from raysleuth.options import format_ranks
-from raysleuth.recorder.blocks import rss_bucket_columns, rss_buckets
-from raysleuth.recorder.reading import span_columns, span_rows, span_totals
+from raysleuth.recorder.blocks import NULL, rss_bucket_columns, rss_buckets
+from raysleuth.recorder.totals import span_columns, span_rows, span_totals
 from raysleuth.report import sections
 
 __all__ = ["ALONE", "memory_curves", "span_overview"]
@@ -112,8 +112,6 @@ def _curve_columns(columns: tuple, leaking: set, start: float, width: float) -> 
     when two workers would share a label, or a value is too large for numpy's rounding to be Python's."""
     import numpy as np
 
-    from raysleuth.recorder.blocks import NULL
-
     ranks, pids, _bucket, when, value = columns
     if not len(ranks) or np.abs(value).max() >= 2**46:  # below: value / 2**20 * 100 is exact, so is np.round
         return None if len(ranks) else {"curves": {}, "band": None, "grouped": ""}
@@ -161,7 +159,7 @@ def _curve_columns(columns: tuple, leaking: set, start: float, width: float) -> 
 
 
 def span_overview(store) -> dict[str, Any]:
-    """:func:`sections.span_section` of the per-step totals (:func:`~raysleuth.recorder.reading.span_columns`
+    """:func:`sections.span_section` of the per-step totals (:func:`~raysleuth.recorder.totals.span_columns`
     summed in numpy, else in SQL), with a band when there are many ranks."""
     columns = span_columns(store)
     section = sections.span_arrays(*columns) if columns is not None else None

@@ -19,7 +19,9 @@ from typing import Any
 from raysleuth.collectives import match
 from raysleuth.collectives.model import CollectiveVerdict, positions_from_records
 from raysleuth.evidence import Consistency, Crash, Death, DoctorRun, Log, StackRun, TasksRun
-from raysleuth.recorder.reading import totals_arrays
+from raysleuth.logs.aggregate import split_template
+from raysleuth.options import format_ranks
+from raysleuth.recorder.totals import totals_arrays
 from raysleuth.timeline.summary import STRAGGLER_RATIO, phases_from_totals, stragglers_of
 
 __all__ = [
@@ -217,6 +219,43 @@ def log_section(records: Sequence[Log], *, per_rank: int = 50) -> dict[str, list
     return {rank: lines[-per_rank:] for rank, lines in sorted(by_rank.items())}
 
 
+#: Log levels the report shows, most severe first.
+_SEVERITY = {"CRITICAL": 0, "ERROR": 1, "WARNING": 2}
+
+
+def log_groups(records: Sequence[Log], *, groups: int = 200, per_group: int = 20) -> dict[str, Any]:
+    """Warning and error log lines of many ranks as groups of one message (its numbers masked, as ``raysleuth
+    logs --aggregate`` reads them), level and logger: how many lines, which ranks (as ranges), when, and the
+    newest ``per_group`` lines. Most severe first, then the groups of the fewest ranks (the odd ones out); at
+    most ``groups`` (``left_out``: how many more), with the lines and ranks they hold in all."""
+    found: dict[tuple, dict[str, Any]] = {}
+    for record in sorted(records, key=lambda r: r.row.time):
+        level = record.level
+        if level not in _SEVERITY:
+            continue
+        message = record.message[:2000]
+        key = (level, record.logger, split_template(message)[0])
+        group = found.get(key)
+        if group is None:
+            group = found[key] = {"level": level, "logger": record.logger, "template": key[2], "count": 0,
+                                  "ranks": set(), "unranked": 0, "first": record.row.time, "lines": []}
+        group["count"] += 1
+        if record.row.rank is None:
+            group["unranked"] += 1
+        else:
+            group["ranks"].add(record.row.rank)
+        group["last"] = record.row.time
+        group["lines"].append({"time": record.row.time, "rank": record.row.rank, "step": record.row.step,
+                               "message": message})
+        if len(group["lines"]) > 2 * per_group:
+            del group["lines"][:-per_group]
+    ordered = sorted(found.values(), key=lambda g: (_SEVERITY[g["level"]], len(g["ranks"]), g["first"]))
+    return {"groups": [dict(group, ranks=format_ranks(group["ranks"]), rank_count=len(group["ranks"]),
+                            lines=group["lines"][-per_group:]) for group in ordered[:groups]],
+            "left_out": max(0, len(ordered) - groups), "lines": sum(group["count"] for group in ordered),
+            "ranks": len(set().union(*(group["ranks"] for group in ordered)))}
+
+
 def span_section(totals: Iterable[tuple[int, int, str, float]]) -> dict[str, Any]:
     """Per-step phase durations per rank, and the stragglers, from (step, rank, phase, seconds) totals.
 
@@ -226,7 +265,7 @@ def span_section(totals: Iterable[tuple[int, int, str, float]]) -> dict[str, Any
     ``raysleuth timeline --summary`` marks): per step and phase, the slowest
     rank when it took at least 1.5× the median of the ranks.
 
-    Totals as SQL hands them (``reading.span_totals``: one per step, rank and phase, in that order, whole numbers
+    Totals as SQL hands them (``totals.span_totals``: one per step, rank and phase, in that order, whole numbers
     and finite seconds) are read as columns in numpy (:func:`_span_columns`); anything else row by row. Both give
     the same answer, to the bit.
     """
@@ -296,7 +335,7 @@ def _span_columns(totals: list[tuple]) -> dict[str, Any] | None:
 
 
 def span_arrays(step_of, rank_of, phase_of, ordered: list[str], values) -> dict[str, Any] | None:
-    """:func:`span_section` of totals as numpy columns (``reading.span_columns``: int64 steps, ranks and codes into
+    """:func:`span_section` of totals as numpy columns (``totals.span_columns``: int64 steps, ranks and codes into
     the sorted phase names ``ordered``, float64 seconds), or None when they are not SQL's shape (a key not above
     the one before, a value not finite, a table too sparse): then the rows' path, on the same totals as tuples."""
     import math
