@@ -49,8 +49,8 @@ NULL = -(2**63)
 INTS = ("id", "rank", "step", "v0", "v1", "v2", "v3", "v4")
 
 #: The rows of a pass, in id order (grouped in Python: SQLite's sort cost a fifth more), read by id: SQLite
-#: would otherwise walk the index of every memory row the run holds to test each one's id (0.16 s against 0.09 s
-#: for the last pass of a 1,000-rank hour, and growing with the run). A null comes as :data:`NULL` (``SEALED``
+#: would otherwise walk the index of every memory row the run holds to test each one's id (reading the rows of a
+#: 1,000-rank hour's last pass: 0.16 s against 0.09 s, and growing with the run). A null comes as :data:`NULL` (``SEALED``
 #: admits no row holding that value), so each column goes into its array as it is.
 _SEAL = ("SELECT sender, v5, time, " + ", ".join(f"coalesce({column}, {NULL})" for column in INTS) +
          f" FROM entries NOT INDEXED WHERE id > ? AND id <= ? AND {SEALED}")
