@@ -29,8 +29,8 @@ from typing import Any
 from raysleuth.recorder import reading
 from raysleuth.recorder.schema import SEALED
 
-__all__ = ["PASS_ROWS", "SEALED", "beyond", "read", "rss_bucket_columns", "rss_buckets", "seal", "seal_quietly",
-           "snapshot", "top"]
+__all__ = ["PASS_ROWS", "SEALED", "beyond", "bucket_rows", "read", "rss_bucket_columns", "rss_buckets", "seal",
+           "seal_quietly", "snapshot", "top"]
 
 
 def _pass_rows() -> int:
@@ -50,8 +50,8 @@ INTS = ("id", "rank", "step", "v0", "v1", "v2", "v3", "v4")
 
 #: The rows of a pass, in id order (grouped in Python: SQLite's sort cost a fifth more), read by id: SQLite
 #: would otherwise walk the index of every memory row the run holds to test each one's id (reading the rows of a
-#: 1,000-rank hour's last pass: 0.16 s against 0.09 s, and growing with the run). A null comes as :data:`NULL` (``SEALED``
-#: admits no row holding that value), so each column goes into its array as it is.
+#: 1,000-rank hour's last pass: 0.16 s against 0.09 s, and growing with the run). A null comes as :data:`NULL`
+#: (``SEALED`` admits no row holding that value), so each column goes into its array as it is.
 _SEAL = ("SELECT sender, v5, time, " + ", ".join(f"coalesce({column}, {NULL})" for column in INTS) +
          f" FROM entries NOT INDEXED WHERE id > ? AND id <= ? AND {SEALED}")
 
@@ -144,6 +144,11 @@ def rss_buckets(store, width: float, *, start: float) -> Iterator[tuple]:
     if columns is None:
         yield from reading.buckets(store, "memory", "rss_bytes", width, start=start)
         return
+    yield from bucket_rows(columns)
+
+
+def bucket_rows(columns: tuple) -> Iterator[tuple]:
+    """:func:`rss_bucket_columns`' arrays as ``reading.buckets``' tuples (None for :data:`NULL`)."""
     ranks, pid, bucket, first, value = columns
     for rank, who, at, when, most in zip(ranks.tolist(), pid.tolist(), bucket.tolist(), first.tolist(),
                                          value.tolist()):

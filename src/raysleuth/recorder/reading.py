@@ -305,8 +305,8 @@ def tails(store, ids: list[int], columns: Sequence[str], arrays: Sequence[str],
     An array keeps its last ``keep`` items per entry of ``$.groups`` (at least ``keep``); an item that is
     not an object is left out, and an array that is not there, or not an array, reads as none. Each dump is
     parsed whole in Python (orjson: 0.36 s for a thousand 48 KB dumps, records and all, where SQLite's JSON
-    functions picking the same items took 0.72 s) and cut at once, :data:`_WHOLE_AT_ONCE` dumps at a time: a thousand 180 KB
-    dumps are never all in memory. A row that is not JSON comes as it is, its arrays as none.
+    functions picking the same items took 0.72 s) and cut at once, :data:`_WHOLE_AT_ONCE` dumps at a time: a
+    thousand 180 KB dumps are never all in memory. A row that is not JSON comes as it is, its arrays as none.
     """
     at = 1 + list(columns).index("data")
     for row, data, found in _parsed_tails(store, ids, columns, arrays, keep):

@@ -20,16 +20,27 @@ def span_totals(store, *, job: Iterable[str] | None = None) -> Iterator[tuple]:
     numeric duration."""
     if store.schema_version < 2 and job is not None:
         return
+    source, duration, args = _top_level(store, job)
+    sql = (f"SELECT step, rank, {_PHASE}, SUM({duration}) {source} GROUP BY step, rank, {_PHASE}"
+           f" HAVING SUM({duration}) IS NOT NULL"  # SUM skips NULLs
+           f" ORDER BY step, rank, {_PHASE}")  # the GROUP BY's own order: no second sort
+    yield from _rows(store, sql, args)
+
+
+#: A span's phase as the totals name it.
+_PHASE = "COALESCE(name, phase, '?')"
+
+
+def _top_level(store, job: Iterable[str] | None) -> tuple[str, str, list]:
+    """(``FROM ... WHERE ...`` of the top-level spans with a step and a rank, the SQL of their duration: valid
+    JSON, a number, or its kept copy, and the arguments) that both readers of the totals select from."""
     where, args = where_clause(kind="span", job=job)
     table = table_for(store, job)
     packed, flag = _packs(store), "data = ''" if table == "entries" else "packed"
-    duration = _field_sql("duration_s:number", True, packed, flag)  # valid JSON, a number (or its kept copy)
+    duration = _field_sql("duration_s:number", True, packed, flag)
     parent = _field_sql("parent_id", True, packed, flag)
-    sql = (f"SELECT step, rank, COALESCE(name, phase, '?'), SUM({duration}) FROM {table}"
-           f" WHERE {' AND '.join(where)} AND step IS NOT NULL AND rank IS NOT NULL AND IFNULL({parent}, 0) IN (0, '')"
-           f" GROUP BY step, rank, COALESCE(name, phase, '?') HAVING SUM({duration}) IS NOT NULL"  # SUM skips NULLs
-           " ORDER BY step, rank, COALESCE(name, phase, '?')")  # the GROUP BY's own order: no second sort
-    yield from _rows(store, sql, args)
+    return (f"FROM {table} WHERE {' AND '.join(where)} AND step IS NOT NULL AND rank IS NOT NULL"
+            f" AND IFNULL({parent}, 0) IN (0, '')", duration, args)
 
 
 def span_columns(store, *, job: Iterable[str] | None = None) -> tuple | None:
@@ -44,15 +55,8 @@ def span_columns(store, *, job: Iterable[str] | None = None) -> tuple | None:
 
     if store.schema_version < 2 and job is not None:
         return _no_spans(np)
-    where, args = where_clause(kind="span", job=job)
-    table = table_for(store, job)
-    packed, flag = _packs(store), "data = ''" if table == "entries" else "packed"
-    duration = _field_sql("duration_s:number", True, packed, flag)
-    parent = _field_sql("parent_id", True, packed, flag)
-    sql = (f"SELECT id, step, rank, COALESCE(name, phase, '?'), {duration} FROM {table}"
-           f" WHERE {' AND '.join(where)} AND step IS NOT NULL AND rank IS NOT NULL AND IFNULL({parent}, 0) IN (0, '')"
-           f" AND {duration} IS NOT NULL")
-    rows = [row for row in _rows(store, sql, args)]
+    source, duration, args = _top_level(store, job)
+    rows = list(_rows(store, f"SELECT id, step, rank, {_PHASE}, {duration} {source} AND {duration} IS NOT NULL", args))
     if not rows:
         return _no_spans(np)
     ids, steps, ranks, names, seconds = zip(*rows)

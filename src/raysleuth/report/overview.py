@@ -17,7 +17,8 @@ from collections import defaultdict
 from typing import Any
 
 from raysleuth.options import format_ranks
-from raysleuth.recorder.blocks import NULL, rss_bucket_columns, rss_buckets
+from raysleuth.recorder.blocks import NULL, bucket_rows, rss_bucket_columns
+from raysleuth.recorder.reading import buckets
 from raysleuth.recorder.totals import span_columns, span_rows, span_totals
 from raysleuth.report import sections
 
@@ -67,8 +68,10 @@ def memory_curves(store, leaking: set) -> dict[str, Any]:
         return {"curves": {}, "band": None, "grouped": ""}
     start, width = first[0], max(1.0, (last[0] - first[0]) / BUCKETS)
     columns = rss_bucket_columns(store, width, start=start)
-    drawn = _curve_columns(columns, leaking, start, width) if columns is not None else None
-    return drawn if drawn is not None else _curve_rows(rss_buckets(store, width, start=start), leaking, start, width)
+    if columns is None:  # SQLite's own buckets
+        return _curve_rows(buckets(store, "memory", "rss_bytes", width, start=start), leaking, start, width)
+    drawn = _curve_columns(columns, leaking, start, width)
+    return drawn if drawn is not None else _curve_rows(bucket_rows(columns), leaking, start, width)
 
 
 def _curve_rows(buckets, leaking: set, start: float, width: float) -> dict[str, Any]:

@@ -205,22 +205,22 @@ def _explanation(crash: Crash) -> str:
     return crash.cause or ""
 
 
+#: Log levels the report shows, most severe first.
+_SEVERITY = {"CRITICAL": 0, "ERROR": 1, "WARNING": 2}
+
+
 def log_section(records: Sequence[Log], *, per_rank: int = 50) -> dict[str, list[dict[str, Any]]]:
     """Warning and error log lines, grouped by rank (the newest ``per_rank`` of each)."""
     by_rank: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for record in sorted(records, key=lambda r: r.row.time):
         level = record.level
-        if level not in {"WARNING", "ERROR", "CRITICAL"}:
+        if level not in _SEVERITY:
             continue
         by_rank[rank_label(record.row.rank)].append({
             "time": record.row.time, "level": level, "logger": record.logger,
             "message": record.message[:2000], "step": record.row.step,
         })
     return {rank: lines[-per_rank:] for rank, lines in sorted(by_rank.items())}
-
-
-#: Log levels the report shows, most severe first.
-_SEVERITY = {"CRITICAL": 0, "ERROR": 1, "WARNING": 2}
 
 
 def log_groups(records: Sequence[Log], *, groups: int = 200, per_group: int = 20) -> dict[str, Any]:
