@@ -322,6 +322,20 @@ def test_progress_is_measured_from_counters_not_frames():
     # a checkpoint being written moves I/O: working
     stuck.progress, stuck.counters = [], {"cpu": 0.0, "switches": 0, "io": 8 << 20, "window": 2.0}
     assert classify(stuck, 2) == "working" and stuck.progress == ["8.0 MiB of I/O"]
+    # an fsync longer than the window: no bytes through system calls, but in the kernel's wait on a device (D)
+    # at a read of its counters, and woken by its completions: working; in D and never woken (a mount that
+    # hangs): blocked, as before
+    stuck.progress = []
+    stuck.counters = thread_deltas({tid: {"cpu": 1.0, "switches": 5, "io": 0, "disk_wait": 1.0}},
+                                   {tid: {"cpu": 1.0, "switches": 45, "io": 0, "disk_wait": 1.0}}, tid, 2.0)
+    assert classify(stuck, 2) == "working", stuck.progress
+    assert stuck.progress == ["disk I/O wait (state D at 2 of 2 reads, woke 40 times in 2.0s)"]
+    stuck.progress, stuck.counters = [], {"cpu": 0.0, "switches": 0, "io": 0, "disk_wait": 2.0, "window": 2.0}
+    assert classify(stuck, 2) == "blocked" and stuck.progress == []
+    stuck.counters = {"cpu": 0.0, "switches": 40, "io": 0, "disk_wait": 0.0, "window": 2.0}  # woke, never in D
+    assert classify(stuck, 2) == "active" and stuck.progress == ["woke 40 times in 2.0s"]
+    stuck.counters = {"cpu": 0.0, "switches": 40, "io": 0, "disk_wait": 1.0, "window": 2.0}
+    assert classify(stuck, 1) == "active"  # one sample measures nothing
     # frames changed: working; one sample: py-spy's on-CPU flag only says active
     stuck.counters, stuck.moved_frames = None, True
     assert classify(stuck, 2) == "working"

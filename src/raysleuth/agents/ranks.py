@@ -159,7 +159,9 @@ def thread_times(pids: list[int]) -> dict[int, dict[int, dict[str, float]]]:
     ``cpu`` (user + system CPU seconds), ``switches`` (voluntary context switches: a thread that
     sleeps, waits on I/O or yields between steps switches every step; one blocked for good does not),
     ``preempted`` (involuntary switches: a spinning thread is preempted) and ``io`` (bytes the thread
-    read and wrote through system calls: a checkpoint being written moves it, a spinning wait does not). Pids that are gone are
+    read and wrote through system calls: a checkpoint being written moves it, a spinning wait does not), and
+    ``disk_wait``: 1.0 when the thread is in the kernel's uninterruptible wait (state ``D``: on a device, as
+    in ``fsync``) at this read, else 0.0. Pids that are gone are
     left out; where ``/proc`` has no ``status`` (not Linux), psutil's CPU times alone.
     """
     found: dict[int, dict[int, dict[str, float]]] = {}
@@ -184,7 +186,8 @@ def _proc_counters(pid: int, ticks: int) -> dict[int, dict[str, float]]:
         try:
             with open(f"/proc/{pid}/task/{name}/stat") as handle:
                 fields = handle.read().rsplit(")", 1)[1].split()
-            counters = {"cpu": (int(fields[11]) + int(fields[12])) / ticks}
+            # the state at this read: D is the kernel's uninterruptible wait, on a device (fsync, a slow disk)
+            counters = {"cpu": (int(fields[11]) + int(fields[12])) / ticks, "disk_wait": float(fields[0] == "D")}
             try:
                 with open(f"/proc/{pid}/task/{name}/io") as handle:
                     moved = {key: int(value) for key, _, value in (line.partition(":") for line in handle)

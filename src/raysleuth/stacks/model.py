@@ -97,7 +97,8 @@ class ProcessStack:
     """Between the two samples: True when the key thread's frames changed; None with one sample."""
     counters: dict[str, float] | None = None
     """The key thread's counters over the window (``/proc``, read by the node agent): ``cpu`` seconds,
-    ``switches`` (voluntary context switches), ``preempted``, ``io`` bytes, ``window`` seconds."""
+    ``switches`` (voluntary context switches), ``preempted``, ``io`` bytes, ``window`` seconds, ``disk_wait`` (at
+    how many of the two reads it was in the kernel's wait on a device, state ``D``)."""
     progress: list[str] = dataclasses.field(default_factory=list)
     """The signals that decided ``activity``: ``heartbeat step 4 → 6``, ``collectives 120 → 180``,
     ``Ray call finished``, ``stack moved between the samples``, ``cpu 0.40s in 2.0s``, ``woke 40 times in 2.0s``."""

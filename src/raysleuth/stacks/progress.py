@@ -5,7 +5,9 @@ that decided it are kept in ``ProcessStack.progress``:
 
 - ``working``: progress was seen: a progress counter moved (a heartbeat or
   step advanced, collectives completed, a Ray call on it finished or
-  started) or the key thread's frames changed between the samples;
+  started), the key thread's frames changed between the samples, it moved
+  a MiB of I/O, or it woke while in the kernel's wait on a device (state
+  ``D``: an ``fsync`` longer than the window);
 - ``active``: the key thread used CPU or woke up (voluntary context
   switches) at the same frames with no progress counter moving: a loop
   that sleeps between steps looks so, and so does a thread that spins
@@ -39,7 +41,9 @@ LOOP_WAKEUPS_PER_SECOND = 0.75
 without waking; a loop that polls (Ray Train's controller) wakes on every timer."""
 IO_BYTES = 1 << 20
 """Bytes of I/O (read + written through system calls) by the key thread over the window that count as
-progress: a checkpoint being written or a data set being read; a spinning wait moves none."""
+progress: a checkpoint being written or a data set being read; a spinning wait moves none. A thread in the
+kernel's wait on a device (state ``D`` at a read of its counters) that woke or ran over the window also makes
+progress (its ``fsync`` completes I/O while moving no bytes through system calls)."""
 WAKEUPS_PER_SECOND = 3.0
 """Voluntary context switches per second of the window that make a thread active: a loop that
 sleeps between steps switches at least once a step; a thread blocked for good does not switch,
@@ -48,7 +52,8 @@ and a blocked ``ray.get`` wakes well under once a second (measured in bench/benc
 
 def thread_deltas(before: dict[int, dict[str, float]] | None, after: dict[int, dict[str, float]] | None,
                   tid: int | None, seconds: float) -> dict[str, float] | None:
-    """The key thread's counters over the window: ``cpu``, ``switches``, ``preempted``, ``window``."""
+    """The key thread's counters over the window: ``cpu``, ``switches``, ``preempted``, ``io``, ``window``, and
+    ``disk_wait``: at how many of the two reads (0-2) it was in the kernel's I/O wait (state ``D``)."""
     if not before or not after or tid is None or tid not in before or tid not in after:
         return None
     old, new = before[tid], after[tid]
@@ -56,6 +61,8 @@ def thread_deltas(before: dict[int, dict[str, float]] | None, after: dict[int, d
         old, new = {"cpu": float(old)}, {"cpu": float(new)}
     deltas: dict[str, float] = {name: round(float(new[name]) - float(old[name]), 4) for name in ("cpu", "switches", "preempted", "io")
               if name in old and name in new}
+    if "disk_wait" in old and "disk_wait" in new:  # a state, not a counter: of the two reads, how many found D
+        deltas["disk_wait"] = float(old["disk_wait"]) + float(new["disk_wait"])
     deltas["window"] = round(seconds, 3)
     return deltas
 
@@ -63,7 +70,8 @@ def thread_deltas(before: dict[int, dict[str, float]] | None, after: dict[int, d
 def _counter_signals(process: ProcessStack) -> list[str]:
     """Signals of progress already attached to the process (heartbeats, collectives, Ray calls)."""
     return [signal for signal in process.progress
-            if not signal.startswith(("cpu ", "woke ", "stack moved", "on CPU")) and not signal.endswith("of I/O")]
+            if not signal.startswith(("cpu ", "woke ", "stack moved", "on CPU", "disk I/O wait"))
+            and not signal.endswith("of I/O")]
 
 
 def _is_active(counters: dict[str, Any] | None) -> list[str]:
@@ -98,6 +106,13 @@ def classify(process: ProcessStack, samples: int = 2) -> Activity | None:
     if samples >= 2 and io_bytes >= IO_BYTES:
         progress.append(f"{io_bytes / 2**20:.1f} MiB of I/O")
     active = _is_active(process.counters)
+    disk_wait = int(float((process.counters or {}).get("disk_wait") or 0))
+    if samples >= 2 and disk_wait and active and not progress:
+        # in the kernel's wait on a device at a read, and it woke or ran over the window: its I/O completes bit by
+        # bit (an fsync longer than the window moves no bytes through system calls). In D and never woken, it
+        # stays blocked (a mount that hangs).
+        progress.append(f"disk I/O wait (state D at {disk_wait} of 2 reads, {', '.join(active)})")
+        active = []
     if samples < 2 and not thread.idle:
         active.append("on CPU in the one sample")
     process.progress = progress + active
