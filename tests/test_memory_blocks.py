@@ -12,7 +12,7 @@ import pytest
 
 from raysleuth.memory import memory_report
 from raysleuth.recorder import blocks, reading
-from raysleuth.recorder.schema import SEALED
+from raysleuth.recorder.schema import SCHEMA_VERSION, SEALED
 from raysleuth.recorder.store import EvidenceStore
 from raysleuth.report import overview
 
@@ -225,7 +225,9 @@ def test_a_version_4_file_reads_as_rows_and_is_sealed_once_a_writer_opens_it(tmp
     db = sqlite3.connect(path)
     for statement in ("DROP TRIGGER memory_blocks_insert", "DROP TRIGGER memory_blocks_update",
                       "DROP TRIGGER memory_blocks_delete", "DROP INDEX memory_loose", "DROP TABLE memory_blocks",
-                      "DROP TABLE block_passes", "PRAGMA user_version=4"):
+                      "DROP TABLE block_passes", "DROP TRIGGER collective_entries_insert",
+                      "DROP TRIGGER collective_entries_update", "DROP TRIGGER collective_entries_delete",
+                      "DROP TABLE collective_entries", "PRAGMA user_version=4"):
         db.execute(statement)
     db.commit()
     db.close()
@@ -233,11 +235,11 @@ def test_a_version_4_file_reads_as_rows_and_is_sealed_once_a_writer_opens_it(tmp
     assert old.schema_version == 4 and blocks.top(old) == 0
     by_rows = memory_report(old).to_dict()
     old.close()
-    writer = EvidenceStore(path)  # migrates to 5; its first pass seals the old samples with the new
+    writer = EvidenceStore(path)  # migrates to 5 (and on); its first pass seals the old samples with the new
     _write(writer, ranks=[2], samples=10, offset=5000)
     writer.close()
     reader = EvidenceStore(path, readonly=True)
-    assert reader.schema_version == 5 and blocks.top(reader)
+    assert reader.schema_version == SCHEMA_VERSION and blocks.top(reader)
     assert sum(len(times) for _, _, times, _ in blocks.read(reader, blocks.top(reader))) == 6 * 30 + 10
     _same_answers(reader, monkeypatch)
     assert [w for w in memory_report(reader).to_dict()["workers"] if w["pid"] != 4002] == \

@@ -9,8 +9,10 @@ each rank's process from Ray) and on a stored run after the cluster is gone
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from raysleuth.collectives.model import (
     newest_job,
     positions_from_dumps,
 )
-from raysleuth.recorder import get_writer, open_store
+from raysleuth.recorder import blocks, compact, get_writer, open_store
 from raysleuth.recorder.reading import bulk, newest_per_worker, tail_records
 from raysleuth.recorder.store import COLUMNS
 
@@ -136,15 +138,20 @@ def _read_dumps(store, job: str | None, taken: dict[int, Any] | None = None,
 
     ``taken``: filled, as each dump is read, with its entries (:func:`~raysleuth.collectives.model.entries_from_dump`,
     by ``id`` of its dump, for :func:`positions_from_dumps`), whose parsed arrays are then dropped from the dump and
-    its record: a thousand dumps' arrays (about 270 MB of dicts) are never all alive at once.
+    its record: a thousand dumps' arrays (about 270 MB of dicts) are never all alive at once. A dump whose entries
+    the writer took out at ingest (``recorder.compact``) is not parsed here: its entries and the rest of its data
+    come from there (0.65 s -> 0.1 s for a 1,000-rank hour's newest dumps).
     """
-    ids = newest_per_worker(store, "collectives")[-RECORD_LIMIT:]
     records, dumps = [], []
-    with bulk():
-        for record in tail_records(store, ids, COLUMNS, ("calls", "flight_recorder.entries"), ENTRIES_PER_GROUP):
+    with bulk(), blocks.snapshot(store):  # the ids, the entries taken out and the dumps of one state of the file
+        ids = newest_per_worker(store, "collectives")[-RECORD_LIMIT:]
+        stored = compact.read(store, ids, COLUMNS) if taken is not None else {}  # all that is wanted: entries
+        parsed = tail_records(store, [i for i in ids if i not in stored], COLUMNS, compact.ARRAYS, ENTRIES_PER_GROUP)
+        for record in _in_order(parsed, stored, store):
             dump = evidence.Collectives.from_record_dict(record)
             if taken is not None:
-                entries = entries_from_dump(dump.raw)
+                body = stored.get(record["id"])
+                entries = compact.entries_of(body[1]) if body is not None else entries_from_dump(dump.raw)
                 dump = _without_arrays(dump)
                 taken[id(dump)] = entries
             records.append(record)
@@ -152,6 +159,23 @@ def _read_dumps(store, job: str | None, taken: dict[int, Any] | None = None,
     job = job if job is not None else newest_job(dumps)
     kept = [k for k, dump in enumerate(dumps) if job is None or dump.job_id in (None, job)]
     return [records[k] for k in kept], [dumps[k] for k in kept]
+
+
+def _in_order(parsed: Iterator[dict[str, Any]], stored: dict[int, tuple[tuple, dict[str, Any]]],
+              store) -> Iterator[dict[str, Any]]:
+    """The records ``tail_records`` gives (``parsed``) and those of the stored bodies (``stored``: their row, their
+    ``rest`` as ``data``), in (time, id) order, as ``tail_records`` alone gives every one."""
+    taken = []
+    for row, body in stored.values():
+        record = store._record(row).to_dict()
+        record["data"] = body["rest"]
+        taken.append(record)
+    taken.sort(key=_time_and_id)
+    yield from heapq.merge(taken, parsed, key=_time_and_id)
+
+
+def _time_and_id(record: dict[str, Any]) -> tuple:
+    return record["time"], record["id"]
 
 
 def stored_verdict(store, job: str | None = None) -> CollectiveVerdict | None:

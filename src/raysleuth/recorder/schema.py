@@ -225,6 +225,24 @@ MIGRATIONS: tuple[str, ...] = (
         DELETE FROM block_passes WHERE hi >= OLD.id;
     END;
     """,
+    # 6: each collectives dump's entries as the matcher reads them, taken out once after the batch that brought it
+    # (`raysleuth.recorder.compact`): the dump without its arrays (`rest`), its entries per group as rows, the
+    # format and cut they were made with, keyed by the dump's id. Writing, changing or removing a dump drops its
+    # row (a reader then parses the dump itself); `body` NULL: a dump the pass could not take (read as before).
+    """
+    CREATE TABLE collective_entries (id INTEGER PRIMARY KEY, format INTEGER NOT NULL, keep INTEGER NOT NULL,
+                                     body TEXT);
+    CREATE TRIGGER collective_entries_insert AFTER INSERT ON entries WHEN NEW.kind = 'collectives' BEGIN
+        DELETE FROM collective_entries WHERE id = NEW.id;
+    END;
+    CREATE TRIGGER collective_entries_update AFTER UPDATE ON entries
+        WHEN OLD.kind = 'collectives' OR NEW.kind = 'collectives' BEGIN
+        DELETE FROM collective_entries WHERE id IN (OLD.id, NEW.id);
+    END;
+    CREATE TRIGGER collective_entries_delete AFTER DELETE ON entries WHEN OLD.kind = 'collectives' BEGIN
+        DELETE FROM collective_entries WHERE id = OLD.id;
+    END;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from raysleuth.errors import StoreCorrupt, StoreNotFound, UsageError
-from raysleuth.recorder import blocks, reading
+from raysleuth.recorder import blocks, compact, reading
 from raysleuth.recorder.files import private_file, write_private
 from raysleuth.recorder.reading import where_clause
 from raysleuth.recorder.schema import (
@@ -148,6 +148,7 @@ class EvidenceStore:
         self._lock = threading.Lock()
         self._senders: dict[tuple, tuple[int, int | None]] = {}  # identity -> (senders id, clients id), committed
         self._unsealed = 0  # memory rows written since the last pass (recorder.blocks)
+        self._dumps = compact.Passes()  # the dumps' entries, taken out once for their readers
         try:
             if readonly:
                 if not self.path.is_file():
@@ -258,6 +259,7 @@ class EvidenceStore:
             self._unsealed += sum(row[0] == "memory" for _, entries in packed for row in entries)
             if self._unsealed >= blocks.PASS_ROWS:
                 self._unsealed = blocks.seal_quietly(self._db)
+            self._dumps.after(self._db, any(row[0] == "collectives" for _, entries in packed for row in entries))
             return added
 
     def _sender(self, identity: tuple) -> tuple[int, int | None]:
@@ -370,6 +372,8 @@ class EvidenceStore:
             if not self.readonly and self._unsealed:
                 with self._lock:
                     blocks.seal_quietly(self._db)
+            if not self.readonly:
+                self._dumps.close(self._db)
             self._db.close()
         except Exception:
             pass
