@@ -24,7 +24,7 @@ from _synthetic import START, identity, rank_rows  # noqa: E402
 
 def _odd_dumps() -> list[dict]:
     """Dumps no synthetic rank writes: more calls than a reader keeps, items that are not objects, a NaN, an int
-    past 64 bits, a lone surrogate, arrays that are not arrays."""
+    past 64 bits, a lone surrogate, a NaN time, arrays that are not arrays, a Flight Recorder that is a list."""
     calls = [{"pg": str(n % 2), "seq": n, "op": "all_reduce", "state": "completed", "start_ns": 10**9 * n,
               "end_ns": 10**9 * n + 5, "file": "train.py", "line": 61, "note": "é\ud800"} if n % 40 else n
              for n in range(1, 300)]
@@ -34,12 +34,14 @@ def _odd_dumps() -> list[dict]:
          "flight_recorder": None, "time": START + 1},
         {"rank": 1, "world_size": 2, "job_id": "01000000", "groups": groups,
          "calls": calls[:-3] + [{"pg": "0", "seq": 299, "op": "broadcast", "state": "started", "step": float("nan"),
-                                 "start_ns": 299 * 10**9, "input": [[[2**70], "float32"]]}],
+                                 "start_ns": 299 * 10**9, "input": [[[2**70], "float32"]]},
+                                {"pg": "1", "seq": 300, "op": "barrier", "state": "started", "start_ns": float("nan")}],
          "flight_recorder": {"entries": [1, {"collective_seq_id": 5, "process_group": ["0"],
                                              "profiling_name": "gloo:all_reduce", "time_created_ns": 5 * 10**9,
                                              "input_sizes": [[4]], "input_dtypes": ["Float"]}],
                              "pg_status": {"0": {"last_completed_collective": 4}}}},
         {"rank": 2, "groups": [], "calls": {"0": []}, "flight_recorder": {"entries": {"0": 1}}},
+        {"rank": 3, "groups": {}, "calls": calls[:5], "flight_recorder": [1, 2]},
     ]
 
 
@@ -93,7 +95,7 @@ def test_each_dumps_entries_are_taken_once_and_read_as_the_parsed_dump_gives_the
     foreign = {row[0] for row in writer._db.execute("SELECT id FROM entries WHERE kind = 'collectives' AND "
                                                     "data IN ('{bad', '[1]')")}
     assert {i for i in newest_per_worker(writer, "collectives") if not stored[i]} == foreign
-    assert sum(stored.values()) == 6 + 3 + 1  # a rank's batch: its newest; the odd ones: three ranks; the exit
+    assert sum(stored.values()) == 6 + 4 + 1  # a rank's batch: its newest; the odd ones: four ranks; the exit
     writer.close()
     reader = EvidenceStore(tmp_path / "evidence.sqlite", readonly=True)
     parsed = _as_parsed(reader, monkeypatch)

@@ -112,6 +112,25 @@ def test_flight_recorder_entries_carry_the_wrapper_frame():
     assert {e.op for e in entries.values()} == {"all_reduce"}
 
 
+def test_an_entry_no_worker_writes_is_left_out_and_the_rest_of_its_dump_read():
+    """A NaN time, a seq that is not a number, an entry that is not an object, arrays that are not arrays: the
+    well-formed entries of the real dump are read as they are, the others left out, nothing raises (a dump like
+    that made ``collectives --run`` an internal error)."""
+    record = load("shape")["records"][-1]
+    whole = entries_from_dump(record["data"])
+    data = copy.deepcopy(record["data"])
+    recorded = data["flight_recorder"]["entries"]
+    recorded += [7, {"collective_seq_id": "x", "process_group": ["0"]},
+                 {"collective_seq_id": 10**6, "process_group": ["0"], "time_created_ns": float("nan")},
+                 {"collective_seq_id": 10**6 + 1, "process_group": 5}]
+    data["calls"] = data["calls"] + [{"pg": "0", "seq": 10**6, "start_ns": float("nan"), "state": "started"}]
+    assert entries_from_dump(data) == whole
+    wrapper_only = dict(copy.deepcopy(record["data"]), flight_recorder=[1, 2])  # a list: its calls are read
+    wrapper_only["calls"] += [{"pg": "0", "seq": "x"}, {"pg": "0"}, 3]
+    assert entries_from_dump(wrapper_only) == entries_from_dump(dict(record["data"], flight_recorder=None))
+    assert entries_from_dump({"calls": 5, "flight_recorder": {"entries": 3, "pg_status": []}}) == {}
+
+
 def test_collective_culprits_is_the_stacks_rule():
     saved = load("skip")
     culprits = collective_culprits(saved["records"], alive={tuple(a) for a in saved["alive"]})

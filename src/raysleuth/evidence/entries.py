@@ -71,48 +71,71 @@ class Entry:
         return f"(call {self.call} at {self.where()})" if self.call and self.file else ""
 
 
+#: What reading an entry raises where a dump holds something no worker writes (a NaN time, a seq that is not a
+#: number, an entry that is not an object): that entry is left out, the rest of the dump read.
+_MALFORMED = (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError)
+
+
 def entries_from_dump(data: dict[str, Any]) -> dict[str, dict[int, Entry]]:
-    """One dump's entries per process group (Flight Recorder where present, joined with the wrapper's frames)."""
-    calls = [c for c in data.get("calls") or [] if isinstance(c, dict)]
-    fr = (data.get("flight_recorder") or {}).get("entries") or []
+    """One dump's entries per process group (Flight Recorder where present, joined with the wrapper's frames).
+
+    An entry that is not what a worker writes is left out; the dump's other entries are read."""
+    listed = data.get("calls")
+    calls = [c for c in listed if isinstance(c, dict)] if isinstance(listed, list) else []
+    recorder = data.get("flight_recorder")
+    recorder = recorder if isinstance(recorder, dict) else {}
+    fr = recorder.get("entries") or []
     groups: dict[str, dict[int, Entry]] = defaultdict(dict)
-    if fr:
-        status = (data.get("flight_recorder") or {}).get("pg_status") or {}
+    if fr and isinstance(fr, list):
+        status = recorder.get("pg_status")
+        status = status if isinstance(status, dict) else {}
         by_group: dict[str, list[dict]] = defaultdict(list)
         for call in calls:
             by_group[str(call.get("pg"))].append(call)
         sorted_calls = {group: _Calls(listed) for group, listed in by_group.items()}
         done_in: dict[str, int] = {}
         for raw in fr:
-            get = raw.get
-            if get("is_p2p") or not get("collective_seq_id"):
+            try:
+                _recorded(raw, groups, sorted_calls, status, done_in)
+            except _MALFORMED:
                 continue
-            group = str((get("process_group") or ["?"])[0])
-            seq = int(raw["collective_seq_id"])
-            created = get("time_created_ns")
-            group_calls = sorted_calls.get(group)
-            joined = group_calls.at(int(created) if isinstance(created, (int, float)) else None) \
-                if group_calls is not None else None
-            done = done_in.get(group)
-            if done is None:
-                done = done_in[group] = _int((status.get(group) or {}).get("last_completed_collective"), -1)
-            profiled = get("profiling_name")
-            label = str(profiled) if profiled else None
-            blocking = label is not None and label.startswith("gloo:")
-            state = "completed" if seq <= done or (blocking and _returned_around(joined, created)) else "pending"
-            if joined is not None and joined.get("state") == "error":
-                state = "error"
-            inputs = [[list(shape), _dtype(dtype)] for shape, dtype in zip(get("input_sizes") or [],
-                                                                           get("input_dtypes") or [])]
-            groups[group][seq] = _entry(seq, label.split(":")[-1] if label is not None else "?", inputs, state,
-                                        (created or 0) / 1e9 or None, joined)
         return dict(groups)
     for call in calls:
-        state = {"started": "pending", "error": "error"}.get(str(call.get("state")), "completed")
-        groups[str(call.get("pg"))][int(call["seq"])] = _entry(int(call["seq"]), str(call.get("op")),
-                                                                list(call.get("input") or []), state,
-                                                                (call.get("start_ns") or 0) / 1e9 or None, call)
+        try:
+            seq = int(call["seq"])
+            state = {"started": "pending", "error": "error"}.get(str(call.get("state")), "completed")
+            groups[str(call.get("pg"))][seq] = _entry(seq, str(call.get("op")), list(call.get("input") or []),
+                                                      state, (call.get("start_ns") or 0) / 1e9 or None, call)
+        except _MALFORMED:
+            continue
     return dict(groups)
+
+
+def _recorded(raw: dict, groups: dict[str, dict[int, Entry]], sorted_calls: dict[str, _Calls],
+              status: dict[str, Any], done_in: dict[str, int]) -> None:
+    """One Flight Recorder entry of :func:`entries_from_dump` into ``groups``, joined with its wrapper call."""
+    get = raw.get
+    if get("is_p2p") or not get("collective_seq_id"):
+        return
+    group = str((get("process_group") or ["?"])[0])
+    seq = int(raw["collective_seq_id"])
+    created = get("time_created_ns")
+    group_calls = sorted_calls.get(group)
+    joined = group_calls.at(int(created) if isinstance(created, (int, float)) else None) \
+        if group_calls is not None else None
+    done = done_in.get(group)
+    if done is None:
+        done = done_in[group] = _int((status.get(group) or {}).get("last_completed_collective"), -1)
+    profiled = get("profiling_name")
+    label = str(profiled) if profiled else None
+    blocking = label is not None and label.startswith("gloo:")
+    state = "completed" if seq <= done or (blocking and _returned_around(joined, created)) else "pending"
+    if joined is not None and joined.get("state") == "error":
+        state = "error"
+    inputs = [[list(shape), _dtype(dtype)] for shape, dtype in zip(get("input_sizes") or [],
+                                                                   get("input_dtypes") or [])]
+    groups[group][seq] = _entry(seq, label.split(":")[-1] if label is not None else "?", inputs, state,
+                                (created or 0) / 1e9 or None, joined)
 
 
 def _dtype(name: Any) -> str:
@@ -164,7 +187,7 @@ class _Calls:
 
 def _start(call: dict) -> int:
     start = call.get("start_ns") or 0
-    return int(start) if isinstance(start, (int, float)) else 0
+    return int(start) if isinstance(start, (int, float)) and start - start == 0 else 0  # NaN, inf: none
 
 
 def _call_at(calls: list[dict], created_ns: int | None) -> dict | None:
