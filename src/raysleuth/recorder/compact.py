@@ -72,7 +72,7 @@ def entries_of(stored: dict[str, Any]) -> dict[str, dict[int, Entry]]:
 def seal(db) -> int:
     """Take the entries of the dumps written since the last pass (at most :data:`PASS_DUMPS`, oldest first): of
     each writer's (rank and sender), the newest only, the others marked taken with no body (no reader reads
-    them: ``newest_per_worker``; were one read, it is parsed). Returns how many dumps the pass took."""
+    them: ``newest_per_worker``; were one read, it is parsed). Returns how many dumps the pass read."""
     high = db.execute("SELECT coalesce(max(id), 0) FROM collective_entries").fetchone()[0]
     rows = db.execute("SELECT id, rank, sender, time FROM entries WHERE kind = 'collectives' AND id > ? ORDER BY id "
                       "LIMIT ?", (high, PASS_DUMPS)).fetchall()

@@ -225,10 +225,11 @@ MIGRATIONS: tuple[str, ...] = (
         DELETE FROM block_passes WHERE hi >= OLD.id;
     END;
     """,
-    # 6: each collectives dump's entries as the matcher reads them, taken out once after the batch that brought it
-    # (`raysleuth.recorder.compact`): the dump without its arrays (`rest`), its entries per group as rows, the
-    # format and cut they were made with, keyed by the dump's id. Writing, changing or removing a dump drops its
-    # row (a reader then parses the dump itself); `body` NULL: a dump the pass could not take (read as before).
+    # 6: each worker's newest collectives dump's entries as the matcher reads them, taken out once by a pass of the
+    # writer's store (`raysleuth.recorder.compact`): the dump without its arrays (`rest`), its entries per group as
+    # rows, the format and cut they were made with, keyed by the dump's id. Writing, changing or removing a dump
+    # drops its row (a reader then parses the dump itself); `body` NULL: a dump the pass did not take (a worker's
+    # older dump of the same pass, which no reader reads, or one that is not a JSON object: parsed as before).
     """
     CREATE TABLE collective_entries (id INTEGER PRIMARY KEY, format INTEGER NOT NULL, keep INTEGER NOT NULL,
                                      body TEXT);
