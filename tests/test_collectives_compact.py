@@ -16,7 +16,7 @@ from raysleuth.collectives.model import ENTRIES_PER_GROUP, positions_from_dumps
 from raysleuth.collectives.report import _read_dumps, stored_verdict
 from raysleuth.recorder import compact
 from raysleuth.recorder.reading import newest_per_worker
-from raysleuth.recorder.store import EvidenceStore
+from raysleuth.recorder.store import COLUMNS, EvidenceStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from _synthetic import START, identity, rank_rows  # noqa: E402
@@ -151,7 +151,7 @@ def test_entries_of_another_format_or_cut_and_files_before_schema_6_are_parsed(t
     db.commit()
     db.close()
     old = EvidenceStore(tmp_path / "evidence.sqlite", readonly=True)
-    assert old.schema_version == 5 and compact.read(old, [1, 2], ("data",)) == {}
+    assert old.schema_version == 5 and compact.read(old, [1, 2], COLUMNS) == {}
     taken = {}
     records, dumps = _read_dumps(old, None, taken)
     _same(records, dumps, taken, parsed)
@@ -203,5 +203,5 @@ def test_a_writer_passes_at_most_every_few_seconds_and_at_close(tmp_path, monkey
     reader = EvidenceStore(path, readonly=True)
     assert dict(reader._db.execute("SELECT id, body IS NOT NULL FROM collective_entries")) == \
         {1: True, 2: False, 3: True, 4: True}  # rank 1's older dump (2) is no reader's: marked, not taken
-    assert sorted(compact.read(reader, newest_per_worker(reader, "collectives"), ("data",))) == [3, 4]
+    assert sorted(compact.read(reader, newest_per_worker(reader, "collectives"), COLUMNS)) == [3, 4]
     reader.close()

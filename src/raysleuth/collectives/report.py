@@ -147,7 +147,7 @@ def _read_dumps(store, job: str | None, taken: dict[int, Any] | None = None,
         ids = newest_per_worker(store, "collectives")[-RECORD_LIMIT:]
         stored = compact.read(store, ids, COLUMNS) if taken is not None else {}  # all that is wanted: entries
         parsed = tail_records(store, [i for i in ids if i not in stored], COLUMNS, compact.ARRAYS, ENTRIES_PER_GROUP)
-        for record in _in_order(parsed, stored, store):
+        for record in _in_order(parsed, stored):
             dump = evidence.Collectives.from_record_dict(record)
             if taken is not None:
                 body = stored.get(record["id"])
@@ -161,17 +161,12 @@ def _read_dumps(store, job: str | None, taken: dict[int, Any] | None = None,
     return [records[k] for k in kept], [dumps[k] for k in kept]
 
 
-def _in_order(parsed: Iterator[dict[str, Any]], stored: dict[int, tuple[tuple, dict[str, Any]]],
-              store) -> Iterator[dict[str, Any]]:
-    """The records ``tail_records`` gives (``parsed``) and those of the stored bodies (``stored``: their row, their
-    ``rest`` as ``data``), in (time, id) order, as ``tail_records`` alone gives every one."""
-    taken = []
-    for row, body in stored.values():
-        record = store._record(row).to_dict()
-        record["data"] = body["rest"]
-        taken.append(record)
-    taken.sort(key=_time_and_id)
-    yield from heapq.merge(taken, parsed, key=_time_and_id)
+def _in_order(parsed: Iterator[dict[str, Any]], stored: dict[int, tuple[dict[str, Any], dict[str, Any]]],
+              ) -> Iterator[dict[str, Any]]:
+    """The records ``tail_records`` gives (``parsed``) and those of the taken entries (``stored``), in (time, id)
+    order, as ``tail_records`` alone gives every one."""
+    yield from heapq.merge(sorted((record for record, _ in stored.values()), key=_time_and_id), parsed,
+                           key=_time_and_id)
 
 
 def _time_and_id(record: dict[str, Any]) -> tuple:

@@ -130,14 +130,15 @@ class Passes:
             self.waiting, self.last = False, time.monotonic()
 
 
-def read(store, ids: Sequence[int], columns: Sequence[str]) -> dict[int, tuple[tuple, dict[str, Any]]]:
-    """Per id of ``ids`` whose dump a pass took with this reader's :data:`FORMAT` and cut: its row ``(id,) +
-    columns`` with ``data`` '' (as ``reading.tail_records`` hands rows to the store) and its stored body parsed
-    (``rest``, ``entries``). Files before schema 6 hold none."""
+def read(store, ids: Sequence[int], columns: Sequence[str]) -> dict[int, tuple[dict[str, Any], dict[str, Any]]]:
+    """Per id of ``ids`` whose dump a pass took with this reader's :data:`FORMAT` and cut: its record as
+    ``reading.tail_records`` gives it once its arrays are dropped (``Record.to_dict()`` of its row ``(id,) +
+    columns``, ``data`` the dump without its arrays), and its stored body parsed (``rest``, ``entries``). Files
+    before schema 6 hold none."""
     if store.schema_version < 6 or not ids:
         return {}
     selected = ", ".join("''" if column == "data" else f"r.{column}" for column in columns)
-    found: dict[int, tuple[tuple, dict[str, Any]]] = {}
+    found: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
     for start in range(0, len(ids), 5000):
         chunk = list(ids[start:start + 5000])
         sql = (f"SELECT r.id, {selected}, c.body FROM collective_entries c JOIN records r ON r.id = c.id "
@@ -145,5 +146,7 @@ def read(store, ids: Sequence[int], columns: Sequence[str]) -> dict[int, tuple[t
         for row in _rows(store, sql, [*chunk, FORMAT, ENTRIES_PER_GROUP]):
             stored = loads(row[-1])
             if isinstance(stored, dict) and isinstance(stored.get("rest"), dict) and "entries" in stored:
-                found[row[0]] = (row[:-1], stored)
+                record = store._record(row[:-1]).to_dict()
+                record["data"] = stored["rest"]
+                found[row[0]] = (record, stored)
     return found
