@@ -373,7 +373,8 @@ class EvidenceStore:
                 with self._lock:
                     blocks.seal_quietly(self._db)
             if not self.readonly:
-                self._dumps.close(self._db)
+                with self._lock:  # as every write: a batch stored meanwhile is not committed half-way by the pass
+                    self._dumps.close(self._db)
             self._db.close()
         except Exception:
             pass
