@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from raysleuth.evidence.entries import ENTRIES_PER_GROUP, Entry, entries_from_dump
-from raysleuth.recorder.reading import _cut_arrays, _rows, loads
+from raysleuth.recorder.reading import _cut_arrays, _rows, loads, put_back
 
 __all__ = ["FORMAT", "Passes", "body", "entries_of", "read", "seal", "seal_quietly"]
 
@@ -52,13 +52,8 @@ def body(text: Any, keep: int = ENTRIES_PER_GROUP) -> str | None:
     _, data, found = _cut_arrays((text,), 0, ARRAYS, _PATHS, keep)
     if not isinstance(data, dict):
         return None
-    rest = json.dumps(data, separators=(",", ":"))  # before the arrays go back in
-    for (*parents, last), values in zip(_PATHS, (found[path] for path in ARRAYS)):  # as tail_records does
-        place: Any = data
-        for name in parents:
-            place = place.get(name) if isinstance(place, dict) else None
-        if isinstance(place, dict):
-            place[last] = values
+    rest = json.dumps(data, separators=(",", ":"))  # before the arrays go back in, as tail_records puts them
+    put_back(data, found)
     entries = {group: [[getattr(entry, name) for name in _FIELDS] for entry in by_seq.values()]
                for group, by_seq in entries_from_dump(data).items()}
     return '{"rest":' + rest + ',"entries":' + json.dumps(entries, separators=(",", ":")) + "}"

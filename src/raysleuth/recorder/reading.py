@@ -373,12 +373,18 @@ def tail_records(store, ids: list[int], columns: Sequence[str], arrays: Sequence
         else:  # the parsed data itself: what remains is never written out and parsed again
             record = store._record(row[:at] + ("",) + row[at + 1:]).to_dict()
             record["data"] = data
-        for path, values in items.items():  # a dump (not a foreign row): its entries back in
-            *parents, last = path.split(".")
-            place = record["data"]
-            for name in parents:
-                place = place.get(name) if isinstance(place, dict) else None
-            if isinstance(place, dict):
-                place[last] = values
+        put_back(record["data"], items)  # a dump (not a foreign row): its entries back in
         yield record
+
+
+def put_back(data: Any, items: dict[str, list[Any]]) -> None:
+    """Each array ``_cut_arrays`` took out of ``data`` (by path: ``items``) back where it was, where its parent is
+    an object."""
+    for path, values in items.items():
+        *parents, last = path.split(".")
+        place = data
+        for name in parents:
+            place = place.get(name) if isinstance(place, dict) else None
+        if isinstance(place, dict):
+            place[last] = values
 

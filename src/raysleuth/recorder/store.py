@@ -369,11 +369,10 @@ class EvidenceStore:
     def close(self) -> None:
         """Close the connection (a writer's first seals what it wrote since its last pass)."""
         try:
-            if not self.readonly and self._unsealed:
-                with self._lock:
-                    blocks.seal_quietly(self._db)
             if not self.readonly:
-                with self._lock:  # as every write: a batch stored meanwhile is not committed half-way by the pass
+                with self._lock:  # as every write: a batch stored meanwhile is not committed half-way by a pass
+                    if self._unsealed:
+                        blocks.seal_quietly(self._db)
                     self._dumps.close(self._db)
             self._db.close()
         except Exception:

@@ -35,13 +35,17 @@ _PHASE = "COALESCE(name, phase, '?')"
 def _top_level(store, job: Iterable[str] | None) -> tuple[str, str, list]:
     """(``FROM ... WHERE ...`` of the top-level spans with a step and a rank, the SQL of their duration: valid
     JSON, a number, or its kept copy, and the arguments) that both readers of the totals select from."""
-    where, args = where_clause(kind="span", job=job)
-    table = table_for(store, job)
+    spans, args = _spans(store, job)
     packed, flag = _packs(store), _flag(store, job)
     duration = _field_sql("duration_s:number", True, packed, flag)
     parent = _field_sql("parent_id", True, packed, flag)
-    return (f"FROM {table} WHERE {' AND '.join(where)} AND step IS NOT NULL AND rank IS NOT NULL"
-            f" AND IFNULL({parent}, 0) IN (0, '')", duration, args)
+    return f"{spans} AND IFNULL({parent}, 0) IN (0, '')", duration, args
+
+
+def _spans(store, job: Iterable[str] | None) -> tuple[str, list]:
+    """(``FROM ... WHERE ...`` of the spans with a step and a rank, its arguments): what the totals read."""
+    where, args = where_clause(kind="span", job=job)
+    return f"FROM {table_for(store, job)} WHERE {' AND '.join(where)} AND step IS NOT NULL AND rank IS NOT NULL", args
 
 
 def _top_level_rows(store, job: Iterable[str] | None) -> list[tuple]:
@@ -56,13 +60,11 @@ def _top_level_rows(store, job: Iterable[str] | None) -> list[tuple]:
                           args))
     # the tests _top_level's CASEs make of a row with the mark, never NULL (IS; data = '' is never NULL)
     copied = f"(NOT ({_flag(store, job)}) AND {VALUE_COLUMNS[-1]} IS {COPY_MARK})"
-    where, base_args = where_clause(kind="span", job=job)
+    spans, spans_args = _spans(store, job)
     duration_at, parent_at = (VALUE_COLUMNS[COPIED["span"].index(field)] for field in ("duration_s", "parent_id"))
-    rows = list(_rows(store, f"SELECT id, step, rank, {_PHASE}, {duration_at}, {copied}"
-                             f" FROM {table_for(store, job)} WHERE {' AND '.join(where)}"
-                             f" AND step IS NOT NULL AND rank IS NOT NULL AND (NOT {copied} OR"
+    rows = list(_rows(store, f"SELECT id, step, rank, {_PHASE}, {duration_at}, {copied} {spans} AND (NOT {copied} OR"
                              f" (IFNULL({parent_at}, 0) IN (0, '') AND typeof({duration_at}) IN ('integer', 'real')))",
-                      base_args))
+                      spans_args))
     unmarked = [row[0] for row in rows if not row[5]]
     if unmarked:
         rows = [row for row in rows if row[5]]
