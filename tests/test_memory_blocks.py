@@ -158,11 +158,14 @@ def test_a_row_written_changed_or_removed_below_a_pass_drops_it_and_the_later_on
         db.execute("DELETE FROM records WHERE id = ?", (row,))
         return row
 
-    def insert() -> int:  # into a span's place below the top (removing a span changes no pass)
+    def insert() -> int:  # into a span's place below the top
         row = in_middle_pass("span")
         top = db.execute("SELECT max(hi) FROM block_passes").fetchone()[0]
         db.execute("DELETE FROM entries WHERE id = ?", (row,))
-        assert db.execute("SELECT max(hi) FROM block_passes").fetchone()[0] == top
+        assert db.execute("SELECT max(hi) FROM block_passes").fetchone()[0] < row  # a span's pass goes too (schema 7)
+        db.commit()
+        blocks.seal(db)  # sealed again, the span's place empty below the top
+        assert db.execute("SELECT max(hi) FROM block_passes").fetchone()[0] >= top
         db.execute("INSERT INTO records (id, kind, time, rank, step, data, node_ip, pid, client_id, job_id, world_size,"
                    " node_id) VALUES (?, 'memory', ?, 3, 7, ?, '10.0.0.0', 4003, 'client-3', 'job-a', 6, 'node0')",
                    (row, START + 7, '{"rss_bytes": 1}'))
@@ -223,7 +226,9 @@ def test_a_version_4_file_reads_as_rows_and_is_sealed_once_a_writer_opens_it(tmp
     writer._unsealed = 0  # closed unsealed, then made a version 4 file: what migration 5 added, removed
     writer.close()
     db = sqlite3.connect(path)
-    for statement in ("DROP TRIGGER memory_blocks_insert", "DROP TRIGGER memory_blocks_update",
+    for statement in ("DROP TRIGGER span_blocks_insert", "DROP TRIGGER span_blocks_update",
+                      "DROP TRIGGER span_blocks_delete", "DROP INDEX span_loose", "DROP TABLE span_blocks",
+                      "DROP TRIGGER memory_blocks_insert", "DROP TRIGGER memory_blocks_update",
                       "DROP TRIGGER memory_blocks_delete", "DROP INDEX memory_loose", "DROP TABLE memory_blocks",
                       "DROP TABLE block_passes", "DROP TRIGGER collective_entries_insert",
                       "DROP TRIGGER collective_entries_update", "DROP TRIGGER collective_entries_delete",

@@ -103,10 +103,6 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 
-def _present(values) -> list[float]:
-    return values[values == values].tolist()
-
-
 def _as_int(value: float | None) -> Any:
     """An integral float as the int it was stored as (bytes), anything else as it is."""
     return int(value) if value is not None and value == value and float(value).is_integer() else value

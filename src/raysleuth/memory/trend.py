@@ -167,8 +167,12 @@ class LeakVerdict:
     recent_growth_bytes: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The verdict as a JSON-ready dict."""
-        return dataclasses.asdict(self)
+        """The verdict as a JSON-ready dict (``dataclasses.asdict``'s, without its deep copy: every field is a
+        number, a str or None; a tenth of ``raysleuth memory``'s verdicts at 1,000 workers went to the copy)."""
+        return {name: getattr(self, name) for name in _VERDICT_FIELDS}
+
+
+_VERDICT_FIELDS = tuple(field.name for field in dataclasses.fields(LeakVerdict))
 
 
 def kendall_tau(values: Sequence[float]) -> tuple[float, float]:

@@ -25,7 +25,7 @@ from typing import Any
 
 from raysleuth import evidence
 from raysleuth.cluster import own
-from raysleuth.memory.series import METRICS, _as_int, _present, _Series
+from raysleuth.memory.series import METRICS, _as_int, _Series
 from raysleuth.memory.trend import LeakPolicy, detect_leak, leaks
 from raysleuth.recorder import blocks, reading
 from raysleuth.recorder.reading import bulk
@@ -115,6 +115,13 @@ def _thin(values: list[float], width: int = 60) -> list[float]:
     return [values[round(i * (len(values) - 1) / (width - 1))] for i in range(width)]
 
 
+def _thin_array(values, width: int = 60) -> list[float]:
+    """:func:`_thin` of a numpy column: the same values, taken before they become Python floats."""
+    if len(values) <= width:
+        return values.tolist()
+    return values[[round(i * (len(values) - 1) / (width - 1)) for i in range(width)]].tolist()
+
+
 #: What the reader takes from each ``memory`` row: columns, then ``data`` fields (read in SQL, see
 #: :func:`raysleuth.recorder.reading.select`).
 _COLUMNS = ("time", "id", "rank", "step", "pid", "node_ip")
@@ -151,20 +158,20 @@ def _summarise_series(series: _Series, policy: LeakPolicy | None, per_step: bool
         rss_bytes=latest["rss_bytes"], uss_bytes=latest["uss_bytes"],
         cuda_allocated_bytes=latest["cuda_allocated_bytes"], cuda_reserved_bytes=latest["cuda_reserved_bytes"],
     )
-    rss = _present(values["rss_bytes"])
-    worker.peak_bytes = _as_int(max(rss)) if rss else None
-    cuda_peaks = _present(values["cuda_peak_bytes"])
-    worker.cuda_peak_bytes = _as_int(max(cuda_peaks)) if cuda_peaks else None
-    host_metric = "uss_bytes" if len(_present(values["uss_bytes"])) >= len(times) / 2 else "rss_bytes"
+    present = {metric: column[column == column] for metric, column in values.items()}  # NaN: no value
+    rss, cuda_peaks = present["rss_bytes"], present["cuda_peak_bytes"]
+    worker.peak_bytes = _as_int(float(rss.max())) if len(rss) else None
+    worker.cuda_peak_bytes = _as_int(float(cuda_peaks.max())) if len(cuda_peaks) else None
+    host_metric = "uss_bytes" if len(present["uss_bytes"]) >= len(times) / 2 else "rss_bytes"
     # the device's verdict when it leaks, else the host's: only the chosen one's evidence lines are fitted
     metric = host_metric
-    if _present(values["cuda_allocated_bytes"]) and leaks(times, values["cuda_allocated_bytes"], policy=policy):
+    if len(present["cuda_allocated_bytes"]) and leaks(times, values["cuda_allocated_bytes"], policy=policy):
         metric = "cuda_allocated_bytes"
     chosen = detect_leak(times, values[metric], steps=steps if per_step else None, policy=policy, metric=metric)
     worker.leak, worker.reason, worker.evidence = chosen.leak, chosen.reason, chosen.to_dict()
     worker.status = chosen.status
     worker.slope_bytes_per_s, worker.slope_bytes_per_step = chosen.slope_bytes_per_s, chosen.slope_bytes_per_step
-    worker.series = [_as_int(v) for v in _thin(_present(values[chosen.metric]))]
+    worker.series = [_as_int(v) for v in _thin_array(present[chosen.metric])]
     return worker
 
 

@@ -33,6 +33,15 @@ _NUMBER = " AND ".join(f"typeof({c}) IN ('integer', 'null') AND coalesce({c}, 0)
 SEALED = (f"kind = 'memory' AND data = '' AND sender IS NOT NULL AND typeof(time) IN ('real', 'integer') "
           f"AND {_NUMBER} AND typeof(v5) IN ('text', 'null')")
 
+#: The span rows a pass of :mod:`raysleuth.recorder.span_blocks` reads (those it takes into its block, the
+#: top-level ones with a numeric duration, it tells apart itself): a span whose fields the writer copied into the
+#: value columns (:data:`COPIED`, marked), of a known sender, with an integer step and rank, a text phase and a
+#: duration that is a float or an integer within 2**31 (as a float it sums as the integers do). Migration 7
+#: spells it in its index; a reader matches that spelling exactly.
+SPAN_SEALED = ("kind = 'span' AND NOT (data = '') AND v5 IS 1 AND sender IS NOT NULL AND typeof(step) = 'integer' "
+               "AND typeof(rank) = 'integer' AND typeof(coalesce(name, phase, '?')) = 'text' "
+               "AND (typeof(v0) != 'integer' OR v0 BETWEEN -2147483647 AND 2147483647)")
+
 # Each entry upgrades the schema by one version; never edit a shipped entry.
 MIGRATIONS: tuple[str, ...] = (
     """
@@ -242,6 +251,36 @@ MIGRATIONS: tuple[str, ...] = (
     END;
     CREATE TRIGGER collective_entries_delete AFTER DELETE ON entries WHEN OLD.kind = 'collectives' BEGIN
         DELETE FROM collective_entries WHERE id = OLD.id;
+    END;
+    """,
+    # 7: each pass of `recorder.blocks` also keeps the top-level spans of its ids as columns, one block a pass
+    # (`recorder.span_blocks`): the report's step totals. A span block goes with its pass (dropped with it), and
+    # writing, changing or removing a span at or below a pass's top drops that pass and every later one, as a
+    # memory row does. Passes made before this version hold no spans (n = -1: their spans are read row by row).
+    # `span_loose` indexes the spans with a step and a rank that no pass takes (JSON, unmarked), for that reader.
+    """
+    CREATE TABLE span_blocks (pass INTEGER PRIMARY KEY, n INTEGER NOT NULL, names TEXT NOT NULL, body BLOB NOT NULL);
+    INSERT INTO span_blocks (pass, n, names, body) SELECT hi, -1, '[]', x'' FROM block_passes;
+    CREATE INDEX span_loose ON entries (id)
+        WHERE kind = 'span' AND step IS NOT NULL AND rank IS NOT NULL AND NOT (""" + SPAN_SEALED + """);
+    CREATE TRIGGER span_blocks_pass AFTER DELETE ON block_passes BEGIN
+        DELETE FROM span_blocks WHERE pass = OLD.hi;
+    END;
+    CREATE TRIGGER span_blocks_insert AFTER INSERT ON entries
+        WHEN NEW.kind = 'span' AND NEW.id <= (SELECT coalesce(max(hi), 0) FROM block_passes) BEGIN
+        DELETE FROM memory_blocks WHERE pass >= NEW.id;
+        DELETE FROM block_passes WHERE hi >= NEW.id;
+    END;
+    CREATE TRIGGER span_blocks_update AFTER UPDATE ON entries
+        WHEN (OLD.kind = 'span' OR NEW.kind = 'span')
+             AND min(OLD.id, NEW.id) <= (SELECT coalesce(max(hi), 0) FROM block_passes) BEGIN
+        DELETE FROM memory_blocks WHERE pass >= min(OLD.id, NEW.id);
+        DELETE FROM block_passes WHERE hi >= min(OLD.id, NEW.id);
+    END;
+    CREATE TRIGGER span_blocks_delete AFTER DELETE ON entries
+        WHEN OLD.kind = 'span' AND OLD.id <= (SELECT coalesce(max(hi), 0) FROM block_passes) BEGIN
+        DELETE FROM memory_blocks WHERE pass >= OLD.id;
+        DELETE FROM block_passes WHERE hi >= OLD.id;
     END;
     """,
 )

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from raysleuth.recorder.reading import _field_sql, _packs, _rows, table_for, where_clause
+from raysleuth.recorder import blocks, span_blocks
+from raysleuth.recorder.reading import _by_id, _field_sql, _packs, _rows, table_for, where_clause
 from raysleuth.recorder.schema import COPIED, COPY_MARK, VALUE_COLUMNS
 
 __all__ = ["span_columns", "span_rows", "span_totals", "totals_arrays"]
@@ -32,39 +33,43 @@ def span_totals(store, *, job: Iterable[str] | None = None) -> Iterator[tuple]:
 _PHASE = "COALESCE(name, phase, '?')"
 
 
-def _top_level(store, job: Iterable[str] | None) -> tuple[str, str, list]:
+def _top_level(store, job: Iterable[str] | None, by_id: bool = False) -> tuple[str, str, list]:
     """(``FROM ... WHERE ...`` of the top-level spans with a step and a rank, the SQL of their duration: valid
     JSON, a number, or its kept copy, and the arguments) that both readers of the totals select from."""
-    spans, args = _spans(store, job)
+    spans, args = _spans(store, job, by_id)
     packed, flag = _packs(store), _flag(store, job)
     duration = _field_sql("duration_s:number", True, packed, flag)
     parent = _field_sql("parent_id", True, packed, flag)
     return f"{spans} AND IFNULL({parent}, 0) IN (0, '')", duration, args
 
 
-def _spans(store, job: Iterable[str] | None) -> tuple[str, list]:
-    """(``FROM ... WHERE ...`` of the spans with a step and a rank, its arguments): what the totals read."""
+def _spans(store, job: Iterable[str] | None, by_id: bool = False) -> tuple[str, list]:
+    """(``FROM ... WHERE ...`` of the spans with a step and a rank, its arguments): what the totals read. ``by_id``:
+    the kind's index left alone (a clause of ids picks the rows: SQLite would walk every span of the run)."""
     where, args = where_clause(kind="span", job=job)
+    where = [_by_id(term) for term in where] if by_id else where
     return f"FROM {table_for(store, job)} WHERE {' AND '.join(where)} AND step IS NOT NULL AND rank IS NOT NULL", args
 
 
-def _top_level_rows(store, job: Iterable[str] | None) -> list[tuple]:
+def _top_level_rows(store, job: Iterable[str] | None, clause: tuple[str, list] = ("1", [])) -> list[tuple]:
     """(id, step, rank, phase, seconds, ...) of every top-level span with a numeric duration, as :func:`_top_level`
-    finds them, in one pass over the spans: those whose fields the writer kept in value columns
-    (``schema.COPIED``, marked) read there, with none of the CASEs to evaluate (0.4 s instead of 0.8 for a
-    1,000-rank hour's 299,000); the others (no mark: written by an older raysleuth or through the view) found
-    in the same pass and read from their JSON by id."""
-    source, duration, args = _top_level(store, job)
+    finds them (among the rows ``clause``, an SQL condition and its arguments, admits), in one pass over the
+    spans: those whose fields the writer kept in value columns (``schema.COPIED``, marked) read there, with none
+    of the CASEs to evaluate (0.4 s instead of 0.8 for a 1,000-rank hour's 299,000); the others (no mark:
+    written by an older raysleuth or through the view) found in the same pass and read from their JSON by id."""
+    by_id = clause[0] != "1"
+    source, duration, args = _top_level(store, job, by_id)
+    where, more = f" AND ({clause[0]})", list(clause[1])
     if not _packs(store):
-        return list(_rows(store, f"SELECT id, step, rank, {_PHASE}, {duration} {source} AND {duration} IS NOT NULL",
-                          args))
+        return list(_rows(store, f"SELECT id, step, rank, {_PHASE}, {duration} {source} AND {duration} IS NOT NULL"
+                                 f"{where}", [*args, *more]))
     # the tests _top_level's CASEs make of a row with the mark, never NULL (IS; data = '' is never NULL)
     copied = f"(NOT ({_flag(store, job)}) AND {VALUE_COLUMNS[-1]} IS {COPY_MARK})"
-    spans, spans_args = _spans(store, job)
+    spans, spans_args = _spans(store, job, by_id)
     duration_at, parent_at = (VALUE_COLUMNS[COPIED["span"].index(field)] for field in ("duration_s", "parent_id"))
     rows = list(_rows(store, f"SELECT id, step, rank, {_PHASE}, {duration_at}, {copied} {spans} AND (NOT {copied} OR"
-                             f" (IFNULL({parent_at}, 0) IN (0, '') AND typeof({duration_at}) IN ('integer', 'real')))",
-                      spans_args))
+                             f" (IFNULL({parent_at}, 0) IN (0, '') AND typeof({duration_at}) IN ('integer', 'real')))"
+                             f"{where}", [*spans_args, *more]))
     unmarked = [row[0] for row in rows if not row[5]]
     if unmarked:
         rows = [row for row in rows if row[5]]
@@ -92,16 +97,28 @@ def span_columns(store, *, job: Iterable[str] | None = None) -> tuple | None:
 
     if store.schema_version < 2 and job is not None:
         return _no_spans(np)
-    rows = _top_level_rows(store, job)
-    if not rows:
+    jobs = None if job is None else [job] if isinstance(job, str) else list(job)
+    with blocks.snapshot(store):  # the passes' blocks and the rows they leave, of one state of the file
+        sealed = span_blocks.read(store, jobs)
+        rows = [row for clause in (sealed.clauses if sealed else [("1", [])])
+                for row in _top_level_rows(store, jobs, clause)]
+    if not rows and not (sealed and len(sealed.ids)):
         return _no_spans(np)
-    ids, steps, ranks, names, seconds = list(zip(*rows))[:5]
+    ids, steps, ranks, names, read = list(zip(*rows))[:5] if rows else ((), (), (), (), ())
+    seconds: Sequence[Any] | _Seconds = read
     del rows
-    arrays = totals_arrays(steps, ranks, names, seconds)
+    arrays = totals_arrays(steps, ranks, names, read) if ids else _no_spans(np)
     if arrays is None:
         return None
     step_of, rank_of, phase_of, ordered, values = arrays
-    order = np.lexsort((np.array(ids, dtype=np.int64), phase_of, rank_of, step_of))  # a key's spans in id order
+    id_of = np.array(ids, dtype=np.int64)
+    if sealed is not None and len(sealed.ids):  # the blocks' spans first (a repeated key's: floats, see below)
+        ordered, (held, loose) = _merged_names(sealed.names, ordered)
+        step_of, rank_of = np.concatenate((sealed.steps, step_of)), np.concatenate((sealed.ranks, rank_of))
+        phase_of = np.concatenate((held[sealed.codes], loose[phase_of]))
+        values, id_of = np.concatenate((sealed.seconds, values)), np.concatenate((sealed.ids, id_of))
+        seconds = _Seconds(sealed.seconds, read)
+    order = np.lexsort((id_of, phase_of, rank_of, step_of))  # a key's spans in id order
     step_of, rank_of, phase_of = step_of[order], rank_of[order], phase_of[order]
     first = np.flatnonzero(np.concatenate(([True], (np.diff(step_of) != 0) | (np.diff(rank_of) != 0)
                                            | (np.diff(phase_of) != 0))))
@@ -119,6 +136,26 @@ def span_columns(store, *, job: Iterable[str] | None = None) -> tuple | None:
     if not np.isfinite(totals).all():
         return None
     return step_of[first], rank_of[first], phase_of[first], ordered, totals
+
+
+def _merged_names(first: list[str], second: list[str]) -> tuple[list[str], tuple]:
+    """(the sorted union of two sorted name lists, each list's codes into it as an int64 array)."""
+    import numpy as np
+
+    ordered = sorted(set(first) | set(second))
+    at = {name: number for number, name in enumerate(ordered)}
+    return ordered, tuple(np.array([at[name] for name in names], dtype=np.int64) for names in (first, second))
+
+
+class _Seconds:
+    """The durations as the readers hold them: a block's as floats (``SPAN_SEALED`` admits no integer a float
+    would not sum exactly), then the rows' as they were read."""
+
+    def __init__(self, sealed, rows: Sequence[Any]) -> None:
+        self.sealed, self.rows, self.cut = sealed, rows, len(sealed)
+
+    def __getitem__(self, at: int) -> Any:
+        return float(self.sealed[at]) if at < self.cut else self.rows[at - self.cut]
 
 
 def totals_arrays(steps: Sequence[Any], ranks: Sequence[Any], names: Sequence[Any],
