@@ -15,6 +15,14 @@ print("torch", torch.__version__, "| CUDA", torch.version.cuda, "|", torch.cuda.
 print("NCCL", torch.cuda.nccl.version() if torch.cuda.is_available() else "-",
       "| Flight Recorder readers:", [name for name in dir(bindings) if name.startswith("_dump")])
 PY
+# raysleuth's own dependencies must be there (a GPU image may lack some: carry their wheels and pip install them)
+python3 - <<'PY' || exit 1
+import importlib.util, sys
+missing = [name for name in ("orjson", "xxhash", "psutil", "numpy") if importlib.util.find_spec(name) is None]
+if missing:
+    sys.exit(f"gpu_check: missing {', '.join(missing)}: install them first (no network: pip download their wheels "
+             "for this python elsewhere, carry them, pip install --no-index --no-deps)")
+PY
 rc=0
 timeout 300 python3 -m pytest --noconftest -p no:cacheprovider -q -rA tests/test_cuda.py || rc=1
 timeout 150 python3 bench/bench_fingerprint.py --cuda --size 1G || rc=1
