@@ -8,7 +8,8 @@ measures its wall time and its peak resident memory (``wait4``).
 
 Targets: each command < 2 s and < 1 GB peak memory; the store's size per
 1,000-rank hour <= 0.3 GB (light) / 1.5 GB (full); one pass sealing memory
-samples into blocks (``recorder.blocks``), the fourth of a run, costs <= 10% of
+samples and the top-level spans of its ids into blocks (``recorder.blocks``, ``recorder.span_blocks``), the
+fourth of a run, the median of three, costs <= 10% of
 writing the rows of the ranks whose samples it seals (both timed here, the write path's
 ``write_batch`` the baseline). A command's seconds are
 its CPU seconds (user + system, from ``wait4``): every reader is one thread,
@@ -137,10 +138,13 @@ def main() -> int:
         target(f"{name} answers", code in (0, 1), f"exit {code}")
     target(f"{options.mode} store <= {SIZE_GB[options.mode]} GB per 1,000-rank hour",
            size_gb * hour <= SIZE_GB[options.mode], f"{size_gb * hour:.2f} GB")
-    pass_s, write_s, sealed = seal_cost(options.mode)
-    target("a pass (memory blocks), the fourth of a run, <= 10% of writing its rows", pass_s <= 0.1 * write_s,
-           f"{pass_s:.3f} CPU s for {sealed:,} samples against {write_s:.2f} s writing their ranks' rows "
-           f"({pass_s / write_s:.1%})")
+    # one pass is a tenth of a second: the median of three runs, each pass beside its own baseline
+    costs = sorted((seal_cost(options.mode) for _ in range(3)), key=lambda cost: cost[0] / cost[1])
+    pass_s, write_s, sealed = costs[1]
+    target("a pass (memory blocks and span blocks), the fourth of a run, <= 10% of writing its rows, median of 3",
+           pass_s <= 0.1 * write_s, f"{pass_s:.3f} CPU s for {sealed:,} samples against {write_s:.2f} s writing their "
+           f"ranks' rows ({pass_s / write_s:.1%}; the three: "
+           f"{', '.join(f'{cost[0] / cost[1]:.1%}' for cost in costs)})")
     if not options.keep and not options.store:
         shutil.rmtree(home, ignore_errors=True)
     shutil.rmtree(out, ignore_errors=True)

@@ -138,6 +138,20 @@ def test_a_pass_and_the_readers_find_the_rows_past_the_passes_by_their_ids(store
         assert "records_kind" not in plan and "PRIMARY KEY" in plan, (sql, plan)
 
 
+def test_a_pass_reads_what_sealed_admits_off_the_loose_index(tmp_path, monkeypatch):
+    """The pass finds the samples ``SEALED`` admits through ``memory_loose`` (the rows it leaves out, tested once when
+    written): the same rows as the test on every row, odd ones among them."""
+    path, writer = _written(tmp_path, monkeypatch, 10**9, samples=30)  # nothing sealed: every row still there
+    _odd_rows(writer)
+    high = writer._db.execute("SELECT max(id) FROM entries").fetchone()[0]
+    columns = blocks._SEAL.split(" FROM ")[0]
+    tested = writer._db.execute(f"{columns} FROM entries WHERE id > 0 AND id <= ? AND {SEALED} ORDER BY id",
+                                (high,)).fetchall()
+    assert tested == writer._db.execute(blocks._SEAL, (0, high, 0, high)).fetchall() and len(tested) == 6 * 30
+    writer._unsealed = 0
+    writer.close()
+
+
 def test_a_row_written_changed_or_removed_below_a_pass_drops_it_and_the_later_ones(tmp_path, monkeypatch):
     path, writer = _written(tmp_path, monkeypatch, 50, samples=100)
     writer.close()

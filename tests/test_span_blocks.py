@@ -186,3 +186,23 @@ def test_passes_made_before_schema_7_have_their_spans_read_row_by_row(tmp_path, 
     _same_answers(reader, monkeypatch)
     assert set(expected) <= set(span_totals(reader))
     reader.close()
+
+
+def test_a_pass_reads_what_span_sealed_admits_off_the_loose_index(written):
+    """The pass finds the spans ``SPAN_SEALED`` admits through ``span_loose`` (the spans it leaves out, tested once
+    when written): the same rows as the test on every span, loose ones among them."""
+    from raysleuth.recorder.schema import SPAN_SEALED
+
+    path, writer = written
+    writer._db.execute("INSERT INTO records (kind, time, rank, step, name, data) VALUES ('span', ?, 2, 3, "
+                       "'forward', '{\"duration_s\": 2.5, \"parent_id\": null}')", (START,))
+    writer._db.commit()
+    high = writer._db.execute("SELECT max(id) FROM entries").fetchone()[0]
+    tested = writer._db.execute(
+        "SELECT id, sender, step, rank, coalesce(name, phase, '?'), v0 FROM entries WHERE id > 0 AND id <= ? AND "
+        f"{SPAN_SEALED} AND IFNULL(v1, 0) IN (0, '') AND typeof(v0) IN ('integer', 'real') ORDER BY id",
+        (high,)).fetchall()
+    assert tested == writer._db.execute(span_blocks._SEAL, (0, high, 0, high)).fetchall() and len(tested) > 400
+    loose = writer._db.execute(f"SELECT count(*) FROM ({span_blocks._LOOSE_IDS})").fetchone()[0]
+    assert loose == 1 + 10  # the JSON span, and rank 1's durations past 2**31
+    writer.close()

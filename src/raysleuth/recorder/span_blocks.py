@@ -24,20 +24,24 @@ from raysleuth.recorder.schema import SPAN_SEALED
 
 __all__ = ["SPAN_SEALED", "Sealed", "read", "seal"]
 
-#: The spans of a pass that its block holds, in id order: top-level (no parent) with a numeric duration.
+#: The spans with a step and a rank at or below a pass's top that no block holds (spelled as ``span_loose``).
+_LOOSE_IDS = ("SELECT id FROM entries INDEXED BY span_loose WHERE kind = 'span' AND step IS NOT NULL AND "
+              f"rank IS NOT NULL AND NOT ({SPAN_SEALED})")
+#: The spans of a pass that its block holds, in id order: top-level (no parent) with a numeric duration, of those
+#: ``SPAN_SEALED`` admits, read off the ``span_loose`` index (the few ids of the pass there, not the test on
+#: every span, as :mod:`~raysleuth.recorder.blocks` reads ``SEALED``).
 _SEAL = ("SELECT id, sender, step, rank, coalesce(name, phase, '?'), v0 FROM entries NOT INDEXED "
-         f"WHERE id > ? AND id <= ? AND {SPAN_SEALED} AND IFNULL(v1, 0) IN (0, '') "
-         "AND typeof(v0) IN ('integer', 'real')")
+         "WHERE id > ? AND id <= ? AND kind = 'span' AND step IS NOT NULL AND rank IS NOT NULL AND IFNULL(v1, 0) "
+         f"IN (0, '') AND typeof(v0) IN ('integer', 'real') AND id NOT IN ({_LOOSE_IDS} AND id > ? AND id <= ?)")
 #: The integer columns of a block, in order, after its seconds.
 INTS = ("id", "sender", "step", "rank", "code")
-#: The spans with a step and a rank at or below a pass's top that no block holds (spelled as ``span_loose``).
-_LOOSE = ("id IN (SELECT id FROM entries INDEXED BY span_loose WHERE kind = 'span' AND step IS NOT NULL AND "
-          f"rank IS NOT NULL AND NOT ({SPAN_SEALED}) AND id <= ?)")
+#: The clause of those spans a reader reads row by row.
+_LOOSE = f"id IN ({_LOOSE_IDS} AND id <= ?)"
 
 
 def seal(db, low: int, high: int) -> int:
     """The block of the pass ``(low, high]`` (inside that pass's transaction): the spans it holds."""
-    rows = db.execute(_SEAL, (low, high)).fetchall()
+    rows = db.execute(_SEAL, (low, high, low, high)).fetchall()
     names = sorted({row[4] for row in rows})
     code = {name: number for number, name in enumerate(names)}
     columns: list[Any] = list(zip(*rows)) if rows else [()] * 6
