@@ -14,8 +14,8 @@ drop a pass and every later one when a memory row at or below its top is written
 block never holds a stale copy: those rows are read row by row again.
 
 The same pass keeps the top-level spans of its ids as one more block (:mod:`raysleuth.recorder.span_blocks`,
-schema 7), in the same transaction. A pass costs the writer about 0.1 s for 32,000 samples. One that fails leaves the rows to be read row by
-row and never fails the batch that was being stored.
+schema 7), in the same transaction. A pass costs the writer about 0.1 s for 32,000 samples. One that fails
+leaves the rows to be read row by row and never fails the batch that was being stored.
 """
 
 from __future__ import annotations
