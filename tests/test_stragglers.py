@@ -106,20 +106,23 @@ def _cli(main, argv: list[str], retry: bool = False) -> tuple[int, dict | None]:
     text = buffer.getvalue()
     if retry and code == 2 and not text.strip():
         return code, None
-    # this process is also the session's Ray driver: Ray's own error listener may print a raylet warning
-    # ("(raylet) WARNING: N PYTHON worker processes have been started") onto stdout while the command runs
+    return code, _json_of(text)
+
+
+def _json_of(text: str) -> dict:
+    """The command's JSON in its output. This process is also the session's Ray driver: Ray's own error listener
+    may print a raylet warning ("(raylet) WARNING: N PYTHON worker processes have been started") onto stdout while
+    the command runs."""
     start = 0 if text.startswith("{") else text.find("\n{") + 1
-    return code, json.JSONDecoder().raw_decode(text, start)[0]
+    return json.JSONDecoder().raw_decode(text, start)[0]
 
 
 def _cli_process(argv: list[str]) -> tuple[int, dict | None]:
     """:func:`_cli` with ``retry``, the command in a process of its own."""
     done = subprocess.run([sys.executable, "-m", "raysleuth", *argv], capture_output=True, text=True, timeout=300)
-    text = done.stdout
-    if done.returncode == 2 and not text.strip():
+    if done.returncode == 2 and not done.stdout.strip():
         return done.returncode, None
-    start = 0 if text.startswith("{") else text.find("\n{") + 1
-    return done.returncode, json.JSONDecoder().raw_decode(text, start)[0]
+    return done.returncode, _json_of(done.stdout)
 
 
 @pytest.fixture(scope="module")

@@ -42,8 +42,7 @@ def sparkline(values: list[float | None], width: int = 30) -> str:
     points = [v for v in values if v is not None]
     if not points:
         return ""
-    if len(points) > width:
-        points = [points[round(i * (len(points) - 1) / (width - 1))] for i in range(width)]
+    points = _thin(points, width)
     low, high = min(points), max(points)
     if high == low:
         return _BARS[0] * len(points)
@@ -109,17 +108,20 @@ class MemoryReport:
                 "not_enough_data": len(self.undecided)}
 
 
+def _evenly(count: int, width: int) -> list[int]:
+    """``width`` places spread evenly over ``count`` values, the first and the last among them (``count > width``)."""
+    return [round(i * (count - 1) / (width - 1)) for i in range(width)]
+
+
 def _thin(values: list[float], width: int = 60) -> list[float]:
     if len(values) <= width:
         return values
-    return [values[round(i * (len(values) - 1) / (width - 1))] for i in range(width)]
+    return [values[at] for at in _evenly(len(values), width)]
 
 
 def _thin_array(values, width: int = 60) -> list[float]:
     """:func:`_thin` of a numpy column: the same values, taken before they become Python floats."""
-    if len(values) <= width:
-        return values.tolist()
-    return values[[round(i * (len(values) - 1) / (width - 1)) for i in range(width)]].tolist()
+    return (values if len(values) <= width else values[_evenly(len(values), width)]).tolist()
 
 
 #: What the reader takes from each ``memory`` row: columns, then ``data`` fields (read in SQL, see
@@ -264,7 +266,7 @@ def _take_blocks(store, high: int, groups: dict, worker_key, *, rank, since, job
     """Each block of the passes up to ``high`` into its worker's series, through the reader's own filters."""
     import numpy as np
 
-    jobs = None if job is None else [job] if isinstance(job, str) else list(job)
+    jobs = None if job is None else reading._listed(job)
     ranks = None if rank is None else np.array([rank] if isinstance(rank, int) else list(rank), dtype=np.int64)
     for sender, source, times, ints in blocks.read(store, high, job=jobs):
         keep = None if ranks is None else np.isin(ints[1], ranks)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import zlib
 from array import array
-from typing import Any
+from typing import Any, NamedTuple
 
 from raysleuth.recorder.schema import SPAN_SEALED
 
@@ -53,13 +53,18 @@ def seal(db, low: int, high: int) -> int:
     return len(rows)
 
 
-class Sealed:
-    """What the blocks up to a pass's top hold (numpy columns, concatenated in pass order), and the SQL conditions
-    (with their arguments) of the spans a reader still reads row by row."""
+class Sealed(NamedTuple):
+    """What the blocks up to a pass's top hold (numpy columns, concatenated in pass order; the codes index
+    ``names``, in the order the blocks first name them), and the SQL conditions (with their arguments) of the
+    spans a reader still reads row by row."""
 
-    def __init__(self, ids, steps, ranks, codes, names: list[str], seconds, clauses: list[tuple[str, list]]) -> None:
-        self.ids, self.steps, self.ranks, self.codes, self.names, self.seconds = ids, steps, ranks, codes, names, seconds
-        self.clauses = clauses
+    ids: Any
+    steps: Any
+    ranks: Any
+    codes: Any
+    names: list[str]
+    seconds: Any
+    clauses: list[tuple[str, list]]
 
 
 def read(store, job: list[str] | None = None) -> Sealed | None:
@@ -100,11 +105,8 @@ def read(store, job: list[str] | None = None) -> Sealed | None:
     ranges = [("id > ? AND id <= ?", [lo, hi]) for lo, hi in unsealed]
     outside = "".join(f" AND NOT (id > {int(lo)} AND id <= {int(hi)})" for lo, hi in unsealed)
     clauses = [("id > ?", [high]), *ranges, (_LOOSE + outside, [high])]
-    ordered = sorted(names)  # the codes index the sorted names, as the totals' readers' codes do
-    at = {name: number for number, name in enumerate(ordered)}
-    recode = np.array([at[name] for name in names], dtype=np.int64)
     if not parts:
         empty = np.empty(0, dtype=np.int64)
-        return Sealed(empty, empty, empty, empty, ordered, np.empty(0, dtype=np.float64), clauses)
+        return Sealed(empty, empty, empty, empty, list(names), np.empty(0, dtype=np.float64), clauses)
     ids, steps, ranks, codes, seconds = (np.concatenate(column) for column in zip(*parts))
-    return Sealed(ids, steps, ranks, recode[codes] if len(recode) else codes, ordered, seconds, clauses)
+    return Sealed(ids, steps, ranks, codes, list(names), seconds, clauses)

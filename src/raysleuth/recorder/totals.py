@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from raysleuth.recorder import blocks, span_blocks
-from raysleuth.recorder.reading import _by_id, _field_sql, _packs, _rows, table_for, where_clause
+from raysleuth.recorder.reading import _by_id, _field_sql, _listed, _packs, _rows, table_for, where_clause
 from raysleuth.recorder.schema import COPIED, COPY_MARK, VALUE_COLUMNS
 
 __all__ = ["span_columns", "span_rows", "span_totals", "totals_arrays"]
@@ -99,7 +99,7 @@ def span_columns(store, *, job: Iterable[str] | None = None) -> tuple | None:
 
     if store.schema_version < 2 and job is not None:
         return _no_spans(np)
-    jobs = None if job is None else [job] if isinstance(job, str) else list(job)
+    jobs = None if job is None else _listed(job)
     with blocks.snapshot(store):  # the passes' blocks and the rows they leave, of one state of the file
         sealed = span_blocks.read(store, jobs)
         rows = [row for clause in (sealed.clauses if sealed else [("1", [])])
@@ -141,7 +141,7 @@ def span_columns(store, *, job: Iterable[str] | None = None) -> tuple | None:
 
 
 def _merged_names(first: list[str], second: list[str]) -> tuple[list[str], tuple]:
-    """(the sorted union of two sorted name lists, each list's codes into it as an int64 array)."""
+    """(the sorted union of two name lists, each list's codes into it as an int64 array)."""
     import numpy as np
 
     ordered = sorted(set(first) | set(second))
