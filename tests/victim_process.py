@@ -6,6 +6,7 @@ import os
 import select
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -19,9 +20,10 @@ class Victim:
 
     def __init__(self, address: str, kind: str, *args: str, module: str = "victims.real_jobs") -> None:
         self.kind = kind
+        self.stderr = tempfile.TemporaryFile(mode="w+")  # read back only when the victim fails to start
         self.proc = subprocess.Popen([sys.executable, "-m", module, kind, "--address", address, *args],
                                      cwd=str(HERE), env=dict(os.environ), stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True)
+                                     stderr=self.stderr, text=True)
         self.job_id: str | None = None
 
     def ready(self, timeout: float = 300) -> Victim:
@@ -35,8 +37,13 @@ class Victim:
                 self.job_id = line.split()[1]
             elif not line and self.proc.poll() is not None:
                 break
-        assert self.job_id, f"victim {self.kind} did not start (last line {line!r}, exit {self.proc.poll()})"
+        assert self.job_id, (f"victim {self.kind} did not start (last line {line!r}, exit {self.proc.poll()}); "
+                             f"its stderr ends:\n{self._stderr_tail()}")
         return self
+
+    def _stderr_tail(self, lines: int = 30) -> str:
+        self.stderr.seek(0)
+        return "".join(self.stderr.readlines()[-lines:])
 
     def actors(self, class_name: str | None = None) -> list[cluster.RayActor]:
         return [a for a in cluster.actors(state="ALIVE") if a.job_id == self.job_id
@@ -58,3 +65,4 @@ class Victim:
     def stop(self) -> None:
         self.proc.kill()
         self.proc.wait(timeout=30)
+        self.stderr.close()

@@ -121,6 +121,8 @@ def _poll(handle: Any, seen: dict[str, Any]) -> Any:
             if handle is None:
                 handle = _source(ray)
             controls = ray.get(handle.get_controls.remote(), timeout=10)
+            if controls is None:  # the agent has nothing fresh yet (a slow read of the writer): keep what we have
+                return handle
             for key, handler in handlers.items():
                 value = controls.get(key)
                 if key in seen and seen[key] == value:

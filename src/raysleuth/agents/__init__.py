@@ -187,8 +187,9 @@ class NodeAgent:
         """Send this node's abandoned spool files of the run to ``writer`` (the writer's handle); what was sent."""
         return self._spools.forward(writer)
 
-    def get_controls(self) -> dict[str, Any]:
-        """The writer's controls, read at most once per ``CONTROL_TTL_S`` for every worker of this node."""
+    def get_controls(self) -> dict[str, Any] | None:
+        """The writer's controls, read at most once per ``CONTROL_TTL_S`` for every worker of this node; None
+        while a slow read is under way and the last is too old to serve (``agents.controls.STALE_LIMIT_S``)."""
         return self._controls.get()
 
     def count(self, topic: str) -> int:

@@ -6,7 +6,12 @@ actor (1,000 a second at 1,000 ranks, measured by ``bench/bench_ingest.py``).
 Workers poll their own node's agent instead (a call on the same node); the
 agent reads the writer at most once per :data:`CONTROL_TTL_S` for all of
 them, so the writer sees about one poll a second per node. A change reaches
-a worker within ``CONTROL_TTL_S`` plus one poll interval.
+a worker within ``CONTROL_TTL_S`` plus one poll interval. While a slow read
+of the writer is under way, the agent serves what it last read only while
+that is younger than :data:`STALE_LIMIT_S`; past it, it answers ``None``
+("nothing fresh yet"), and the worker keeps what it has: a worker never
+applies a control the writer had already replaced seconds before (a new
+worker disarmed by a ``debug disarm`` that ``reset`` had undone).
 
 The same for consistency meetings: a rank waiting for its peers polls how
 many have posted through its node's agent (:class:`CountRelay`), which reads
@@ -21,7 +26,8 @@ from typing import Any
 
 from raysleuth.cluster.own import AGENT_PREFIX, NAMESPACE, WRITER_NAME
 
-__all__ = ["CONTROL_TTL_S", "COUNT_TTL_S", "READ_TIMEOUT_S", "ControlRelay", "CountRelay", "node_agent"]
+__all__ = ["CONTROL_TTL_S", "COUNT_TTL_S", "READ_TIMEOUT_S", "STALE_LIMIT_S", "ControlRelay", "CountRelay",
+           "node_agent"]
 
 #: How long an agent serves the controls it last read before it reads the writer again (seconds).
 CONTROL_TTL_S = 0.5
@@ -29,6 +35,9 @@ CONTROL_TTL_S = 0.5
 COUNT_TTL_S = 0.1
 #: How long one read of the writer may take; meanwhile other callers get the last value (seconds).
 READ_TIMEOUT_S = 10.0
+#: The oldest controls an agent serves while another read of the writer is under way (seconds, from the
+#: start of the read that got them); older, it answers None and the worker asks again at its next poll.
+STALE_LIMIT_S = 2 * CONTROL_TTL_S
 
 
 def node_agent(ray: Any, method: str) -> Any:
@@ -72,24 +81,32 @@ class _WriterReads:
 class ControlRelay(_WriterReads):
     """The writer's controls as this node last read them; one read per :data:`CONTROL_TTL_S` at most."""
 
-    def __init__(self, ttl: float = CONTROL_TTL_S) -> None:
+    def __init__(self, ttl: float = CONTROL_TTL_S, stale_limit: float = STALE_LIMIT_S) -> None:
         super().__init__()
         self.ttl = ttl
+        self.stale_limit = stale_limit
         self._value: dict[str, Any] | None = None
-        self._at = float("-inf")
+        self._at = float("-inf")  # when the read that got _value started: the writer's state is no older
 
-    def get(self) -> dict[str, Any]:
-        """The controls; raises when the writer cannot be read (the worker then tries again next poll)."""
+    def get(self) -> dict[str, Any] | None:
+        """The controls, or None while another read of the writer is under way and what this node has is older
+        than ``stale_limit`` (the worker keeps its own and asks again at its next poll). Raises when the writer
+        cannot be read (the worker then tries again next poll)."""
         self.served += 1
-        value = self._value
-        if value is not None and (time.monotonic() - self._at < self.ttl or self._lock.locked()):
-            return dict(value)  # fresh, or another caller is reading the writer now: no second read, no wait
-        with self._lock:
+        value, age = self._value, time.monotonic() - self._at
+        if value is not None and age < self.ttl:
+            return dict(value)
+        if not self._lock.acquire(blocking=False):  # another caller is reading the writer now: never a second read
+            return dict(value) if value is not None and age < self.stale_limit else None
+        try:
             if self._value is not None and time.monotonic() - self._at < self.ttl:
                 return dict(self._value)
+            started = time.monotonic()
             value = dict(self._read("get_controls"))
-            self._value, self._at = value, time.monotonic()
+            self._value, self._at = value, started
             return dict(value)
+        finally:
+            self._lock.release()
 
 
 class CountRelay(_WriterReads):
