@@ -3,6 +3,7 @@
 :func:`generate_report` reads a run through :func:`raysleuth.recorder.open_store`
 (read-only; the cluster may be gone), builds each section with the pure
 builders of :mod:`raysleuth.report.sections`, draws the charts with plotly
+(:mod:`.charts`)
 and renders ``templates/report.html.j2`` with jinja2. plotly's JavaScript is
 embedded inline, so the file opens offline with no network at all.
 
@@ -29,7 +30,6 @@ import dataclasses
 import datetime as _dt
 import html
 import os
-import statistics
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -43,7 +43,7 @@ from raysleuth.options import format_ranks
 from raysleuth.recorder import open_store
 from raysleuth.recorder.counting import count_span, time_range, writers
 from raysleuth.recorder.reading import bulk
-from raysleuth.report import overview, sections
+from raysleuth.report import charts, overview, sections
 from raysleuth.report.weights import weights_section
 from raysleuth.report.stragglers import straggler_section
 
@@ -193,81 +193,6 @@ def _memory(store) -> dict[str, Any]:
                       f"{format_ranks(int(v['rank']) for v in quiet if v['rank'] is not None)})") if quiet else ""}
 
 
-# ------------------------------------------------------------------ charts
-
-
-def _figure_html(figure, div_id: str) -> str:
-    import plotly.io as pio
-
-    figure.update_layout(template="plotly_white", margin={"l": 50, "r": 20, "t": 40, "b": 40}, height=360)
-    return pio.to_html(figure, full_html=False, include_plotlyjs=False, div_id=div_id,
-                       config={"displaylogo": False, "responsive": True})
-
-
-def _band_traces(go, band: dict[str, Any] | None, what: str) -> list:
-    """The many ranks drawn as one group: their lowest and highest as a filled band, their median as a line."""
-    if not band:
-        return []
-    name = f"{band['count']} {what}"
-    return [go.Scatter(x=band["x"], y=band["high"], mode="lines", line={"width": 0}, showlegend=False,
-                       name=f"{name}: highest", hoverinfo="x+y+name"),
-            go.Scatter(x=band["x"], y=band["low"], mode="lines", line={"width": 0}, fill="tonexty",
-                       fillcolor="rgba(99,110,250,0.2)", name=f"{name}: lowest to highest", hoverinfo="x+y+name"),
-            go.Scatter(x=band["x"], y=band["median"], mode="lines", line={"width": 2, "color": "rgb(99,110,250)"},
-                       name=f"{name}: median")]
-
-
-def _charts(data: dict[str, Any]) -> dict[str, str]:
-    import plotly.graph_objects as go
-
-    charts: dict[str, str] = {}
-    memory = data["memory"]
-    if memory["curves"] or memory.get("band"):
-        leaking = {sections.rank_label(v["rank"]) + (f" · pid {v['pid']}" if v.get("pid") else "")
-                   for v in memory["verdicts"] if v["leak"]}
-        figure = go.Figure(_band_traces(go, memory.get("band"), "workers"))
-        for label, curve in memory["curves"].items():
-            figure.add_trace(go.Scatter(x=curve["x"], y=curve["y"], mode="lines+markers", name=label + (" (leak)" if label in leaking else ""),
-                                        line={"width": 4 if label in leaking else 2}))
-        figure.update_layout(title="Memory (RSS) per rank", xaxis_title="seconds since first sample",
-                             yaxis_title="MiB")
-        charts["memory"] = _figure_html(figure, "chart-memory")
-    spans = data["spans"]
-    if spans["steps"]:
-        figure = go.Figure(_band_traces(go, spans.get("band"), "ranks"))
-        for rank in spans.get("alone", spans["ranks"]):
-            figure.add_trace(go.Scatter(x=spans["steps"], y=spans["totals"][rank], mode="lines+markers",
-                                        name=sections.rank_label(rank)))
-        marked = spans["stragglers"][:500]
-        if marked:  # one trace for every mark (a trace each cost plotly 0.5 ms and the page 2 KB)
-            figure.add_trace(go.Scatter(
-                x=[straggler["step"] for straggler in marked], y=[straggler["step_seconds"] for straggler in marked],
-                mode="markers", marker={"size": 14, "symbol": "x", "color": "red"}, name="stragglers",
-                text=[f"straggler rank {straggler['rank']} ({straggler['phase']} {straggler['ratio']}× the median)"
-                      for straggler in marked],
-                hovertemplate="step %{x}: %{y} s<br>%{text}<extra></extra>"))
-        figure.update_layout(title="Step time per rank (top-level spans)", xaxis_title="step", yaxis_title="seconds")
-        charts["steps"] = _figure_html(figure, "chart-steps")
-        charts["phases"] = _phase_chart(go, spans)
-    return charts
-
-
-def _phase_chart(go, spans: dict[str, Any]) -> str:
-    """Mean seconds per step by phase: every rank, or past 16 ranks the median rank and the stragglers."""
-    ranks = spans["ranks"]
-    columns = {sections.rank_label(rank): spans["mean_phase"][rank] for rank in ranks}
-    if spans.get("band"):
-        others = [rank for rank in ranks if rank not in spans["alone"]]
-        columns = {f"median of {len(others)} ranks": {
-            phase: statistics.median(spans["mean_phase"][rank][phase] for rank in others) for phase in spans["phases"]}}
-        columns.update({sections.rank_label(rank): spans["mean_phase"][rank] for rank in spans["alone"]})
-    figure = go.Figure()
-    for phase in spans["phases"]:
-        figure.add_trace(go.Bar(x=list(columns), y=[means[phase] for means in columns.values()], name=phase))
-    figure.update_layout(barmode="stack", title="Mean seconds per step, by phase and rank", yaxis_title="seconds")
-    return _figure_html(figure, "chart-phases")
-
-
 # ------------------------------------------------------------------ render
 
 
@@ -295,7 +220,7 @@ def render_report(data: dict[str, Any], *, title: str, trace_href: str | None = 
         # A literal "</script>" inside the bundle would end the tag early.
         plotly_js = get_plotlyjs().replace("</script>", "<\\/script>")
     template = env.get_template("report.html.j2")
-    return template.render(title=title, data=data, charts=_charts(data), plotly_js=plotly_js, max_records=MAX_RECORDS,
+    return template.render(title=title, data=data, charts=charts.charts(data), plotly_js=plotly_js, max_records=MAX_RECORDS,
                            trace_href=trace_href, store_path=store_path,
                            generated=_format_time(time.time()), escape=html.escape)
 
