@@ -22,6 +22,7 @@ from raysleuth.evidence import Consistency, Crash, Death, DoctorRun, Log, StackR
 from raysleuth.logs.aggregate import split_template
 from raysleuth.options import format_ranks
 from raysleuth.recorder.totals import totals_arrays
+from raysleuth.report.rounding import python_round
 from raysleuth.timeline.summary import STRAGGLER_RATIO, phases_from_totals, stragglers_of
 
 __all__ = [
@@ -359,12 +360,13 @@ def span_arrays(step_of, rank_of, phase_of, ordered: list[str], values) -> dict[
     for phase in range(1, len(ordered)):  # in phase order, one at a time (numpy's pairwise sum would differ)
         total = total + cube[:, :, phase]
     steps_out, ranks_out = step_list.tolist(), rank_list.tolist()
+    totals = python_round(total, 4)
     step_totals: dict[Any, list[float | None]] = {}
     mean_phase: dict[Any, dict[str, float]] = {}
     for column, rank in enumerate(ranks_out):
         seen = present[:, column]
-        step_totals[rank] = [round(value, 4) if here else None
-                             for value, here in zip(total[:, column].tolist(), seen.tolist())]
+        step_totals[rank] = [value if here else None  # rounded as round(value, 4), all at once
+                             for value, here in zip(totals[:, column].tolist(), seen.tolist())]
         rows = cube[seen, column, :]
         mean_phase[rank] = {name: round(math.fsum(rows[:, phase].tolist()) / len(rows), 4)
                             for phase, name in enumerate(ordered)}
