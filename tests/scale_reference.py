@@ -14,7 +14,8 @@ import numpy as np
 
 from raysleuth.memory import trend
 from raysleuth.memory.trend import LeakPolicy, LeakVerdict, detect_leak
-from raysleuth.memory.workers import TREND_SOURCES, MemoryReport, WorkerMemory, _thin
+from raysleuth.memory.series import _thin
+from raysleuth.memory.workers import TREND_SOURCES, MemoryReport, WorkerMemory
 from raysleuth.recorder import open_store
 from raysleuth.timeline.model import Timeline, _label, _number, _Tracks, _us
 

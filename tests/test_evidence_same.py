@@ -8,7 +8,8 @@ on commit f51b333, before ``raysleuth.evidence`` (see that file's docstring for 
 Two changes are on purpose and checked apart: the report's stragglers follow the timeline's rule now
 (``timeline.summary.stragglers_of``: per step and phase, the slowest rank at 1.5x the median or more,
 where the report had its own 1.5x rule on step totals), and the consistency rows lost a ``ranks`` key
-that was always empty.
+that was always empty. Two are of form only: the charts' JSON keys come in another order (their values are
+compared), and the memory section's data holds the groups a page of more than 16 workers shows (empty here).
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ def test_command_says_the_same(now: dict, command: str) -> None:
 def _without_changes(data: dict) -> dict:
     data = json.loads(json.dumps(data))
     data["spans"].pop("stragglers")
+    for key in ("quiet_groups", "grew_most"):  # past 16 workers only: the quiet ones as groups (three here)
+        assert data["memory"].pop(key, []) == []
+    for verdict in data["memory"]["verdicts"]:  # what the groups are made of
+        verdict.pop("kind", None), verdict.pop("growth", None)
     for row in data["consistency"]:
         row.pop("ranks", None)
     return data
@@ -73,5 +78,23 @@ def _steps_cut(html: str) -> str:
     return re.sub(r'<section id="steps">.*?</section>', "", html, flags=re.S)
 
 
+def _figures_read(html: str) -> str:
+    """Each chart's ``Plotly.newPlot(id, data, layout, config)`` written back with sorted keys: the report writes
+    its figures as plain dicts (``report.charts``), whose keys come in another order than plotly's own."""
+    decoder, out, at = json.JSONDecoder(), [], 0
+    while (start := html.find("Plotly.newPlot(", at)) >= 0:
+        out.append(html[at:start + len("Plotly.newPlot(")])
+        at = start + len("Plotly.newPlot(")
+        arguments = []
+        for _ in range(4):
+            at += len(html[at:]) - len(html[at:].lstrip(" \n,"))
+            value, at = decoder.raw_decode(html, at)
+            arguments.append(json.dumps(value, sort_keys=True))
+        out.append(", ".join(arguments))
+    return "".join(out) + html[at:]
+
+
 def test_report_page_is_the_same(now: dict) -> None:
-    assert _steps_cut(now["report html"]) == _steps_cut(BEFORE["report html"])
+    html, before = _figures_read(_steps_cut(now["report html"])), _figures_read(_steps_cut(BEFORE["report html"]))
+    assert html.count("Plotly.newPlot(") == before.count("Plotly.newPlot(") == 1  # the memory chart
+    assert html == before

@@ -119,6 +119,23 @@ def test_recorded_shapes(name, status, pattern):
         assert "ok" not in verdict.reason.split()  # the reason never claims more than the data holds
 
 
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_without_lines_the_verdict_is_the_same_and_only_a_quiet_series_loses_its_lines(name):
+    """``lines=False`` (the report's quiet workers past 16): a leak keeps its evidence in full; a series without
+    one keeps its verdict, reason and levels, and has no slope, R² or tau."""
+    shape = SHAPES[name]
+    steps = list(range(len(shape["times"])))
+    full = detect_leak(shape["times"], shape["uss_bytes"], steps=steps).to_dict()
+    bare = detect_leak(shape["times"], shape["uss_bytes"], steps=steps, lines=False).to_dict()
+    lines = ("slope_bytes_per_s", "slope_bytes_per_step", "r2", "tau")
+    if full["leak"]:
+        assert bare == full
+    else:
+        assert {k: v for k, v in bare.items() if k not in lines} == {k: v for k, v in full.items() if k not in lines}
+        assert all(bare[k] is None for k in lines)
+        assert full["status"] == "not enough data" or full["slope_bytes_per_s"] is not None
+
+
 def test_climb_then_plateau_from_the_issue_is_a_leak():
     """345 -> 826 MiB over 8 s, then flat: the old verdict said "ok, no steady growth (R²=0.74)"."""
     t = np.arange(0, 16, 0.5)

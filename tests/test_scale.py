@@ -112,6 +112,58 @@ def test_memory_report_answers_as_before(request, which, ranks):
         assert late and late[0].rank == 150 and late[0].samples == 40
 
 
+@pytest.mark.parametrize("fit_quiet", [0, 5, 16])
+def test_fit_quiet_lines_only_the_quiet_workers_that_grew_most(run, fit_quiet):
+    """The report's call (``fit_quiet``): every verdict as in full; the evidence lines of the leaks and of the
+    ``fit_quiet`` workers without a leak that grew most, as in full; the other workers' lines None."""
+    import copy
+
+    store = _open(run)
+    full = memory_report(store, per_step=False).to_dict()["workers"]
+    bare = memory_report(store, per_step=False, fit_quiet=fit_quiet).to_dict()["workers"]
+    assert len(bare) == len(full) > 16
+    quiet = [at for at, worker in enumerate(full) if worker["status"] == "ok" and not worker["leak"]]
+    quiet.sort(key=lambda at: -full[at]["evidence"]["growth_bytes"])  # stable: the first read first on a tie
+    fitted = set(quiet[:fit_quiet]) | {at for at, worker in enumerate(full) if worker["leak"]}
+    assert any(worker["leak"] for worker in full) and len(fitted) >= fit_quiet
+    lines = ("slope_bytes_per_s", "slope_bytes_per_step", "r2", "tau")
+    for at, (mine, theirs) in enumerate(zip(copy.deepcopy(bare), copy.deepcopy(full))):
+        if at in fitted:
+            assert mine == theirs
+        else:
+            assert all(mine["evidence"][k] is None for k in lines)
+            assert all(mine[k] is None for k in lines if k in mine)
+            for k in lines:
+                mine.pop(k, None), theirs.pop(k, None), mine["evidence"].pop(k), theirs["evidence"].pop(k)
+            assert mine == theirs
+    assert memory_report(store, per_step=False, fit_quiet=len(full)).to_dict()["workers"] == full  # few: all
+
+
+def test_the_report_tells_the_quiet_workers_as_groups_and_the_ones_that_grew_most(run):
+    import html
+
+    from raysleuth.report import build_report_data, render_report
+
+    store = _open(run)
+    data = build_report_data(store)
+    memory = data["memory"]
+    full = memory_report(store, per_step=False).workers
+    quiet = [worker for worker in full if not worker.leak]
+    assert sum(group["count"] for group in memory["quiet_groups"]) == len(quiet) > 16
+    kinds = {group["kind"] for group in memory["quiet_groups"]}
+    assert kinds <= {"flat or shrinking", "no lasting growth", "not enough data"} and kinds
+    for group in memory["quiet_groups"]:  # its reason's own words, for every member
+        members = [w for w in quiet if w.reason.startswith(group["kind"])]
+        assert len(members) == group["count"], group
+    grew = sorted((w for w in quiet if w.status == "ok"), key=lambda w: -w.evidence["growth_bytes"])[:16]
+    assert [(v["rank"], v["slope"]) for v in memory["grew_most"]] == \
+        [(w.rank, f"{w.slope_bytes_per_s / 2**20:.2f} MiB/s") for w in grew]
+    page = render_report(data, title="scale", inline_js=False)
+    assert "The 16 that grew most:" in page and page.count("LEAK</td>") == len(full) - len(quiet)
+    for group in memory["quiet_groups"]:
+        assert f"<td>{group['count']}</td><td>{group['kind']}</td><td>{html.escape(group['ranks'])}</td>" in page
+
+
 def test_the_leak_test_counts_every_pair_in_n_log_n():
     rng = np.random.default_rng(27)
     for n in (3, 65, 600, 601, 1024, 1025, 3001):

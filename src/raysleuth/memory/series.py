@@ -1,4 +1,5 @@
-"""One worker's memory samples as float columns (the reader of :mod:`.workers` keeps no records)."""
+"""One worker's memory samples as float columns (the reader of :mod:`.workers` keeps no records), and a series
+thinned for a chart (:func:`sparkline`)."""
 
 from __future__ import annotations
 
@@ -106,3 +107,36 @@ def _is_number(value: Any) -> bool:
 def _as_int(value: float | None) -> Any:
     """An integral float as the int it was stored as (bytes), anything else as it is."""
     return int(value) if value is not None and value == value and float(value).is_integer() else value
+
+
+# ------------------------------------------------------------ thinned for charts
+
+_BARS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float | None], width: int = 30) -> str:
+    """A one-line chart of ``values`` (thinned to ``width`` characters)."""
+    points = [v for v in values if v is not None]
+    if not points:
+        return ""
+    points = _thin(points, width)
+    low, high = min(points), max(points)
+    if high == low:
+        return _BARS[0] * len(points)
+    return "".join(_BARS[round((v - low) / (high - low) * (len(_BARS) - 1))] for v in points)
+
+
+def _evenly(count: int, width: int) -> list[int]:
+    """``width`` places spread evenly over ``count`` values, the first and the last among them (``count > width``)."""
+    return [round(i * (count - 1) / (width - 1)) for i in range(width)]
+
+
+def _thin(values: list[float], width: int = 60) -> list[float]:
+    if len(values) <= width:
+        return values
+    return [values[at] for at in _evenly(len(values), width)]
+
+
+def _thin_array(values, width: int = 60) -> list[float]:
+    """:func:`_thin` of a numpy column: the same values, taken before they become Python floats."""
+    return (values if len(values) <= width else values[_evenly(len(values), width)]).tolist()

@@ -295,11 +295,16 @@ def detect_leak(
     steps: Sequence[int | None] | None = None,
     policy: LeakPolicy | None = None,
     metric: str = "uss_bytes",
+    lines: bool = True,
 ) -> LeakVerdict:
     """Fit a trend to one process's memory series and decide whether it leaks.
 
     ``times`` in seconds (any origin), ``values`` in bytes (None entries are
     skipped), ``steps`` optional training steps (gives bytes per step).
+    ``lines=False``: a series that does not leak gets no evidence lines
+    (slope, R² and tau None; its verdict and reason unchanged): the two
+    Theil–Sen fits and the trend count are most of the cost. A leak's
+    verdict is the same either way.
     """
     import numpy as np
 
@@ -313,26 +318,31 @@ def detect_leak(
             metric=metric, samples=samples, status="not enough data")
     xs = times_in - times_in[0]
     ys = values_in.tolist()
-    judged = _judge(ys, policy)
+    judged = _judge(ys, policy, evidence=lines)
+    if not lines and judged["pattern"] is not None:
+        judged = _judge(ys, policy)  # a leak: its evidence in full, as with lines
+    drawn = lines or judged["pattern"] is not None
     fitted = 300 if judged["pattern"] else EVIDENCE_POINTS  # a leak's lines (and its reason) as fitted before
-    fit = fit_trend(xs, values_in, max_points=fitted)
+    fit = fit_trend(xs, values_in, max_points=fitted) if drawn else None
     span = float(xs[-1] - xs[0])
     start, end = judged["start"], judged["end"]
     growth = end - start
     fraction = growth / start if start > 0 else (1.0 if growth > 0 else 0.0)
     per_step = None
-    if steps_in is not None:
+    if steps_in is not None and drawn:
         stepped = steps_in == steps_in
         if len(np.unique(steps_in[stepped])) >= 3:
             per_step = theil_sen(steps_in[stepped], values_in[stepped], max_points=fitted)[0]
     verdict = LeakVerdict(
-        False, "", metric=metric, samples=samples, slope_bytes_per_s=fit.slope, slope_bytes_per_step=per_step,
-        r2=fit.r2, tau=judged["tau"], window_start=float(times_in[0]), window_end=float(times_in[-1]), window_s=span,
+        False, "", metric=metric, samples=samples, slope_bytes_per_s=fit.slope if fit else None,
+        slope_bytes_per_step=per_step, r2=fit.r2 if fit else None, tau=judged["tau"] if drawn else None,
+        window_start=float(times_in[0]), window_end=float(times_in[-1]), window_s=span,
         start_bytes=start, end_bytes=end, growth_bytes=growth, growth_fraction=fraction,
         floor_growth_bytes=judged["floor"], recent_growth_bytes=judged["recent"], pattern=judged["pattern"],
     )
     mib = lambda value: f"{value / MiB:.0f} MiB"  # noqa: E731
     if judged["pattern"] == "steady":
+        assert fit is not None  # a leak always has its lines
         verdict.reason = (f"steady growth {mib(start)} -> {mib(end)} (+{fraction:.0%}) over {span:.0f}s "
                           f"(tau={judged['tau']:.2f}, {fit.slope / MiB:+.2f} MiB/s)")
     elif judged["pattern"] == "climb":

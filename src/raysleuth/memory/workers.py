@@ -25,7 +25,7 @@ from typing import Any
 
 from raysleuth import evidence
 from raysleuth.cluster import own
-from raysleuth.memory.series import METRICS, _as_int, _Series
+from raysleuth.memory.series import METRICS, _as_int, _Series, _thin_array, sparkline
 from raysleuth.memory.trend import LeakPolicy, detect_leak, leaks
 from raysleuth.recorder import blocks, reading
 from raysleuth.recorder.reading import bulk
@@ -34,21 +34,6 @@ __all__ = ["MemoryReport", "SampleRun", "WorkerMemory", "memory_report", "sample
 
 #: Sources whose samples are periodic and feed the trend.
 TREND_SOURCES = ("watch", "agent")
-_BARS = "▁▂▃▄▅▆▇█"
-
-
-def sparkline(values: list[float | None], width: int = 30) -> str:
-    """A one-line chart of ``values`` (thinned to ``width`` characters)."""
-    points = [v for v in values if v is not None]
-    if not points:
-        return ""
-    points = _thin(points, width)
-    low, high = min(points), max(points)
-    if high == low:
-        return _BARS[0] * len(points)
-    return "".join(_BARS[round((v - low) / (high - low) * (len(_BARS) - 1))] for v in points)
-
-
 @dataclasses.dataclass
 class WorkerMemory:
     """One worker's memory over the run: now, peak, trend, verdict."""
@@ -108,22 +93,6 @@ class MemoryReport:
                 "not_enough_data": len(self.undecided)}
 
 
-def _evenly(count: int, width: int) -> list[int]:
-    """``width`` places spread evenly over ``count`` values, the first and the last among them (``count > width``)."""
-    return [round(i * (count - 1) / (width - 1)) for i in range(width)]
-
-
-def _thin(values: list[float], width: int = 60) -> list[float]:
-    if len(values) <= width:
-        return values
-    return [values[at] for at in _evenly(len(values), width)]
-
-
-def _thin_array(values, width: int = 60) -> list[float]:
-    """:func:`_thin` of a numpy column: the same values, taken before they become Python floats."""
-    return (values if len(values) <= width else values[_evenly(len(values), width)]).tolist()
-
-
 #: What the reader takes from each ``memory`` row: columns, then ``data`` fields (read in SQL, see
 #: :func:`raysleuth.recorder.reading.select`).
 _COLUMNS = ("time", "id", "rank", "step", "pid", "node_ip")
@@ -147,7 +116,8 @@ def summarise(records: list, policy: LeakPolicy | None = None) -> WorkerMemory:
     return _summarise_series(series, policy)
 
 
-def _summarise_series(series: _Series, policy: LeakPolicy | None, per_step: bool = True) -> WorkerMemory:
+def _summarise_series(series: _Series, policy: LeakPolicy | None, per_step: bool = True,
+                      lines: bool = True) -> WorkerMemory:
     times, steps, values = series.ordered()  # NaN: no value (the leak test reads columns as they are)
     last = series.last
     latest = dict(zip(METRICS, last[9:]))
@@ -169,7 +139,8 @@ def _summarise_series(series: _Series, policy: LeakPolicy | None, per_step: bool
     metric = host_metric
     if len(present["cuda_allocated_bytes"]) and leaks(times, values["cuda_allocated_bytes"], policy=policy):
         metric = "cuda_allocated_bytes"
-    chosen = detect_leak(times, values[metric], steps=steps if per_step else None, policy=policy, metric=metric)
+    chosen = detect_leak(times, values[metric], steps=steps if per_step else None, policy=policy, metric=metric,
+                         lines=lines)
     worker.leak, worker.reason, worker.evidence = chosen.leak, chosen.reason, chosen.to_dict()
     worker.status = chosen.status
     worker.slope_bytes_per_s, worker.slope_bytes_per_step = chosen.slope_bytes_per_s, chosen.slope_bytes_per_step
@@ -203,14 +174,17 @@ def _sender_key(senders: dict[int, tuple]):
 
 def memory_report(store, *, rank: int | list[int] | None = None, since: float | None = None,
                   job: str | list[str] | None = None, policy: LeakPolicy | None = None,
-                  per_step: bool = True) -> MemoryReport:
+                  per_step: bool = True, fit_quiet: int | None = None) -> MemoryReport:
     """Per-worker memory of a run (``store``: an open :class:`EvidenceStore`), sorted by rank.
 
     ``rank``, ``since`` (a Unix time) and ``job`` (a Ray job id) narrow the samples judged. The samples are
     read field by field in SQL, rank by rank (one rank's rows lie together in the file), a batch at a time,
     and kept as float columns (about 70 bytes a sample), never as records. ``per_step=False``: no line in
     steps (``slope_bytes_per_step`` None; a reader that shows none of it, the table of ``raysleuth memory``:
-    one Theil-Sen fit less a worker, the same verdicts).
+    one Theil-Sen fit less a worker, the same verdicts). ``fit_quiet``: at most this many workers that do not
+    leak get their evidence lines (slope, R², tau), those whose memory grew most; the others' are None (their
+    verdicts and reasons are the same). The lines are most of the cost: the report of a thousand workers lists
+    the leaks and the few that grew most (None: every worker's lines).
     """
     groups: dict[tuple[Any, Any], dict[str, _Series]] = {}
     batch: list[tuple] = []
@@ -257,7 +231,13 @@ def memory_report(store, *, rank: int | list[int] | None = None, since: float | 
             series.last = series.last[:4] + sender[:2] + series.last[6:]
             series.identity = sender[2:]
     with bulk():  # a verdict and its evidence per worker, all kept
-        workers = [_summarise_series(series, policy, per_step) for series in chosen]
+        lines = fit_quiet is None or len(chosen) <= fit_quiet
+        workers = [_summarise_series(series, policy, per_step, lines) for series in chosen]
+        if not lines:  # the quiet ones that grew most get their lines after all
+            quiet = [at for at, worker in enumerate(workers) if worker.status == "ok"]
+            quiet.sort(key=lambda at: -workers[at].evidence["growth_bytes"])
+            for at in quiet[:fit_quiet]:
+                workers[at] = _summarise_series(chosen[at], policy, per_step)
     workers.sort(key=lambda w: (w.rank is None, w.rank if w.rank is not None else 0, w.node_ip or "", w.pid or 0))
     return MemoryReport(store=str(store.path), workers=workers)
 

@@ -173,24 +173,60 @@ def _collectives(store) -> dict[str, Any] | None:
 
 
 def _memory(store) -> dict[str, Any]:
-    """Leak verdicts from :func:`raysleuth.memory.memory_report` (leaks first); curves from SQL aggregates."""
+    """Leak verdicts from :func:`raysleuth.memory.memory_report` (leaks first); curves from SQL aggregates.
+
+    Past :data:`~raysleuth.report.overview.ALONE` workers the ones without a leak are told as groups (what their
+    verdict says, their ranks as ranges, how much they grew) and the few that grew most, each with its slope:
+    only those are fitted a line (``fit_quiet``), as a thousand rows of "no lasting growth" would tell no more.
+    """
     try:
-        report = memory_report(store, per_step=False)  # the page shows no MiB/step
+        report = memory_report(store, per_step=False, fit_quiet=overview.ALONE)  # the page shows no MiB/step
     except Exception:
         report = None
     workers = report.workers if report else []
     verdicts = [{"time": worker.last_time, "rank": worker.rank, "pid": worker.pid, "leak": worker.leak,
                  "slope": None if worker.slope_bytes_per_s is None else f"{worker.slope_bytes_per_s / 2**20:.2f} MiB/s",
-                 "reason": f"pid {worker.pid}, {worker.samples} samples: {worker.reason}"}
+                 "reason": f"pid {worker.pid}, {worker.samples} samples: {worker.reason}",
+                 "kind": _quiet_kind(worker.status, worker.evidence), "growth": worker.evidence.get("growth_bytes")}
                 for worker in workers]
     verdicts.sort(key=lambda v: not v["leak"])
     leaking = sorted({v["rank"] for v in verdicts if v["leak"] and v["rank"] is not None})
     drawn = overview.memory_curves(store, set(leaking))
     quiet = [v for v in verdicts if not v["leak"]]
+    many = len(verdicts) > overview.ALONE
+    grew_most = sorted((v for v in quiet if v["slope"] is not None), key=lambda v: -float(v["growth"] or 0.0))
     return {"curves": drawn["curves"], "verdicts": verdicts, "leaking_ranks": leaking, "band": drawn["band"],
-            "grouped": drawn["grouped"],
+            "grouped": drawn["grouped"], "quiet_groups": _quiet_groups(quiet) if many else [],
+            "grew_most": grew_most if many else [],
             "quiet": (f"{len(quiet)} workers without a leak (ranks "
                       f"{format_ranks(int(v['rank']) for v in quiet if v['rank'] is not None)})") if quiet else ""}
+
+
+def _quiet_kind(status: str, evidence: dict[str, Any]) -> str:
+    """What a verdict without a leak says, in the words of its reason (:func:`raysleuth.memory.detect_leak`)."""
+    if status != "ok":
+        return status
+    if (evidence.get("growth_bytes") or 0.0) <= 0 and (evidence.get("floor_growth_bytes") or 0.0) <= 0:
+        return "flat or shrinking"
+    return "no lasting growth"
+
+
+def _quiet_groups(quiet: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The workers without a leak by what their verdict says: how many, their ranks, how much they grew."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for verdict in quiet:
+        groups.setdefault(verdict["kind"], []).append(verdict)
+    rows = []
+    for kind, members in sorted(groups.items(), key=lambda item: -len(item[1])):
+        ranks = [int(v["rank"]) for v in members if v["rank"] is not None]
+        grown = [v["growth"] / 2**20 for v in members if v["growth"] is not None]
+        unranked = len(members) - len(ranks)
+        label = format_ranks(ranks) if ranks else ""
+        if unranked:
+            label = f"{label} and {unranked} without a rank" if label else f"{unranked} without a rank"
+        rows.append({"kind": kind, "count": len(members), "ranks": label,
+                     "growth": f"{min(grown):+.0f} to {max(grown):+.0f} MiB" if grown else ""})
+    return rows
 
 
 # ------------------------------------------------------------------ render
