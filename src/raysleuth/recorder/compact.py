@@ -110,7 +110,7 @@ class Passes:
 
     def __init__(self) -> None:
         self.waiting = False
-        self.last = 0.0
+        self.last = float("-inf")  # the first batch with dumps passes (not: monotonic() past PASS_SECONDS)
 
     def after(self, db, dumps: bool) -> None:
         """After a committed batch (``dumps``: it held collectives dumps); the caller holds the writer's lock."""
