@@ -293,6 +293,33 @@ def test_collectives_read_the_newest_dump_of_each_rank(run):
     assert "ranks 0-6,8-" in new.culprits[0].reason  # the waiting ranks as ranges, not 99 numbers
 
 
+def test_the_reports_collectives_table_has_a_column_per_kind_of_rank_not_per_rank(run):
+    """At 100 ranks the aligned table shares a column among the ranks whose rows read alike, as the CLI does:
+    one column per way a rank's rows read, the most ranks first, the culprit alone."""
+    from raysleuth.report import build_report_data, render_report
+
+    data = build_report_data(_open(run))
+    [group] = data["collectives"]["groups"]
+    assert len(group["ranks"]) == 100
+
+    def reads(rank):
+        return tuple(None if (c := row["ranks"].get(rank)) is None else (c["call"], c["where"] or "", c["state"])
+                     for row in group["rows"])
+
+    kinds: dict = {}
+    for rank in group["ranks"]:
+        kinds.setdefault(reads(rank), []).append(rank)
+    expected = sorted(kinds.values(), key=lambda ranks: (-len(ranks), ranks[0]))
+    assert 2 <= len(expected) < 10
+    assert [column["rank"] for column in group["columns"]] == [ranks[0] for ranks in expected]
+    assert [column["header"] for column in group["columns"]] == \
+        [f"rank {ranks[0]}" if len(ranks) == 1 else f"{len(ranks)} ranks {format_ranks(ranks)}" for ranks in expected]
+    assert {"header": "rank 7", "rank": 7} in group["columns"]
+    page = render_report(data, title="scale", inline_js=False)
+    table = page[page.index('<section id="collectives">'):page.index("</section>", page.index('id="collectives"'))]
+    assert table.count("<th>") == len(expected) + 1 and len(table) < 20_000
+
+
 def test_collectives_take_each_dumps_entries_as_it_is_read(run):
     """The command's read converts each dump's entries as it comes and drops its parsed arrays (half the peak
     memory at 1,000 ranks); the positions and the verdict are those of the dumps read whole."""

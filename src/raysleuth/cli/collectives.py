@@ -108,14 +108,8 @@ def _cell(row, rank) -> str:
 
 def _columns(group) -> list[tuple[str, int]]:
     """(header, a rank) per column: one per rank up to 8 ranks, else ranks whose rows read alike share one."""
-    if len(group.ranks) <= 8:
-        return [(f"rank {rank}", rank) for rank in group.ranks]
-    alike: dict[tuple, list[int]] = {}
-    for rank in group.ranks:
-        alike.setdefault(tuple(_cell(row, rank) for row in group.rows), []).append(rank)
-    columns = sorted(alike.values(), key=lambda ranks: (-len(ranks), ranks[0]))
     return [(f"rank {ranks[0]}" if len(ranks) == 1 else f"{len(ranks)} ranks {format_ranks(ranks)}", ranks[0])
-            for ranks in columns]
+            for ranks in group.columns()]
 
 
 def _draw_group(group) -> None:

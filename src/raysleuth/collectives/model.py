@@ -96,10 +96,26 @@ class GroupAlignment:
     def label(self) -> str:
         return self.desc if self.desc and self.desc not in ("undefined", "") else f"group {self.name}"
 
+    def columns(self, alone: int = 8) -> list[list[int]]:
+        """The ranks as a table's columns: each its own up to ``alone`` ranks; past that, the ranks whose every
+        row reads alike (call, where, state) share one, the most ranks first (a thousand ranks, a few columns)."""
+        if len(self.ranks) <= alone:
+            return [[rank] for rank in self.ranks]
+        alike: dict[tuple, list[int]] = {}
+        for rank in self.ranks:
+            alike.setdefault(tuple(_cell_key(row, rank) for row in self.rows), []).append(rank)
+        return sorted(alike.values(), key=lambda ranks: (-len(ranks), ranks[0]))
+
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["label"] = self.label
         return data
+
+
+def _cell_key(row: dict[str, Any], rank: int) -> tuple | None:
+    """What a rank's cell of a row shows (None: no entry at that sequence number)."""
+    cell = row["ranks"].get(rank) if isinstance(row["ranks"], dict) else None
+    return None if cell is None else (cell["call"], cell.get("where") or "", cell["state"])
 
 
 @dataclasses.dataclass

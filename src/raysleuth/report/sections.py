@@ -125,7 +125,11 @@ def verdict_section(verdict: CollectiveVerdict | None) -> dict[str, Any] | None:
     if verdict is None:
         return None
     return {"summary": verdict.summary, "culprits": [c.to_dict() for c in verdict.culprits],
-            "groups": [{"label": g.label, "name": g.name, "ranks": g.ranks, "rows": g.rows} for g in verdict.groups]}
+            "groups": [{"label": g.label, "name": g.name, "ranks": g.ranks, "rows": g.rows,
+                        "columns": [{"header": rank_label(ranks[0]) if len(ranks) == 1
+                                     else f"{len(ranks)} ranks {format_ranks(ranks)}", "rank": ranks[0]}
+                                    for ranks in g.columns()]}
+                       for g in verdict.groups]}
 
 
 def consistency_section(records: Sequence[Consistency]) -> list[dict[str, Any]]:
