@@ -21,6 +21,7 @@ from raysleuth.recorder.blocks import NULL, bucket_rows, rss_bucket_columns
 from raysleuth.recorder.reading import buckets
 from raysleuth.recorder.totals import span_columns, span_rows, span_totals
 from raysleuth.report import sections
+from raysleuth.report.rounding import python_round
 
 __all__ = ["ALONE", "memory_curves", "span_overview"]
 
@@ -127,7 +128,7 @@ def _curve_columns(columns: tuple, leaking: set, start: float, width: float) -> 
         who.append(rank)
     if len(set(labels)) < len(labels):  # (rank 3, pid None) and (rank 3, pid 0): one curve in the rows' loop
         return None
-    xs = [round(at - start, 3) for at in when.tolist()]
+    xs = python_round(when - start, 3).tolist()  # [round(at - start, 3) for at in when.tolist()], at once
     mib = np.round(value / 2**20, 2)
     ys = mib.tolist()
     peaks = dict(zip(labels, np.maximum(np.maximum.reduceat(mib, starts), 0.0).tolist()))
