@@ -32,6 +32,36 @@ def test_a_cut_section_says_what_it_shows_and_what_it_left_out(tmp_path, monkeyp
     store.close()
 
 
+def test_the_logs_section_cuts_among_warnings_and_errors_so_info_lines_never_push_an_error_off(tmp_path, monkeypatch):
+    """The logs section shows warnings and errors: its newest ``MAX_RECORDS`` are of those. Before, the newest of
+    every level were read and the rest dropped, so 50,000 INFO lines after an error hid it (and cost 1 s)."""
+    path = tmp_path / "runs" / "infos" / "evidence.sqlite"
+    path.parent.mkdir(parents=True)
+    store = EvidenceStore(path)
+    header = {"node_ip": "10.0.0.1", "pid": 4242, "client_id": "c0", "actor_class": "TrainWorker"}
+    start = 1_780_000_000.0
+    store.write_batch(header, [("log", start, 0, None, None, "train", "ERROR", {"message": "NCCL timeout"}, 0),
+                               ("log", start + 1, 0, None, None, "train", "warning", {"message": "lower case"}, 1),
+                               ("log", start + 2, 0, None, None, "train", None,  # a foreign row: level in its data
+                                {"message": "no level column", "level": "critical"}, 2),
+                               ("log", start + 3, 0, None, None, "train", None, {"message": "no level at all"}, 3)]
+                      + [("log", start + 10 + n, 0, None, None, "train", "INFO", {"message": f"step {n}"}, 10 + n)
+                         for n in range(40)])
+    store.close()
+    monkeypatch.setattr(report, "MAX_RECORDS", 10)
+    store = EvidenceStore(path, readonly=True)
+    data = report.build_report_data(store)
+    store.close()
+    assert [line["message"] for line in data["logs"]["rank 0"]] == ["NCCL timeout", "lower case", "no level column"]
+    assert data["capped"] == {}  # 4 rows may be warnings or errors (one says nothing): none cut
+    monkeypatch.setattr(report, "MAX_RECORDS", 2)
+    store = EvidenceStore(path, readonly=True)
+    data = report.build_report_data(store)
+    store.close()
+    assert data["capped"] == {"logs": {"kept": 2, "held": 4, "left_out": 2}}
+    assert [line["message"] for line in data["logs"]["rank 0"]] == ["no level column"]  # the newest two: one says
+
+
 def test_the_run_summary_reads_writers_and_times_on_the_index_as_it_read_them_by_grouping(tmp_path):
     from types import SimpleNamespace
 

@@ -56,11 +56,18 @@ def _listed(value: Any) -> list:
 
 
 def where_clause(*, kind=None, rank=None, job=None, name=None, since=None, until=None, after_id=None, step_min=None,
-                 step_max=None, levels: Iterable[str] | None = None,
-                 ids: Iterable[int] | None = None) -> tuple[list[str], list[Any]]:
-    """SQL conditions and their arguments for the store's filters (shared by ``query`` and :func:`select`)."""
+                 step_max=None, levels: Iterable[str] | None = None, ids: Iterable[int] | None = None,
+                 level_names: Iterable[str] | None = None) -> tuple[list[str], list[Any]]:
+    """SQL conditions and their arguments for the store's filters (shared by ``query`` and :func:`select`).
+
+    ``levels``: the level column is one of these, as spelled. ``level_names``: it is one of these in any case, or
+    the row has none (a foreign writer's row may name its level in its data: the caller reads it there)."""
     where: list[str] = []
     args: list[Any] = []
+    if level_names is not None:
+        names = [str(value).upper() for value in _listed(level_names)]
+        where.append(f"(upper(level) IN ({','.join('?' * len(names))}) OR coalesce(level, '') = '')")
+        args += names
     for values, column in ((kind, "kind"), (rank, "rank"), (job, "job_id"), (levels, "level"), (ids, "id")):
         if values is not None:
             listed = _listed(values)

@@ -63,6 +63,9 @@ SECTION_KINDS: dict[str, tuple[type[evidence.Evidence], ...]] = {
 }
 #: Kinds read as records by the feature that owns them (``raysleuth weights``'s reader).
 RECORD_KINDS = {"weights": ("weight_sync", "logprob_gap")}
+#: What a section reads of its kinds, beyond their kind: the logs section shows warnings and errors only, so its
+#: newest :data:`MAX_RECORDS` are those (50,000 INFO lines newer than an error no longer push it off the page).
+SECTION_FILTERS: dict[str, dict[str, Any]] = {"logs": {"level_names": sections.SEVERITIES}}
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -84,30 +87,30 @@ class ReportResult:
         return {key: str(value) if isinstance(value, Path) else value for key, value in dataclasses.asdict(self).items()}
 
 
-def _newest(store, kinds: tuple) -> list:
+def _newest(store, kinds: tuple, **filters: Any) -> list:
     """At most :data:`MAX_RECORDS` of ``kinds`` (evidence classes, or kind names read as records), oldest first."""
     if kinds and isinstance(kinds[0], str):
-        records = store.query(list(kinds), limit=MAX_RECORDS, newest_first=True)
+        records = store.query(list(kinds), limit=MAX_RECORDS, newest_first=True, **filters)
     else:
-        records = evidence.read(store, kinds, limit=MAX_RECORDS, newest_first=True)
+        records = evidence.read(store, kinds, limit=MAX_RECORDS, newest_first=True, **filters)
     records.reverse()
     return records
 
 
-def _held(store, kinds: tuple) -> int:
+def _held(store, kinds: tuple, **filters: Any) -> int:
     """How many records the query of :func:`_newest` matches in all (its ``limit`` aside)."""
     if kinds and isinstance(kinds[0], str):
-        return count_span(store, list(kinds))[0]
+        return count_span(store, list(kinds), **filters)[0]
     names = {kind.NAME for kind in kinds}
     name = next(iter(names)) if len(names) == 1 and None not in names else None
-    return count_span(store, sorted({kind.KIND for kind in kinds}), name=name)[0]
+    return count_span(store, sorted({kind.KIND for kind in kinds}), name=name, **filters)[0]
 
 
 def _capped(store, fetched: dict[str, list]) -> dict[str, dict[str, int]]:
     """Per section cut to :data:`MAX_RECORDS`: the records it shows, the run holds and it left out."""
     capped = {}
     for section, names in {**SECTION_KINDS, **RECORD_KINDS}.items():
-        held = _held(store, names)  # counted on the index: a query cut at its limit may show fewer
+        held = _held(store, names, **SECTION_FILTERS.get(section, {}))  # counted apart: a cut query may show fewer
         if held > MAX_RECORDS:
             capped[section] = {"kept": len(fetched[section]), "held": held, "left_out": held - MAX_RECORDS}
     return capped
@@ -117,7 +120,8 @@ def build_report_data(store) -> dict[str, Any]:
     """Every section's data from an open :class:`~raysleuth.recorder.EvidenceStore` (no charts yet)."""
     kinds = store.kinds()
     meta = store.meta()
-    fetched = {section: _newest(store, names) for section, names in {**SECTION_KINDS, **RECORD_KINDS}.items()}
+    fetched = {section: _newest(store, names, **SECTION_FILTERS.get(section, {}))
+               for section, names in {**SECTION_KINDS, **RECORD_KINDS}.items()}
     first, last = time_range(store, kinds)  # the summary: every writer, and the run's first and last record
     sample = [SimpleNamespace(rank=rank, node_ip=ip, hostname=host, actor_class=actor, time=when)
               for rank, ip, host, actor in writers(store, kinds) for when in (first, last)]
@@ -256,8 +260,8 @@ def render_report(data: dict[str, Any], *, title: str, trace_href: str | None = 
         # A literal "</script>" inside the bundle would end the tag early.
         plotly_js = get_plotlyjs().replace("</script>", "<\\/script>")
     template = env.get_template("report.html.j2")
-    return template.render(title=title, data=data, charts=charts.charts(data), plotly_js=plotly_js, max_records=MAX_RECORDS,
-                           trace_href=trace_href, store_path=store_path,
+    return template.render(title=title, data=data, charts=charts.charts(data), plotly_js=plotly_js,
+                           max_records=MAX_RECORDS, trace_href=trace_href, store_path=store_path,
                            generated=_format_time(time.time()), escape=html.escape)
 
 

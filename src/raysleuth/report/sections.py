@@ -212,6 +212,8 @@ def _explanation(crash: Crash) -> str:
 
 #: Log levels the report shows, most severe first.
 _SEVERITY = {"CRITICAL": 0, "ERROR": 1, "WARNING": 2}
+#: The log levels the logs section shows.
+SEVERITIES = tuple(_SEVERITY)
 
 
 def log_section(records: Sequence[Log], *, per_rank: int = 50) -> dict[str, list[dict[str, Any]]]:
