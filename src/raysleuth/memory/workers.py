@@ -34,6 +34,8 @@ __all__ = ["MemoryReport", "SampleRun", "WorkerMemory", "memory_report", "sample
 
 #: Sources whose samples are periodic and feed the trend.
 TREND_SOURCES = ("watch", "agent")
+
+
 @dataclasses.dataclass
 class WorkerMemory:
     """One worker's memory over the run: now, peak, trend, verdict."""
