@@ -144,7 +144,8 @@ def test_entries_of_another_format_or_cut_and_files_before_schema_6_are_parsed(t
     _same(records, dumps, taken, parsed)
     writer.close()
     db = sqlite3.connect(tmp_path / "evidence.sqlite")
-    for statement in ("DROP TRIGGER collective_entries_insert", "DROP TRIGGER collective_entries_update",
+    for statement in ("DROP INDEX log_severe", "DROP TRIGGER collective_entries_insert",
+                      "DROP TRIGGER collective_entries_update",
                       "DROP TRIGGER collective_entries_delete", "DROP TABLE collective_entries",
                       "PRAGMA user_version=5"):
         db.execute(statement)

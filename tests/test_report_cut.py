@@ -62,6 +62,40 @@ def test_the_logs_section_cuts_among_warnings_and_errors_so_info_lines_never_pus
     assert [line["message"] for line in data["logs"]["rank 0"]] == ["no level column"]  # the newest two: one says
 
 
+def test_the_warnings_and_errors_are_read_on_their_own_index_and_a_version_7_file_answers_the_same(tmp_path):
+    """Migration 8's ``log_severe`` holds the logs that may be warnings or errors: the section's newest-first read
+    and its count walk it (605,000 log lines of a full-mode hour, 6,000 of them warnings: 1.5 s without); a file
+    from before it is read by scanning, with the same answer."""
+    import sqlite3
+
+    from raysleuth.recorder.reading import where_clause
+
+    path = tmp_path / "evidence.sqlite"
+    store = EvidenceStore(path)
+    header = {"node_ip": "10.0.0.1", "pid": 4242, "client_id": "c0"}
+    store.write_batch(header, [("log", 1_780_000_000.0 + n, 0, None, None, "train",
+                                ("ERROR", "INFO", "Warning", None, "DEBUG")[n % 5], {"message": f"line {n}"}, n)
+                               for n in range(200)])
+    where, args = where_clause(kind="log", severe_logs=True)
+    plan = " ".join(row[-1] for row in store._db.execute(
+        "EXPLAIN QUERY PLAN SELECT id FROM records WHERE " + " AND ".join(where) + " ORDER BY time DESC", args))
+    assert "log_severe" in plan, plan
+    newest = [(r.level, r.data["message"]) for r in store.query("log", severe_logs=True, limit=5, newest_first=True)]
+    assert newest == [(None, "line 198"), ("Warning", "line 197"), ("ERROR", "line 195"), (None, "line 193"),
+                      ("Warning", "line 192")]
+    store.close()
+    db = sqlite3.connect(path)  # a version 7 file: no index, the same answer
+    db.execute("DROP INDEX log_severe")
+    db.execute("PRAGMA user_version=7")
+    db.commit()
+    db.close()
+    old = EvidenceStore(path, readonly=True)
+    assert old.schema_version == 7
+    assert [(r.level, r.data["message"]) for r in old.query("log", severe_logs=True, limit=5, newest_first=True)] \
+        == newest
+    old.close()
+
+
 def test_the_run_summary_reads_writers_and_times_on_the_index_as_it_read_them_by_grouping(tmp_path):
     from types import SimpleNamespace
 

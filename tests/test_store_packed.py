@@ -118,7 +118,7 @@ def test_a_version_3_file_reads_as_before_and_once_migrated_keeps_new_samples_in
     old.close()
 
     store = EvidenceStore(path)  # a writer migrates: the old rows stay as they are, new samples go in columns
-    assert store.schema_version == SCHEMA_VERSION == 7
+    assert store.schema_version == SCHEMA_VERSION == 8
     assert [r.data for r in _by_id(store)] == before
     assert list(store.select("memory", ("id",), TEMPLATE, order="id")) == before_fields
     store.write_batch({"client_id": "new", "pid": 101}, runs[1][1])

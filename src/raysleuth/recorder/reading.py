@@ -31,7 +31,7 @@ from typing import Any
 from orjson import loads as _fast_loads
 
 from raysleuth.errors import StoreCorrupt, UsageError
-from raysleuth.recorder.schema import COPIED, COPY_MARK, PACKED, VALUE_COLUMNS
+from raysleuth.recorder.schema import COPIED, COPY_MARK, LOG_SEVERE, PACKED, VALUE_COLUMNS
 
 __all__ = ["buckets", "bulk", "loads", "table_for", "newest_per_worker", "select", "senders", "tail_records", "tails",
            "where_clause"]
@@ -57,17 +57,13 @@ def _listed(value: Any) -> list:
 
 def where_clause(*, kind=None, rank=None, job=None, name=None, since=None, until=None, after_id=None, step_min=None,
                  step_max=None, levels: Iterable[str] | None = None, ids: Iterable[int] | None = None,
-                 level_names: Iterable[str] | None = None) -> tuple[list[str], list[Any]]:
+                 severe_logs: bool = False) -> tuple[list[str], list[Any]]:
     """SQL conditions and their arguments for the store's filters (shared by ``query`` and :func:`select`).
 
-    ``levels``: the level column is one of these, as spelled. ``level_names``: it is one of these in any case, or
-    the row has none (a foreign writer's row may name its level in its data: the caller reads it there)."""
-    where: list[str] = []
+    ``levels``: the level column is one of these, as spelled. ``severe_logs``: logs that may be warnings or errors
+    (:data:`~raysleuth.recorder.schema.LOG_SEVERE`, spelled as migration 8's index, which SQLite then reads)."""
+    where: list[str] = [f"({LOG_SEVERE})"] if severe_logs else []
     args: list[Any] = []
-    if level_names is not None:
-        names = [str(value).upper() for value in _listed(level_names)]
-        where.append(f"(upper(level) IN ({','.join('?' * len(names))}) OR coalesce(level, '') = '')")
-        args += names
     for values, column in ((kind, "kind"), (rank, "rank"), (job, "job_id"), (levels, "level"), (ids, "id")):
         if values is not None:
             listed = _listed(values)

@@ -301,11 +301,11 @@ class EvidenceStore:
         limit: int | None = None,
         newest_first: bool = False,
         ids: Iterable[int] | None = None,
-        level_names: Iterable[str] | None = None,
+        severe_logs: bool = False,
     ) -> list[Record]:
         """Records matching every given filter, in time order (``job``: Ray job ids, e.g. ``"02000000"``)."""
         where, args = where_clause(kind=kind, rank=rank, job=job, name=name, since=since, after_id=after_id, ids=ids,
-                                   step_min=step_min, step_max=step_max, levels=levels, level_names=level_names)
+                                   step_min=step_min, step_max=step_max, levels=levels, severe_logs=severe_logs)
         if self._version < 2 and job is not None:
             return []  # a run recorded before job ids: no record names a job
         selected = COLUMNS if self._version >= 2 else COLUMNS[:-1] + ("NULL",)  # read old runs as they are

@@ -65,7 +65,7 @@ SECTION_KINDS: dict[str, tuple[type[evidence.Evidence], ...]] = {
 RECORD_KINDS = {"weights": ("weight_sync", "logprob_gap")}
 #: What a section reads of its kinds, beyond their kind: the logs section shows warnings and errors only, so its
 #: newest :data:`MAX_RECORDS` are those (50,000 INFO lines newer than an error no longer push it off the page).
-SECTION_FILTERS: dict[str, dict[str, Any]] = {"logs": {"level_names": sections.SEVERITIES}}
+SECTION_FILTERS: dict[str, dict[str, Any]] = {"logs": {"severe_logs": True}}
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -21,6 +21,7 @@ from raysleuth.collectives.model import CollectiveVerdict, positions_from_record
 from raysleuth.evidence import Consistency, Crash, Death, DoctorRun, Log, StackRun, TasksRun
 from raysleuth.logs.aggregate import split_template
 from raysleuth.options import format_ranks
+from raysleuth.recorder.schema import SEVERE_LEVELS
 from raysleuth.recorder.totals import totals_arrays
 from raysleuth.report.rounding import python_round
 from raysleuth.timeline.summary import STRAGGLER_RATIO, phases_from_totals, stragglers_of
@@ -211,9 +212,7 @@ def _explanation(crash: Crash) -> str:
 
 
 #: Log levels the report shows, most severe first.
-_SEVERITY = {"CRITICAL": 0, "ERROR": 1, "WARNING": 2}
-#: The log levels the logs section shows.
-SEVERITIES = tuple(_SEVERITY)
+_SEVERITY = {level: order for order, level in enumerate(SEVERE_LEVELS)}  # CRITICAL 0, ERROR 1, WARNING 2
 
 
 def log_section(records: Sequence[Log], *, per_rank: int = 50) -> dict[str, list[dict[str, Any]]]:
