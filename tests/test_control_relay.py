@@ -80,7 +80,13 @@ def test_a_worker_keeps_its_controls_while_its_agent_has_nothing_fresh(ray_clust
     agent = Agent.remote()
     applied: list = []
     seen: dict = {}
-    control._handlers["test-relay"] = applied.append  # the thread's own table, as control.register fills it
+    here = threading.current_thread()
+
+    def handler(value) -> None:  # this process's own control thread (other tests started it) calls it too
+        if threading.current_thread() is here:
+            applied.append(value)
+
+    control._handlers["test-relay"] = handler  # the thread's own table, as control.register fills it
     try:
         assert control._poll(agent, seen) is agent
         assert control._poll(agent, seen) is agent  # None: nothing applied, the agent kept
