@@ -136,6 +136,29 @@ def test_without_lines_the_verdict_is_the_same_and_only_a_quiet_series_loses_its
         assert full["status"] == "not enough data" or full["slope_bytes_per_s"] is not None
 
 
+@pytest.mark.parametrize("n", [3, 10, 57, 288, 2878, 5000])
+def test_a_column_is_judged_as_its_list_to_the_bit(n):
+    """The leak test's measures of a float column (numpy: a full-mode window's 2,900 samples) are those of the
+    same values as a list (Python's sorts and minima), bit for bit, for every shape."""
+    import numpy as np
+
+    from raysleuth.memory.trend import LeakPolicy, _judge
+
+    rng = np.random.default_rng(n)
+    t = np.arange(n, dtype=float)
+    shapes = [np.full(n, 6e9), 6e9 + rng.integers(0, 2**20, n).astype(float),  # flat; noisy, integer bytes
+              6e9 + 4 * MiB * t, 6e9 + 2 * MiB * np.floor(t / 7),  # steady; a staircase
+              6e9 + 300 * MiB * (t > n / 3) + rng.normal(0, MiB, n),  # a climb, then flat
+              6e9 + 400 * MiB * np.maximum(0, t - 0.7 * n) / max(1, n), 6e9 - 3 * MiB * t,  # recent; shrinking
+              6e9 + (t % 50) * 10 * MiB, np.round(rng.normal(6e9, 5e7, n))]  # a sawtooth; rounded noise
+    for column in shapes:
+        for evidence in (True, False):
+            as_column = _judge(column.copy(), LeakPolicy(), evidence=evidence)
+            as_list = _judge(column.tolist(), LeakPolicy(), evidence=evidence)
+            assert json.dumps(as_column) == json.dumps(as_list) and all(
+                type(value) is type(as_list[key]) for key, value in as_column.items()), (n, evidence)
+
+
 def test_climb_then_plateau_from_the_issue_is_a_leak():
     """345 -> 826 MiB over 8 s, then flat: the old verdict said "ok, no steady growth (R²=0.74)"."""
     t = np.arange(0, 16, 0.5)

@@ -201,35 +201,55 @@ def _growth_is_large(growth: float, start: float, policy: LeakPolicy, fraction_n
     return growth >= policy.min_growth_bytes and fraction >= needed
 
 
-def _judge(ys: list[float], policy: LeakPolicy, *, evidence: bool = True) -> dict[str, Any]:
-    """The growth measures of one window (values in order) and the pattern that makes it a leak, if any.
+def _levels(ys: Any) -> tuple:
+    """(start, end, floor growth, recent growth, base, recent spread, noise, the highest before the recent third,
+    the recent third) of a window in order: numpy's on a column without NaN (a full-mode hour's 2,900-sample
+    windows, where Python's sorts and minima over lists were most of the leak test), else Python's on its list.
+    The same floats either way: medians as ``np.median`` takes them, minima and maxima of the same values."""
+    import numpy as np
+
+    n = len(ys)
+    k, half, third = max(2, n // 5), n // 2, max(3, n // 3)
+    if isinstance(ys, np.ndarray) and not np.isnan(ys).any():
+        start, end = _median_in_place(ys[:k].copy()), _median_in_place(ys[-k:].copy())
+        recent, earlier = ys[-third:], ys[:-third]
+        base = float(ys[:half].min())  # n >= 3 (the callers' least): both halves hold a sample
+        if len(earlier):
+            before = float(earlier.max())
+            recent_growth = _median_in_place(recent[-max(2, third // 3):].copy()) - before
+        else:
+            before, recent_growth = start, 0.0
+        noise = 3.0 * _median_in_place(np.abs(np.diff(ys))) if n >= 3 else 0.0
+        return (start, end, float(ys[half:].min()) - base, recent_growth, base, float(recent.max() - recent.min()),
+                noise, before, recent)
+    ys = ys.tolist() if isinstance(ys, np.ndarray) else ys
+    start, end = _median_list(ys[:k]), _median_list(ys[-k:])
+    recent, earlier = ys[-third:], ys[:-third]
+    recent_growth = float(_median_list(recent[-max(2, third // 3):]) - max(earlier)) if earlier else 0.0
+    noise = 3.0 * float(np.median(np.abs(np.diff(ys)))) if n >= 3 else 0.0
+    return (start, end, float(min(ys[half:]) - min(ys[:half])), recent_growth, min(ys[:half]) if half else start,
+            max(recent) - min(recent), noise, max(earlier or [start]), recent)
+
+
+def _judge(ys: Any, policy: LeakPolicy, *, evidence: bool = True) -> dict[str, Any]:
+    """The growth measures of one window (values in order: a list, or a float column) and the pattern that makes
+    it a leak, if any.
 
     The trend tests (Mann–Kendall over the window, and over its last third) are counted only where their
     answer can change the pattern, plus the window's tau when ``evidence`` (it is reported): each pattern
     also needs growth of some size, which the medians and minima below tell first (same answers, fewer sorts).
     """
-    import numpy as np
-
-    n = len(ys)
-    k = max(2, n // 5)
-    start, end = _median_list(ys[:k]), _median_list(ys[-k:])
+    start, end, floor_growth, recent_growth, base, spread, noise, before, recent = _levels(ys)
     trend = kendall_tau(ys) if evidence else None
-    half = n // 2
-    floor_growth = float(min(ys[half:]) - min(ys[:half]))
-    third = max(3, n // 3)
-    recent, earlier = ys[-third:], ys[:-third]
-    recent_growth = float(_median_list(recent[-max(2, third // 3):]) - max(earlier)) if earlier else 0.0
-    base = min(ys[:half]) if half else start
     growth = end - start
     # every sample above the one before (tau near 1): steadiness is the evidence, size only needs the byte floor
     large = _growth_is_large(growth, start, policy)
     steady_possible = (large or growth >= policy.min_growth_bytes) and floor_growth > 0
-    settled = max(recent) - min(recent) < max(policy.min_growth_bytes, policy.min_growth_fraction * end)
+    settled = spread < max(policy.min_growth_bytes, policy.min_growth_fraction * end)
     pattern = None
     climb = policy.min_climb_fraction
     # A climb must stand out of the series' own noise: an allocator that keeps freed pages raises the floor
     # of a noisy but flat process by up to one transient allocation (sample-to-sample jumps of that size).
-    noise = 3.0 * float(np.median(np.abs(np.diff(ys)))) if n >= 3 else 0.0
     climbed = floor_growth > noise and _growth_is_large(floor_growth, base, policy, climb)
     if settled and climbed:
         pattern = "climb"  # grew, then held: the end of the window is flat
@@ -237,7 +257,7 @@ def _judge(ys: list[float], policy: LeakPolicy, *, evidence: bool = True) -> dic
         pattern = "steady"
     elif climbed:
         pattern = "climb"
-    elif (recent_growth > noise and _growth_is_large(recent_growth, max(earlier or [start]), policy, climb)
+    elif (recent_growth > noise and _growth_is_large(recent_growth, before, policy, climb)
           and kendall_tau(recent)[0] >= policy.min_tau):
         pattern = "recent"
     tau = trend[0] if trend else float("nan")  # nan: not counted (evidence=False reads only the pattern)
@@ -285,7 +305,7 @@ def leaks(times: Sequence[float], values: Sequence[float | None], *, policy: Lea
     _, _, ys, _ = _window(times, values, None, policy)
     if len(ys) < max(3, policy.min_samples):
         return False
-    return _judge(ys.tolist(), policy, evidence=False)["pattern"] is not None
+    return _judge(ys, policy, evidence=False)["pattern"] is not None
 
 
 def detect_leak(
@@ -317,10 +337,9 @@ def detect_leak(
                    f"({points} recorded; sample longer)",
             metric=metric, samples=samples, status="not enough data")
     xs = times_in - times_in[0]
-    ys = values_in.tolist()
-    judged = _judge(ys, policy, evidence=lines)
+    judged = _judge(values_in, policy, evidence=lines)
     if not lines and judged["pattern"] is not None:
-        judged = _judge(ys, policy)  # a leak: its evidence in full, as with lines
+        judged = _judge(values_in, policy)  # a leak: its evidence in full, as with lines
     drawn = lines or judged["pattern"] is not None
     fitted = 300 if judged["pattern"] else EVIDENCE_POINTS  # a leak's lines (and its reason) as fitted before
     fit = fit_trend(xs, values_in, max_points=fitted) if drawn else None
