@@ -43,7 +43,8 @@ from raysleuth.memory.pairs import (
     _value_differences,
 )
 
-__all__ = ["LeakPolicy", "LeakVerdict", "TrendFit", "detect_leak", "fit_trend", "kendall_tau", "leaks", "theil_sen"]
+__all__ = ["FLAT", "NOT_LASTING", "LeakPolicy", "LeakVerdict", "TrendFit", "detect_leak", "fit_trend", "kendall_tau",
+           "leaks", "quiet_kind", "theil_sen"]
 
 MiB = 1024 * 1024
 
@@ -193,6 +194,16 @@ def kendall_tau(values: Sequence[float]) -> tuple[float, float]:
     variance = n * (n - 1) * (2 * n + 5) / 18
     z = (s - np.sign(s)) / math.sqrt(variance) if s else 0.0
     return s / pairs, float(z)
+
+
+#: How the reason of a series without a leak begins: it did not grow, or it grew and did not keep it.
+FLAT, NOT_LASTING = "flat or shrinking", "no lasting growth"
+
+
+def quiet_kind(growth: float, floor: float) -> str:
+    """Which of :data:`FLAT` and :data:`NOT_LASTING` a series without a leak is, from its growth between the start
+    and end levels and its floor's (its reason begins with it; the report groups the quiet workers by it)."""
+    return FLAT if growth <= 0 and floor <= 0 else NOT_LASTING
 
 
 def _growth_is_large(growth: float, start: float, policy: LeakPolicy, fraction_needed: float | None = None) -> bool:
@@ -370,10 +381,10 @@ def detect_leak(
     elif judged["pattern"] == "recent":
         verdict.reason = (f"recent growth: the last third climbs to +{mib(judged['recent'])} above every "
                           f"earlier sample ({mib(end)} now)")
-    elif growth <= 0 and judged["floor"] <= 0:
-        verdict.reason = f"flat or shrinking over {span:.0f}s ({samples} samples)"
+    elif quiet_kind(growth, judged["floor"]) == FLAT:
+        verdict.reason = f"{FLAT} over {span:.0f}s ({samples} samples)"
     else:
-        verdict.reason = (f"no lasting growth: {mib(start)} -> {mib(end)}, floor {judged['floor'] / MiB:+.1f} MiB "
+        verdict.reason = (f"{NOT_LASTING}: {mib(start)} -> {mib(end)}, floor {judged['floor'] / MiB:+.1f} MiB "
                           f"over {span:.0f}s ({samples} samples)")
     if judged["pattern"] is not None:
         verdict.leak, verdict.status = True, "leak"

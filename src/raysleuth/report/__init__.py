@@ -39,6 +39,7 @@ from raysleuth import evidence
 from raysleuth.errors import UsageError
 from raysleuth.collectives.report import read_collectives, stored_verdict
 from raysleuth.memory import memory_report
+from raysleuth.memory.trend import quiet_kind
 from raysleuth.options import format_ranks
 from raysleuth.recorder import open_store
 from raysleuth.recorder.counting import count_span, time_range, writers
@@ -207,12 +208,10 @@ def _memory(store) -> dict[str, Any]:
 
 
 def _quiet_kind(status: str, evidence: dict[str, Any]) -> str:
-    """What a verdict without a leak says, in the words of its reason (:func:`raysleuth.memory.detect_leak`)."""
+    """What a verdict without a leak says: its status, or the words its reason begins with (``trend.quiet_kind``)."""
     if status != "ok":
         return status
-    if (evidence.get("growth_bytes") or 0.0) <= 0 and (evidence.get("floor_growth_bytes") or 0.0) <= 0:
-        return "flat or shrinking"
-    return "no lasting growth"
+    return quiet_kind(evidence.get("growth_bytes") or 0.0, evidence.get("floor_growth_bytes") or 0.0)
 
 
 def _quiet_groups(quiet: list[dict[str, Any]]) -> list[dict[str, Any]]:
