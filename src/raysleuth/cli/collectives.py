@@ -106,17 +106,11 @@ def _cell(row, rank) -> str:
     return f"[{style}]{text}[/{style}]" if style else text
 
 
-def _columns(group) -> list[tuple[str, int]]:
-    """(header, a rank) per column: one per rank up to 8 ranks, else ranks whose rows read alike share one."""
-    return [(f"rank {ranks[0]}" if len(ranks) == 1 else f"{len(ranks)} ranks {format_ranks(ranks)}", ranks[0])
-            for ranks in group.columns()]
-
-
 def _draw_group(group) -> None:
     table = Table(title=escape(f"{group.label} (group {group.name}, ranks {format_ranks(group.ranks)})"),
                   show_header=True, header_style="bold", box=None, pad_edge=False, title_justify="left")
     table.add_column("#", justify="right")
-    columns = _columns(group)
+    columns = group.headed_columns()  # one per rank up to 8 ranks, else ranks whose rows read alike share one
     for header, _rank in columns:
         table.add_column(header, overflow="fold")
     for row in group.rows:

@@ -24,6 +24,7 @@ from raysleuth.evidence.entries import (  # noqa: F401 (the collectives feature'
     _call_at,
     entries_from_dump,
 )
+from raysleuth.options import format_ranks
 
 RULE = "collective positions"
 WINDOW_ENTRIES = 256
@@ -105,6 +106,11 @@ class GroupAlignment:
         for rank in self.ranks:
             alike.setdefault(tuple(_cell_key(row, rank) for row in self.rows), []).append(rank)
         return sorted(alike.values(), key=lambda ranks: (-len(ranks), ranks[0]))
+
+    def headed_columns(self, alone: int = 8) -> list[tuple[str, int]]:
+        """:meth:`columns` as (header, the rank whose cells it shows): ``rank 7``, ``999 ranks 0-6,8-999``."""
+        return [(f"rank {ranks[0]}" if len(ranks) == 1 else f"{len(ranks)} ranks {format_ranks(ranks)}", ranks[0])
+                for ranks in self.columns(alone)]
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

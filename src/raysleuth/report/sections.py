@@ -127,9 +127,7 @@ def verdict_section(verdict: CollectiveVerdict | None) -> dict[str, Any] | None:
         return None
     return {"summary": verdict.summary, "culprits": [c.to_dict() for c in verdict.culprits],
             "groups": [{"label": g.label, "name": g.name, "ranks": g.ranks, "rows": g.rows,
-                        "columns": [{"header": rank_label(ranks[0]) if len(ranks) == 1
-                                     else f"{len(ranks)} ranks {format_ranks(ranks)}", "rank": ranks[0]}
-                                    for ranks in g.columns()]}
+                        "columns": [{"header": header, "rank": rank} for header, rank in g.headed_columns()]}
                        for g in verdict.groups]}
 
 
