@@ -166,8 +166,9 @@ def test_the_report_tells_the_quiet_workers_as_groups_and_the_ones_that_grew_mos
 
 def test_the_leak_test_counts_every_pair_in_n_log_n():
     rng = np.random.default_rng(27)
-    for n in (3, 65, 600, 601, 1024, 1025, 3001):
-        for values in (rng.integers(0, 5, n), rng.normal(size=n), np.arange(n)[::-1]):
+    for n in (3, 65, 400, 401, 600, 601, 1024, 1025, 2878, 3001, 4097):
+        for values in (rng.integers(0, 5, n), rng.normal(size=n), np.arange(n)[::-1], np.arange(n), np.full(n, 7.0),
+                       np.cumsum(rng.normal(0.2, 1.0, n)).round(0)):
             assert _mann_kendall_s(np.asarray(values, dtype=float)) == old_mann_kendall_s(values), n
     tau, z = kendall_tau(np.arange(5000.0))
     assert tau == 1.0 and z > 50

@@ -110,7 +110,7 @@ def _scratch(size: int) -> tuple:
 
 @functools.lru_cache(maxsize=8)
 def _pairs(n: int):
-    """Every index pair i < j of n points (cached: a run's workers share a few lengths; at most 600 points)."""
+    """Every index pair i < j of n points (cached: a run's workers share a few lengths; at most PAIRWISE_MAX)."""
     import numpy as np
 
     i, j = np.triu_indices(n, k=1)
@@ -119,30 +119,67 @@ def _pairs(n: int):
 
 
 def _mann_kendall_s(ys) -> int:
-    """Sum over i < j of sign(ys[j] - ys[i]): per level, each right block against its sorted left sibling."""
+    """Sum over i < j of sign(ys[j] - ys[i]), exactly (ties count 0): pairwise for a few hundred samples, else from
+    the count of ordered pairs (:func:`_ordered_pairs`), with S = 2·ordered + tied - all pairs."""
     import numpy as np
 
     n = len(ys)
-    if n <= 600:  # pairwise is faster here (the pairs are cached per length)
+    if n <= PAIRWISE_MAX:  # pairwise is faster here (the pairs are cached per length)
         diff, other, _ = _scratch(len(_pairs(n)[0]))
         return int(np.sign(_value_differences(ys, other), out=diff).sum())
-    ranks = np.unique(ys, return_inverse=True)[1].astype(np.int64).reshape(-1)  # equal values, equal ranks
+    _, ranks, counts = np.unique(ys, return_inverse=True, return_counts=True)  # equal values, equal ranks
     size = 1 << (n - 1).bit_length()
-    padded = np.zeros(size, dtype=np.int64)
-    padded[:n] = ranks
-    valid = np.arange(size) < n  # padding sits at the end: it is never left of a real sample
-    key = int(ranks.max()) + 2
-    total, block = 0, 1
+    pad = size - n  # padding above every rank, at the end: n * pad more ordered pairs, pad·(pad-1)/2 more ties
+    key = np.full(size, len(counts) << 1, dtype=np.int64)
+    key[:n] = ranks.reshape(-1) << 1
+    tied = int((counts * (counts - 1) // 2).sum()) + pad * (pad - 1) // 2
+    return 2 * _ordered_pairs(key) + tied - size * (size - 1) // 2 - n * pad
+
+
+PAIRWISE_MAX = 400
+"""Longest series whose Mann–Kendall count takes every pair (33 µs at 300 samples against 56 µs merged; 149 µs
+at 600 against 86 µs)."""
+
+
+def _ordered_pairs(key) -> int:
+    """How many pairs i < j of a power-of-two number of ranks (each shifted left by one, in ``key``, which is
+    overwritten) have rank[i] < rank[j]: a merge sort in numpy, one sort of the whole array per level.
+
+    Each level's key holds (the group of 2·block slots, the rank, 1 for the group's left half), so one sort
+    orders every group by rank, a right sample before equal left ones, and carries its order to the next level.
+    The left samples below a right one in its group are the pairs it closes at this level; summed over every
+    right sample, that is the count of left samples before each slot, minus what the layout fixes
+    (:func:`_merge_plan`): one dot product with (size - slot) a level. 1.6 ms -> 0.3 ms for 2,878 samples.
+    """
+    import numpy as np
+
+    bases, weights, keep, fixed = _merge_plan(len(key))
+    ordered = -fixed
+    for base in bases:
+        key &= keep
+        key |= base
+        key.sort()
+        ordered += int(np.dot(key & 1, weights))
+    return ordered
+
+
+@functools.lru_cache(maxsize=8)
+def _merge_plan(size: int) -> tuple:
+    """For :func:`_ordered_pairs` on ``size`` slots: each level's (group << shift) | left-half bit, the weights
+    (size - slot), the mask that keeps a shifted rank, and the part of the weighted sums that is not a pair:
+    the left samples' own running counts, 1 + 2 + ... + size/2, and the left samples of earlier groups."""
+    import numpy as np
+
+    shift = size.bit_length() + 1  # above (rank << 1) | left, ranks <= size
+    slots = np.arange(size, dtype=np.int64)
+    bases, fixed, block, half = [], 0, 1, size // 2
     while block < size:
-        pairs = padded.reshape(-1, 2, block)
-        rows = np.arange(pairs.shape[0], dtype=np.int64)[:, None] * key
-        left = (np.sort(pairs[:, 0, :], axis=1) + rows).reshape(-1)
-        right = (pairs[:, 1, :] + rows).reshape(-1)
-        mask = valid.reshape(-1, 2, block)[:, 1, :].reshape(-1)
-        below = np.searchsorted(left, right, "left")
-        above = np.searchsorted(left, right, "right")
-        starts = np.repeat(np.arange(pairs.shape[0], dtype=np.int64) * block, block)
-        # later sample above an earlier one: +1; below: -1
-        total += int(((below - starts) - (starts + block - above))[mask].sum())
+        base = ((slots // (2 * block)) << shift) | (((slots // block) & 1) ^ 1)
+        base.flags.writeable = False
+        bases.append(base)
+        groups = size // (2 * block)
+        fixed += half * (half + 1) // 2 + block * block * groups * (groups - 1) // 2
         block *= 2
-    return total
+    weights = size - slots
+    weights.flags.writeable = False
+    return tuple(bases), weights, np.int64(((1 << shift) - 1) & ~1), fixed
