@@ -31,6 +31,7 @@ from scale_reference import (
 from scale_reference import normal_events as _events
 
 from raysleuth.cli import main
+from raysleuth.cli.timeline import SUMMARY_ROWS
 from raysleuth.collectives import match
 from raysleuth.collectives.model import _call_at, positions_from_records
 from raysleuth.collectives.report import read_collectives
@@ -559,6 +560,23 @@ def test_outputs_stay_short_at_a_hundred_ranks(run):
     lines = [line for line in text.splitlines() if line.strip()]
     assert code == 1 and len(lines) < 50 and "leak found: rank 13" in text, text[-3000:]
     assert re.search(r"… \d+ more worker\(s\), ranks 0-12,14-", text) and "--rank N" in text, text[-3000:]
+
+
+def test_a_long_summary_shows_the_rows_that_lag_most(full_run):
+    code, text = _cli("timeline", "--summary", "--json", "--run", str(full_run))
+    rows = json.loads(text)["summary"]
+    assert code == 0 and len(rows) > SUMMARY_ROWS, len(rows)
+    code, text = _cli("timeline", "--summary", "--run", str(full_run))
+    lines = text.splitlines()
+    steps = [int(line.split()[0]) for line in lines[2:-1]]
+    by_lag = sorted(range(len(rows)), key=lambda at: (-rows[at]["lag_ratio"], -rows[at]["lag_s"], at))
+    assert code == 0 and steps == sorted(rows[at]["step"] for at in by_lag[:SUMMARY_ROWS]), text
+    stragglers = sum(len(row["durations"]) > 1 and row["lag_ratio"] >= 1.5 for row in rows)
+    assert lines[0].startswith(f"{len(rows):,} step phases, steps {rows[0]['step']}-{rows[-1]['step']}; "
+                               f"{stragglers:,} with a straggler"), lines[0]
+    assert lines[1].split()[:2] == ["step", "phase"] and f"the {SUMMARY_ROWS} of {len(rows):,} step phases" in lines[-1]
+    code, text = _cli("timeline", "--summary", "--all", "--run", str(full_run))
+    assert code == 0 and [int(line.split()[0]) for line in text.splitlines()[1:]] == [row["step"] for row in rows]
 
 
 def test_periodic_dumps_send_what_changed():

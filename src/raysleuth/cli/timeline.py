@@ -15,7 +15,7 @@ from raysleuth.cli._app import (
 )
 from raysleuth import options
 from raysleuth.errors import UsageError
-from raysleuth.timeline.summary import stragglers_of
+from raysleuth.timeline.summary import STRAGGLER_RATIO, stragglers_of
 
 
 @app.command()
@@ -30,7 +30,9 @@ def timeline(
     summary: Annotated[bool, typer.Option("--summary", help="Print per step and phase: duration per rank, slowest rank, lag.")] = False,
     ray_tasks: Annotated[bool, typer.Option("--ray-tasks/--no-ray-tasks", help="Merge Ray's task events (needs the cluster).")] = True,
     every: Annotated[bool, typer.Option("--all", help="With -o: every record, however many (by default a trace over "
-                                                      "100,000 records keeps the newest that fit, and says so).")] = False,
+                                                      "100,000 records keeps the newest that fit, and says so). With "
+                                                      "--summary: every step phase (by default past 40 rows, the 40 "
+                                                      "that lag most).")] = False,
     lag_threshold: Annotated[float, typer.Option("--lag", help="With --summary: exit 1 when a rank lags the median by this ratio.", callback=non_negative)] = 0.0,
     address: AddressOption = None,
     run: RunOption = None,
@@ -65,21 +67,32 @@ def timeline(
         if lag_threshold and any(row.lag_ratio >= lag_threshold for row in rows):
             code = 1
         if not json_:
-            render_summary(rows)
+            render_summary(rows, limit=None if every else SUMMARY_ROWS)
     if json_:
         emit_json(result)
     finish(code)
 
 
-def render_summary(rows) -> None:
-    """The straggler table: per step and phase, each rank's time (phase and rank names escaped)."""
+#: Rows of ``timeline --summary``'s table past which it shows only those that lag most (``--all``: every row).
+SUMMARY_ROWS = 40
+
+
+def render_summary(rows, limit: int | None = SUMMARY_ROWS) -> None:
+    """The straggler table: per step and phase, each rank's time (phase and rank names escaped). Past ``limit``
+    rows: how many step phases and stragglers, which ranks were slowest most often, then the ``limit`` rows that
+    lag most (by lag ratio, then lag; in step order), and how to see the others."""
     if not rows:
         console.print("no spans with a step recorded (use rs.span(name, step=i) or rs.step(i))")
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     for column in ("step", "phase", "per rank (s)", "median", "slowest", "lag"):
         table.add_column(column, overflow="fold")
     straggling = {id(row) for row in stragglers_of(rows)}
-    for row in rows:
+    shown = rows
+    if limit is not None and len(rows) > limit:
+        _render_overview(rows, len(straggling))
+        kept = sorted(range(len(rows)), key=lambda at: (-rows[at].lag_ratio, -rows[at].lag_s, at))[:limit]
+        shown = [rows[at] for at in sorted(kept)]
+    for row in shown:
         per_rank = escape(_per_rank(row.durations))
         style = "red" if id(row) in straggling else ""
         lag = f"+{row.lag_s:.3f}s ({row.lag_ratio:.2f}×)"
@@ -88,6 +101,22 @@ def render_summary(rows) -> None:
                       f"[{style}]{slowest}[/{style}]" if style else slowest,
                       f"[{style}]{lag}[/{style}]" if style else lag)
     console.print(table)
+    if shown is not rows:
+        console.print(f"[dim]the {len(shown)} of {len(rows):,} step phases that lag most; --all for every one, --steps "
+                      f"or --ranks to narrow, --json for every rank's seconds[/dim]")
+
+
+def _render_overview(rows, stragglers: int) -> None:
+    """One line on every step phase of a long summary: how many, the steps, the stragglers, who was slowest."""
+    steps = sorted({row.step for row in rows})
+    slowest: dict[str, int] = {}
+    for row in rows:
+        if len(row.durations) > 1:
+            slowest[str(row.slowest)] = slowest.get(str(row.slowest), 0) + 1
+    often = sorted(slowest.items(), key=lambda item: -item[1])[:3]
+    named = ", ".join(f"{escape(who)} in {count:,}" for who, count in often)
+    console.print(f"{len(rows):,} step phases, steps {steps[0]}-{steps[-1]}; {stragglers:,} with a straggler "
+                  f"(slowest >= {STRAGGLER_RATIO:g}x the median)" + (f"; slowest most often: {named}" if named else ""))
 
 
 def _per_rank(durations: dict[str, float]) -> str:
