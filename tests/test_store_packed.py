@@ -118,7 +118,7 @@ def test_a_version_3_file_reads_as_before_and_once_migrated_keeps_new_samples_in
     old.close()
 
     store = EvidenceStore(path)  # a writer migrates: the old rows stay as they are, new samples go in columns
-    assert store.schema_version == SCHEMA_VERSION == 8
+    assert store.schema_version == SCHEMA_VERSION == 9
     assert [r.data for r in _by_id(store)] == before
     assert list(store.select("memory", ("id",), TEMPLATE, order="id")) == before_fields
     store.write_batch({"client_id": "new", "pid": 101}, runs[1][1])
@@ -142,11 +142,19 @@ def test_raw_sql_through_the_view_keeps_a_packed_sample_whole(tmp_path):
 
 
 def test_packed_samples_take_under_55_percent_of_the_bytes_of_json_ones(tmp_path):
+    """The rows alone (a packed file also keeps its samples' second copy in blocks, for readers: under 24 bytes a
+    sample of these random values, which change more from one sample to the next than a process's memory does)."""
     runs = _runs(ranks=8, samples=1500)
     sizes = {}
     for as_text in (False, True):
-        store = _write(tmp_path / f"{as_text}.sqlite", runs, as_text)
-        store._db.execute("VACUUM")
-        store.close()
+        _write(tmp_path / f"{as_text}.sqlite", runs, as_text).close()  # its last pass: at close
+        db = sqlite3.connect(tmp_path / f"{as_text}.sqlite")
+        held, sealed = db.execute("SELECT coalesce(sum(length(body)), 0), coalesce(sum(n), 0) "
+                                  "FROM memory_blocks").fetchone()
+        assert (held < 24 * sealed and sealed == 12_000) if not as_text else not sealed, (held, sealed)
+        db.execute("DELETE FROM memory_blocks")
+        db.commit()
+        db.execute("VACUUM")
+        db.close()
         sizes[as_text] = (tmp_path / f"{as_text}.sqlite").stat().st_size
     assert sizes[False] < 0.55 * sizes[True], sizes

@@ -4,8 +4,8 @@ A thousand ranks sampled every 10 s are 360,000 memory rows an hour; SQLite hand
 about 2 µs, whatever it holds. So the writer's store seals what it wrote into blocks from time to time: a
 **pass** takes every memory row of ids ``(lo, hi]`` that :data:`~raysleuth.recorder.schema.SEALED` admits (a
 packed sample whose numbers are integers or null) and writes one block per sender and source, its samples'
-time, id, rank, step and five numbers as arrays (native byte order, zlib). The rows stay as they are; every
-other reader reads them as before.
+time, id, rank, step and five numbers as columns of first values and steps (:mod:`~raysleuth.recorder.deltas`;
+zlib before schema 9). The rows stay as they are; every other reader reads them as before.
 
 A reader of the samples (:func:`raysleuth.memory.workers.memory_report`) reads, in one snapshot, the blocks of
 every pass, then row by row only what no pass holds: the rows above the newest pass's top, and those at or
@@ -23,11 +23,10 @@ from __future__ import annotations
 import contextlib
 import os
 import zlib
-from array import array
 from collections.abc import Iterator
 from typing import Any
 
-from raysleuth.recorder import reading, span_blocks
+from raysleuth.recorder import deltas, reading, span_blocks
 from raysleuth.recorder.schema import SEALED
 
 __all__ = ["PASS_ROWS", "SEALED", "beyond", "bucket_rows", "read", "rss_bucket_columns", "rss_buckets", "seal",
@@ -63,6 +62,8 @@ _SEAL = ("SELECT sender, v5, time, " + ", ".join(f"coalesce({column}, {NULL})" f
 def seal(db) -> int:
     """One pass over what was written since the last (a writer's connection, outside a transaction; the store's
     lock held): the samples it sealed."""
+    import numpy as np
+
     db.execute("BEGIN IMMEDIATE")
     try:
         low = db.execute("SELECT coalesce(max(hi), 0) FROM block_passes").fetchone()[0]
@@ -78,10 +79,10 @@ def seal(db) -> int:
                 group.append(row)
             for (sender, source), group in sorted(by_sender.items(), key=_block_order):  # by sender, source
                 columns = list(zip(*group))
-                body = array("d", columns[2]).tobytes() + b"".join(array("q", column).tobytes()
-                                                                    for column in columns[3:])
-                written.append((high, sender, source, len(columns[2]), zlib.compress(body, 1)))
-                sealed += len(columns[2])
+                times = np.array(columns[2], dtype=np.float64).view(np.int64)
+                written.append((high, sender, source, len(times),
+                                deltas.encode(np.vstack((times, np.array(columns[3:], dtype=np.int64))))))
+                sealed += len(times)
             db.executemany("INSERT INTO memory_blocks (pass, sender, source, n, body) VALUES (?, ?, ?, ?, ?)",
                            written)
             db.execute("INSERT INTO block_passes (hi, lo) VALUES (?, ?)", (high, low))
@@ -213,6 +214,14 @@ def read(store, high: int, *, job: list[str] | None = None) -> Iterator[tuple[in
         sql += f" AND sender IN (SELECT id FROM senders WHERE job_id IN ({','.join('?' * len(job))}))"
         args += job
     for sender, source, n, body in store._db.execute(sql + " ORDER BY pass, sender", args):
-        raw = zlib.decompress(body)
-        yield (sender, source, np.frombuffer(raw, dtype=np.float64, count=n),
-               np.frombuffer(raw, dtype=np.int64, offset=8 * n).reshape(len(INTS), n))
+        if body[:1] == _ZLIB:  # a block written before schema 9
+            raw = zlib.decompress(body)
+            yield (sender, source, np.frombuffer(raw, dtype=np.float64, count=n),
+                   np.frombuffer(raw, dtype=np.int64, offset=8 * n).reshape(len(INTS), n))
+        else:
+            columns = deltas.decode(body, 1 + len(INTS), n)
+            yield sender, source, columns[0].view(np.float64), columns[1:]
+
+
+#: How a block written before schema 9 begins: a zlib stream of the times, then the :data:`INTS`.
+_ZLIB = b"\x78"

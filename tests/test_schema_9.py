@@ -1,0 +1,108 @@
+"""Schema 9: memory blocks as first values and steps (``recorder.deltas``), and each kind's count kept as rows are
+written, changed and removed. A file of schema 8 (zlib blocks, no counts) answers the same."""
+
+from __future__ import annotations
+
+import sqlite3
+import zlib
+
+import numpy as np
+import pytest
+
+from raysleuth.memory import memory_report
+from raysleuth.recorder import blocks, deltas
+from raysleuth.recorder.schema import SCHEMA_VERSION
+from raysleuth.recorder.store import EvidenceStore
+from raysleuth.report import overview
+from older_files import UNDO_9
+from test_memory_blocks import START, _odd_rows, _same_answers, _write, _written
+
+I64 = np.iinfo(np.int64)
+
+
+def test_first_values_and_steps_give_every_value_back_in_the_fewest_bytes():
+    rng = np.random.default_rng(9)
+    times = (1.78e9 + np.arange(3600.0) + rng.normal(0, 0.01, 3600)).view(np.int64)
+    memory = 7 * 2**30 + rng.integers(-4, 5, 3600).cumsum() * 4096
+    shapes = [np.vstack((times, np.arange(3600) * 1000, np.zeros(3600, dtype=np.int64), memory)),
+              np.array([[I64.min, I64.max, 0, I64.min, -1, I64.max]]),  # steps that wrap past int64
+              np.array([[5]]), np.zeros((3, 0), dtype=np.int64),
+              np.array([[0.0, -0.0, np.inf, -np.inf, np.nan, 5e-324]]).view(np.int64),
+              rng.integers(I64.min, I64.max, (4, 100), dtype=np.int64, endpoint=True)]
+    for columns in shapes:
+        body = deltas.encode(columns)
+        back = deltas.decode(body, *columns.shape)
+        assert back.dtype == np.int64 and np.array_equal(back, columns)
+    body = deltas.encode(shapes[0])  # a second's time is 2**22 steps (4 bytes), ids 1000 (2: 125 << 3), one rank
+    assert list(body[1:9]) == [4, 1, 1, 1, 0, 3, 0, 12] and len(body) == 1 + 8 + 8 * 4 + (4 + 1 + 1 + 1) * 3599
+    assert np.array_equal(deltas.decode(deltas.encode(-shapes[0][1:]), 3, 3600), -shapes[0][1:])  # shifted, signed
+    with pytest.raises(ValueError):
+        deltas.decode(zlib.compress(shapes[0].tobytes()), 4, 3600)
+    with pytest.raises(ValueError):
+        deltas.decode(body[:-1], 4, 3600)
+
+
+def _as_schema_8(path) -> None:
+    """Make a file what raysleuth wrote before schema 9: each block zlib (times, then the ints), no counts."""
+    db = sqlite3.connect(path)
+    for rowid, n, body in db.execute("SELECT rowid, n, body FROM memory_blocks").fetchall():
+        columns = deltas.decode(body, 1 + len(blocks.INTS), n)
+        db.execute("UPDATE memory_blocks SET body = ? WHERE rowid = ?",
+                   (zlib.compress(columns[0].view(np.float64).tobytes() + columns[1:].tobytes(), 1), rowid))
+    for statement in (*UNDO_9, "PRAGMA user_version=8"):
+        db.execute(statement)
+    db.commit()
+    db.close()
+
+
+def test_a_schema_8_file_answers_as_it_did_and_migrates(tmp_path, monkeypatch):
+    path, writer = _written(tmp_path, monkeypatch, 40)
+    _odd_rows(writer)
+    writer.close()
+    new = EvidenceStore(path, readonly=True)
+    assert new.schema_version == SCHEMA_VERSION == 9 and new._db.execute(
+        "SELECT count(*) FROM memory_blocks WHERE substr(body, 1, 1) = x'01'").fetchone()[0] > 10
+    report, kinds = memory_report(new).to_dict(), new.kinds()
+    curves = overview.memory_curves(new, {3})
+    sealed = [(sender, source, times.tolist(), ints.tolist()) for sender, source, times, ints in
+              blocks.read(new, blocks.top(new))]
+    new.close()
+    _as_schema_8(path)
+    old = EvidenceStore(path, readonly=True)
+    assert old.schema_version == 8 and old._db.execute(
+        "SELECT count(*) FROM memory_blocks WHERE substr(body, 1, 1) = x'78'").fetchone()[0] == len(sealed)
+    assert [(sender, source, times.tolist(), ints.tolist()) for sender, source, times, ints in
+            blocks.read(old, blocks.top(old))] == sealed
+    assert memory_report(old).to_dict() == report and old.kinds() == kinds
+    assert overview.memory_curves(old, {3}) == curves
+    _same_answers(old, monkeypatch)
+    old.close()
+    writer = EvidenceStore(path)  # migrates: counts from the rows, new blocks beside the old ones
+    assert writer.kinds() == kinds
+    _write(writer, ranks=[1, 4], samples=20, offset=7000)
+    writer.close()
+    both = EvidenceStore(path, readonly=True)
+    marks = dict(both._db.execute("SELECT substr(body, 1, 1), count(*) FROM memory_blocks GROUP BY 1").fetchall())
+    assert marks.get(b"\x78") and marks.get(b"\x01"), marks
+    _same_answers(both, monkeypatch)
+    assert both.kinds() == dict(both._db.execute("SELECT kind, count(*) FROM entries GROUP BY kind ORDER BY kind"))
+    both.close()
+
+
+def test_the_counts_follow_every_row_written_changed_or_removed(tmp_path):
+    store = EvidenceStore(tmp_path / "evidence.sqlite")
+    _write(store, samples=14)
+    counted = lambda: dict(store._db.execute(  # noqa: E731
+        "SELECT kind, count(*) FROM entries GROUP BY kind ORDER BY kind"))
+    assert store.kinds() == counted() and store.kinds()["memory"] == 6 * 14
+    db = store._db
+    db.execute("UPDATE entries SET kind = 'log' WHERE id IN (SELECT id FROM entries WHERE kind = 'span' LIMIT 3)")
+    db.execute("UPDATE entries SET time = time + 1 WHERE kind = 'memory'")  # not the kind: no count moves
+    db.execute("DELETE FROM entries WHERE kind = 'memory' AND rank = 2")
+    db.execute("INSERT INTO records (kind, time, data) VALUES ('event', ?, '{}')", (START,))  # through the view
+    db.commit()
+    assert store.kinds() == counted() and store.kinds()["log"] == 3 and store.kinds()["event"] == 1
+    db.execute("DELETE FROM entries WHERE kind = 'log'")
+    db.commit()
+    assert "log" not in store.kinds() and store.kinds() == counted()
+    store.close()
