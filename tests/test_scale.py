@@ -31,6 +31,7 @@ from scale_reference import (
 from scale_reference import normal_events as _events
 
 from raysleuth.cli import main
+from raysleuth.cli.memory import GROWERS, TABLE_ROWS
 from raysleuth.cli.timeline import SUMMARY_ROWS
 from raysleuth.collectives import match
 from raysleuth.collectives.model import _call_at, positions_from_records
@@ -559,7 +560,26 @@ def test_outputs_stay_short_at_a_hundred_ranks(run):
     code, text = _cli("memory", "--run", str(run))  # the leaker and the undecided as rows, the rest in one line
     lines = [line for line in text.splitlines() if line.strip()]
     assert code == 1 and len(lines) < 50 and "leak found: rank 13" in text, text[-3000:]
-    assert re.search(r"… \d+ more worker\(s\), ranks 0-12,14-", text) and "--rank N" in text, text[-3000:]
+    assert re.search(r"… \d+ more worker\(s\), ranks 0-\d+,", text) and "--rank N" in text, text[-3000:]
+
+
+def test_the_memory_table_fits_only_the_workers_it_draws(run):
+    """Past TABLE_ROWS workers the table draws the leaks and undecided, then the GROWERS that grew most, each
+    with its slope as a full report fits it; the JSON fits every worker."""
+    code, text = _cli("memory", "--json", "--run", str(run))
+    full = json.loads(text)["workers"]
+    assert code == 1 and len(full) > TABLE_ROWS
+    assert all(w["slope_bytes_per_s"] is not None for w in full if w["status"] != "not enough data")
+    flagged = [w for w in full if w["leak"] or w["status"] != "ok"]
+    quiet = sorted((w for w in full if w["status"] == "ok"), key=lambda w: -w["evidence"]["growth_bytes"])
+    drawn = flagged + quiet[:GROWERS]
+    code, text = _cli("memory", "--run", str(run))
+    rows = [line.split() for line in text.splitlines()[1:] if re.match(r"\d+ ", line)]
+    assert code == 1 and sorted(int(r[0]) for r in rows) == sorted(w["rank"] for w in drawn), text
+    slopes = [f"{w['slope_bytes_per_s'] / 2**20:+.2f}" for w in drawn if w["slope_bytes_per_s"] is not None]
+    shown = [next(token for token in row if re.fullmatch(r"[+-]\d+\.\d\d", token)) for row in rows  # MiB/s
+             if any(re.fullmatch(r"[+-]\d+\.\d\d", token) for token in row)]
+    assert len(slopes) >= GROWERS and sorted(shown) == sorted(slopes), (shown, slopes)
 
 
 def test_a_long_summary_shows_the_rows_that_lag_most(full_run):

@@ -119,7 +119,9 @@ def memory(
                           f"({done.samples} samples)")
     store = open_store(name_run(run, home), home=home_path(home))
     try:
-        report = memory_report(store, rank=rank, since=since, job=job, per_step=json_)  # the table shows no MiB/step
+        # the table shows no MiB/step, and past TABLE_ROWS workers the lines of the leaks and GROWERS only
+        report = memory_report(store, rank=rank, since=since, job=job, per_step=json_,
+                               fit_quiet=None if json_ else GROWERS, fit_past=TABLE_ROWS)
     finally:
         store.close()
     if json_:
@@ -151,17 +153,20 @@ def _who(worker) -> str:
 
 #: Past this many workers the table shows the ones that stand out and one line for the rest.
 TABLE_ROWS = 40
+#: ...among them, at most this many without a leak: those whose memory grew most (only those are fitted a line).
+GROWERS = 5
 
 
 def _shown(report) -> tuple[list, list]:
     """(workers drawn as rows, workers summed up in one line): every leak and undecided one first (up to
-    :data:`TABLE_ROWS`), then the fastest growers; the rest are summed up."""
+    :data:`TABLE_ROWS`), then the :data:`GROWERS` whose memory grew most (``memory_report``'s ``fit_quiet``
+    order); the rest are summed up."""
     workers = report.workers
     if len(workers) <= TABLE_ROWS:
         return workers, []
     flagged = [w for w in workers if w.leak or w.status != "ok"][:TABLE_ROWS]
     growers = sorted((w for w in workers if not (w.leak or w.status != "ok")),
-                     key=lambda w: -(w.slope_bytes_per_s or 0.0))[:max(0, min(5, TABLE_ROWS - len(flagged)))]
+                     key=lambda w: -w.evidence["growth_bytes"])[:max(0, min(GROWERS, TABLE_ROWS - len(flagged)))]
     chosen = {id(w) for w in flagged + growers}
     return [w for w in workers if id(w) in chosen], [w for w in workers if id(w) not in chosen]
 

@@ -176,7 +176,7 @@ def _sender_key(senders: dict[int, tuple]):
 
 def memory_report(store, *, rank: int | list[int] | None = None, since: float | None = None,
                   job: str | list[str] | None = None, policy: LeakPolicy | None = None,
-                  per_step: bool = True, fit_quiet: int | None = None) -> MemoryReport:
+                  per_step: bool = True, fit_quiet: int | None = None, fit_past: int | None = None) -> MemoryReport:
     """Per-worker memory of a run (``store``: an open :class:`EvidenceStore`), sorted by rank.
 
     ``rank``, ``since`` (a Unix time) and ``job`` (a Ray job id) narrow the samples judged. The samples are
@@ -185,8 +185,9 @@ def memory_report(store, *, rank: int | list[int] | None = None, since: float | 
     steps (``slope_bytes_per_step`` None; a reader that shows none of it, the table of ``raysleuth memory``:
     one Theil-Sen fit less a worker, the same verdicts). ``fit_quiet``: at most this many workers that do not
     leak get their evidence lines (slope, R², tau), those whose memory grew most; the others' are None (their
-    verdicts and reasons are the same). The lines are most of the cost: the report of a thousand workers lists
-    the leaks and the few that grew most (None: every worker's lines).
+    verdicts and reasons are the same), past ``fit_past`` workers (default: ``fit_quiet``); the growth orders
+    them, then the rank order of the report. The lines are most of the cost: the report of a thousand workers
+    lists the leaks and the few that grew most (None: every worker's lines).
     """
     groups: dict[tuple[Any, Any], dict[str, _Series]] = {}
     batch: list[tuple] = []
@@ -233,15 +234,21 @@ def memory_report(store, *, rank: int | list[int] | None = None, since: float | 
             series.last = series.last[:4] + sender[:2] + series.last[6:]
             series.identity = sender[2:]
     with bulk():  # a verdict and its evidence per worker, all kept
-        lines = fit_quiet is None or len(chosen) <= fit_quiet
+        lines = fit_quiet is None or len(chosen) <= (fit_quiet if fit_past is None else max(fit_past, fit_quiet))
         workers = [_summarise_series(series, policy, per_step, lines) for series in chosen]
+        order = sorted(range(len(workers)), key=lambda at: _rank_order(workers[at]))
+        workers, chosen = [workers[at] for at in order], [chosen[at] for at in order]
         if not lines:  # the quiet ones that grew most get their lines after all
             quiet = [at for at, worker in enumerate(workers) if worker.status == "ok"]
             quiet.sort(key=lambda at: -workers[at].evidence["growth_bytes"])
             for at in quiet[:fit_quiet]:
                 workers[at] = _summarise_series(chosen[at], policy, per_step)
-    workers.sort(key=lambda w: (w.rank is None, w.rank if w.rank is not None else 0, w.node_ip or "", w.pid or 0))
     return MemoryReport(store=str(store.path), workers=workers)
+
+
+def _rank_order(worker: WorkerMemory) -> tuple:
+    """Where a worker stands in a report: by rank (none last), node ip and pid."""
+    return worker.rank is None, worker.rank if worker.rank is not None else 0, worker.node_ip or "", worker.pid or 0
 
 
 def _take_blocks(store, high: int, groups: dict, worker_key, *, rank, since, job) -> None:
