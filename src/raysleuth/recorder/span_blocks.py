@@ -65,6 +65,10 @@ class Sealed(NamedTuple):
     names: list[str]
     seconds: Any
     clauses: list[tuple[str, list]]
+    high: int = 0
+    """The newest pass's top: the blocks hold spans at or below it."""
+    unsealed: tuple = ()
+    """(lo, hi] of the passes whose spans no block holds (runs of them merged)."""
 
 
 def read(store, job: list[str] | None = None) -> Sealed | None:
@@ -105,8 +109,9 @@ def read(store, job: list[str] | None = None) -> Sealed | None:
     ranges = [("id > ? AND id <= ?", [lo, hi]) for lo, hi in unsealed]
     outside = "".join(f" AND NOT (id > {int(lo)} AND id <= {int(hi)})" for lo, hi in unsealed)
     clauses = [("id > ?", [high]), *ranges, (_LOOSE + outside, [high])]
+    where = (high, tuple((lo, hi) for lo, hi in unsealed))
     if not parts:
         empty = np.empty(0, dtype=np.int64)
-        return Sealed(empty, empty, empty, empty, list(names), np.empty(0, dtype=np.float64), clauses)
+        return Sealed(empty, empty, empty, empty, list(names), np.empty(0, dtype=np.float64), clauses, *where)
     ids, steps, ranks, codes, seconds = (np.concatenate(column) for column in zip(*parts))
-    return Sealed(ids, steps, ranks, codes, list(names), seconds, clauses)
+    return Sealed(ids, steps, ranks, codes, list(names), seconds, clauses, *where)
