@@ -212,8 +212,8 @@ class _Spans:
         firsts: dict[int, tuple] = {}  # a rank-less worker's group: its first (time, id), which orders it
         repeated = np.flatnonzero((counts > 1) | (ranked[starts] == 0)).tolist()
         if repeated:
-            missing = [int(ident[at]) for group in repeated for at in range(starts[group], starts[group] + counts[group])
-                       if when[at] != when[at]]
+            missing = [int(ident[at]) for group in repeated
+                       for at in range(starts[group], starts[group] + counts[group]) if when[at] != when[at]]
             known = dict(_times(store, missing))
             for group in repeated:
                 members = sorted((known.get(int(ident[at]), float(when[at])), int(ident[at]), float(value[at]))
