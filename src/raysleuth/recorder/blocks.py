@@ -163,8 +163,9 @@ def bucket_rows(columns: tuple) -> Iterator[tuple]:
 
 def rss_bucket_columns(store, width: float, *, start: float) -> tuple | None:
     """``reading.buckets``'s answer for RSS as five numpy columns (rank, pid, bucket, first time, highest value;
-    :data:`NULL` for a null rank or pid), in its order, from the blocks and the rows no pass holds: every sample's
-    (rank, pid, bucket), then one sort and one cut. None where they cannot say it exactly: no pass (every row is
+    :data:`NULL` for a null rank or pid), in its order, from the blocks and the rows no pass holds: each block's runs of
+    one (rank, bucket) with their first time and highest value, then one sort and one cut of them all (the least
+    of the firsts, the most of the highest: a bucket a pass split comes together). None where they cannot say it exactly: no pass (every row is
     read by SQLite then), or a row whose highest value is not an int64 (a float, a huge value)."""
     import numpy as np
 
@@ -175,11 +176,17 @@ def rss_bucket_columns(store, width: float, *, start: float) -> tuple | None:
         high = top(store)
         pids = {sender: NULL if pid is None else pid
                 for sender, pid in store._db.execute("SELECT id, pid FROM senders")}
-        for sender, _source, times, ints in read(store, high):
-            have = ints[3] != NULL
-            parts.append((ints[1][have], np.full(int(have.sum()), pids.get(sender, NULL), dtype=np.int64),
-                          ((times[have] - start) / width).astype(np.int64),  # SQLite's CAST: toward zero
-                          times[have], ints[3][have]))
+        for sender, _source, times, ints in read(store, high):  # each block's runs of one rank and bucket first
+            ranks, values = ints[1], ints[3]  # (a block is one sender's samples in id order: a few runs)
+            have = values != NULL
+            if not have.all():
+                times, ranks, values = times[have], ranks[have], values[have]
+            if not len(times):
+                continue
+            bucket = ((times - start) / width).astype(np.int64)  # SQLite's CAST: toward zero
+            runs = np.concatenate(([0], np.flatnonzero((np.diff(bucket) != 0) | (np.diff(ranks) != 0)) + 1))
+            parts.append((ranks[runs], np.full(len(runs), pids.get(sender, NULL), dtype=np.int64), bucket[runs],
+                          np.minimum.reduceat(times, runs), np.maximum.reduceat(values, runs)))
         rows = [row for clause in beyond(high)
                 for row in reading.buckets(store, "memory", "rss_bytes", width, start=start, clause=clause,
                                            by_id=True)]
