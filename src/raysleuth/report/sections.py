@@ -368,8 +368,9 @@ def span_arrays(step_of, rank_of, phase_of, ordered: list[str], values) -> dict[
     mean_phase: dict[Any, dict[str, float]] = {}
     for column, rank in enumerate(ranks_out):
         seen = present[:, column]
-        step_totals[rank] = [value if here else None  # rounded as round(value, 4), all at once
-                             for value, here in zip(totals[:, column].tolist(), seen.tolist())]
+        rounded = totals[:, column].tolist()  # rounded as round(value, 4), all at once
+        step_totals[rank] = rounded if seen.all() else [value if here else None
+                                                        for value, here in zip(rounded, seen.tolist())]
         rows = cube[seen, column, :]
         mean_phase[rank] = {name: round(math.fsum(rows[:, phase].tolist()) / len(rows), 4)
                             for phase, name in enumerate(ordered)}
