@@ -33,6 +33,8 @@ def test_first_values_and_steps_give_every_value_back_in_the_fewest_bytes():
         body = deltas.encode(columns)
         back = deltas.decode(body, *columns.shape)
         assert back.dtype == np.int64 and np.array_equal(back, columns)
+        some = tuple(range(columns.shape[0]))[::-2]  # some columns, in another order
+        assert np.array_equal(deltas.decode(body, *columns.shape, some), columns[list(some)])
     body = deltas.encode(shapes[0])  # a second's time is 2**22 steps (4 bytes), ids 1000 (2: 125 << 3), one rank
     assert list(body[1:9]) == [4, 1, 1, 1, 0, 3, 0, 12] and len(body) == 1 + 8 + 8 * 4 + (4 + 1 + 1 + 1) * 3599
     assert np.array_equal(deltas.decode(deltas.encode(-shapes[0][1:]), 3, 3600), -shapes[0][1:])  # shifted, signed
@@ -66,6 +68,9 @@ def test_a_schema_8_file_answers_as_it_did_and_migrates(tmp_path, monkeypatch):
     curves = overview.memory_curves(new, {3})
     sealed = [(sender, source, times.tolist(), ints.tolist()) for sender, source, times, ints in
               blocks.read(new, blocks.top(new))]
+    some = [(sender, source, times.tolist(), ints.tolist()) for sender, source, times, ints in
+            blocks.read(new, blocks.top(new), ints=("v0", "rank"))]
+    assert some == [(a, b, t, [i[3], i[1]]) for a, b, t, i in sealed]
     new.close()
     _as_schema_8(path)
     old = EvidenceStore(path, readonly=True)
@@ -73,6 +78,8 @@ def test_a_schema_8_file_answers_as_it_did_and_migrates(tmp_path, monkeypatch):
         "SELECT count(*) FROM memory_blocks WHERE substr(body, 1, 1) = x'78'").fetchone()[0] == len(sealed)
     assert [(sender, source, times.tolist(), ints.tolist()) for sender, source, times, ints in
             blocks.read(old, blocks.top(old))] == sealed
+    assert [(sender, source, times.tolist(), ints.tolist()) for sender, source, times, ints in
+            blocks.read(old, blocks.top(old), ints=("v0", "rank"))] == some
     assert memory_report(old).to_dict() == report and old.kinds() == kinds
     assert overview.memory_curves(old, {3}) == curves
     _same_answers(old, monkeypatch)

@@ -72,14 +72,14 @@ class _Series:
             self._in_order = False  # a block is in id order; a clock that went back reads as rows out of order
         if (float(times[0]), int(ids[0])) < self._newest:
             self._in_order = False
-        k = int(np.lexsort((ids, times))[-1])
+        k = _last(times, ids, np.arange(len(times)))
         if (float(times[k]), int(ids[k])) > self._newest:
             self._newest = (float(times[k]), int(ids[k]))
             self.last = (float(times[k]), int(ids[k]), *(None if v == NULL else int(v) for v in ints[1:3, k]),
                          *key_row[4:9], *(None if v == NULL else int(v) for v in ints[3:, k]))
         ranked = np.flatnonzero(ranks != NULL)
         if len(ranked):  # as :meth:`add`: the last ranked row in (rank, time, id) order
-            j = int(ranked[np.lexsort((ids[ranked], times[ranked], ranks[ranked]))[-1]])
+            j = _last(times, ids, ranked[ranks[ranked] == ranks[ranked].max()])
             if (float(times[j]), int(ids[j])) >= self._rank_at:
                 self.rank, self._rank_at = int(ranks[j]), (float(times[j]), int(ids[j]))
         numbers = ints[2:].astype(float)
@@ -95,6 +95,13 @@ class _Series:
             order = np.lexsort((joined[1], joined[0]))
             joined = [column[order] for column in joined]
         return joined[0], joined[2], dict(zip(METRICS, joined[3:]))
+
+
+def _last(times, ids, among) -> int:
+    """The place of the last of the samples ``among`` (places) in (time, id) order: the latest, the highest id
+    among those as late (ids are unique): ``lexsort((ids, times))[-1]`` without the sort."""
+    latest = among[times[among] == times[among].max()]
+    return int(latest[ids[latest].argmax()])
 
 
 _NAN = float("nan")

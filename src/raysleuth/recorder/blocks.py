@@ -176,8 +176,8 @@ def rss_bucket_columns(store, width: float, *, start: float) -> tuple | None:
         high = top(store)
         pids = {sender: NULL if pid is None else pid
                 for sender, pid in store._db.execute("SELECT id, pid FROM senders")}
-        for sender, _source, times, ints in read(store, high):  # each block's runs of one rank and bucket first
-            ranks, values = ints[1], ints[3]  # (a block is one sender's samples in id order: a few runs)
+        for sender, _source, times, ints in read(store, high, ints=("rank", "v0")):  # each block's runs of one
+            ranks, values = ints  # rank and bucket first (a block is one sender's samples in id order: a few runs)
             have = values != NULL
             if not have.all():
                 times, ranks, values = times[have], ranks[have], values[have]
@@ -210,9 +210,12 @@ def rss_bucket_columns(store, width: float, *, start: float) -> tuple | None:
             np.maximum.reduceat(values, starts))
 
 
-def read(store, high: int, *, job: list[str] | None = None) -> Iterator[tuple[int, str | None, Any, Any]]:
+def read(store, high: int, *, job: list[str] | None = None,
+         ints: tuple[str, ...] = INTS) -> Iterator[tuple[int, str | None, Any, Any]]:
     """Each block of the passes up to ``high``: (sender, source, times as float64, the :data:`INTS` as an 8×n
-    int64 array). ``job``: only the senders of these Ray jobs."""
+    int64 array). ``job``: only the senders of these Ray jobs; ``ints``: only these of the :data:`INTS`, in this
+    order (a block of schema 9 decodes no other)."""
+    wanted = tuple(INTS.index(name) for name in ints)
     import numpy as np
 
     sql = "SELECT sender, source, n, body FROM memory_blocks WHERE pass <= ?"
@@ -223,10 +226,11 @@ def read(store, high: int, *, job: list[str] | None = None) -> Iterator[tuple[in
     for sender, source, n, body in store._db.execute(sql + " ORDER BY pass, sender", args):
         if body[:1] == _ZLIB:  # a block written before schema 9
             raw = zlib.decompress(body)
-            yield (sender, source, np.frombuffer(raw, dtype=np.float64, count=n),
-                   np.frombuffer(raw, dtype=np.int64, offset=8 * n).reshape(len(INTS), n))
+            every = np.frombuffer(raw, dtype=np.int64, offset=8 * n).reshape(len(INTS), n)
+            yield sender, source, np.frombuffer(raw, dtype=np.float64, count=n), \
+                every if ints == INTS else every[list(wanted)]
         else:
-            columns = deltas.decode(body, 1 + len(INTS), n)
+            columns = deltas.decode(body, 1 + len(INTS), n, (0, *(1 + at for at in wanted)))
             yield sender, source, columns[0].view(np.float64), columns[1:]
 
 

@@ -48,24 +48,28 @@ def encode(columns: Any) -> bytes:
     return bytes([MARK, *widths, *shifts]) + firsts.tobytes() + b"".join(parts)
 
 
-def decode(body: bytes, k: int, n: int) -> Any:
-    """The (k, n) int64 array of a body :func:`encode` wrote (a new array, writable)."""
+def decode(body: bytes, k: int, n: int, rows: tuple[int, ...] | None = None) -> Any:
+    """The (k, n) int64 array of a body :func:`encode` wrote (a new array, writable); ``rows``: only these columns,
+    in this order (a (len(rows), n) array)."""
     import numpy as np
 
     if not body or body[0] != MARK:
         raise ValueError("not a block of first values and steps")
     widths, shifts = body[1:1 + k], body[1 + k:1 + 2 * k]
-    out = np.empty((k, n), dtype=np.int64)
+    starts = [1 + 10 * k]
+    for width in widths:
+        starts.append(starts[-1] + width * max(n - 1, 0))
+    if starts[-1] != len(body):
+        raise ValueError(f"a block of {len(body)} bytes holds {starts[-1]}")
+    wanted = range(k) if rows is None else rows
+    out = np.empty((len(wanted), n), dtype=np.int64)
     if not n:
         return out
-    out[:, 0] = np.frombuffer(body, dtype=np.int64, count=k, offset=1 + 2 * k)
-    at = 1 + 2 * k + 8 * k
-    for row, (width, shift) in enumerate(zip(widths, shifts)):
-        out[row, 1:] = np.frombuffer(body, dtype=f"i{width}", count=n - 1, offset=at)
-        if shift:
-            out[row, 1:] <<= shift
-        at += width * (n - 1)
-    if at != len(body):
-        raise ValueError(f"a block of {len(body)} bytes holds {at}")
+    firsts = np.frombuffer(body, dtype=np.int64, count=k, offset=1 + 2 * k)
+    for place, row in enumerate(wanted):
+        out[place, 0] = firsts[row]
+        out[place, 1:] = np.frombuffer(body, dtype=f"i{widths[row]}", count=n - 1, offset=starts[row])
+        if shifts[row]:
+            out[place, 1:] <<= shifts[row]
     np.cumsum(out, axis=1, out=out)
     return out
