@@ -39,7 +39,6 @@ table instead of the record's JSON.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import os
 import sys
@@ -180,6 +179,8 @@ class SyncSide:
 
     async def settle_async(self) -> None:
         """:meth:`settle` without blocking the event loop."""
+        import asyncio  # here: a reader of the module (the report) loads no event loop machinery
+
         if self.pending is not None:
             try:
                 await asyncio.wrap_future(self.pending)
