@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from raysleuth.memory import memory_report
-from raysleuth.recorder import blocks, deltas
+from raysleuth.recorder import blocks, deltas, span_blocks
 from raysleuth.recorder.schema import SCHEMA_VERSION
 from raysleuth.recorder.store import EvidenceStore
+from raysleuth.recorder.totals import span_columns, span_rows
 from raysleuth.report import overview
 from older_files import UNDO_9
 from test_memory_blocks import START, _odd_rows, _same_answers, _write, _written
@@ -47,10 +48,11 @@ def test_first_values_and_steps_give_every_value_back_in_the_fewest_bytes():
 def _as_schema_8(path) -> None:
     """Make a file what raysleuth wrote before schema 9: each block zlib (times, then the ints), no counts."""
     db = sqlite3.connect(path)
-    for rowid, n, body in db.execute("SELECT rowid, n, body FROM memory_blocks").fetchall():
-        columns = deltas.decode(body, 1 + len(blocks.INTS), n)
-        db.execute("UPDATE memory_blocks SET body = ? WHERE rowid = ?",
-                   (zlib.compress(columns[0].view(np.float64).tobytes() + columns[1:].tobytes(), 1), rowid))
+    for table, k in (("memory_blocks", 1 + len(blocks.INTS)), ("span_blocks", 1 + len(span_blocks.INTS))):
+        for rowid, n, body in db.execute(f"SELECT rowid, n, body FROM {table} WHERE n >= 0").fetchall():
+            columns = deltas.decode(body, k, n)
+            db.execute(f"UPDATE {table} SET body = ? WHERE rowid = ?",
+                       (zlib.compress(columns[0].view(np.float64).tobytes() + columns[1:].tobytes(), 1), rowid))
     for statement in (*UNDO_9, "PRAGMA user_version=8"):
         db.execute(statement)
     db.commit()
@@ -65,6 +67,9 @@ def test_a_schema_8_file_answers_as_it_did_and_migrates(tmp_path, monkeypatch):
     assert new.schema_version == SCHEMA_VERSION == 9 and new._db.execute(
         "SELECT count(*) FROM memory_blocks WHERE substr(body, 1, 1) = x'01'").fetchone()[0] > 10
     report, kinds = memory_report(new).to_dict(), new.kinds()
+    totals = span_rows(span_columns(new))
+    assert new._db.execute("SELECT count(*) FROM span_blocks WHERE n > 0 AND substr(body, 1, 1) = x'01'"
+                           ).fetchone()[0] and len(totals) > 50
     curves = overview.memory_curves(new, {3})
     sealed = [(sender, source, times.tolist(), ints.tolist()) for sender, source, times, ints in
               blocks.read(new, blocks.top(new))]
@@ -81,6 +86,8 @@ def test_a_schema_8_file_answers_as_it_did_and_migrates(tmp_path, monkeypatch):
     assert [(sender, source, times.tolist(), ints.tolist()) for sender, source, times, ints in
             blocks.read(old, blocks.top(old), ints=("v0", "rank"))] == some
     assert memory_report(old).to_dict() == report and old.kinds() == kinds
+    assert span_rows(span_columns(old)) == totals and old._db.execute(
+        "SELECT count(*) FROM span_blocks WHERE n > 0 AND substr(body, 1, 1) = x'01'").fetchone()[0] == 0
     assert overview.memory_curves(old, {3}) == curves
     _same_answers(old, monkeypatch)
     old.close()

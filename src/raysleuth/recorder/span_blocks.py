@@ -4,8 +4,9 @@ A thousand ranks stepping every 12 s write 299,000 top-level spans an hour; SQLi
 tuple at about 2 µs, and summing them per step, rank and phase took most of the report's step section. So each
 pass of :mod:`raysleuth.recorder.blocks` (the writer's, over ids ``(lo, hi]``) also reads the spans that
 :data:`~raysleuth.recorder.schema.SPAN_SEALED` admits and writes one block: the top-level ones with a numeric
-duration (those :func:`raysleuth.recorder.totals.span_columns` sums) as columns (id, sender, step, rank, phase
-code, seconds; native byte order, zlib) and the sorted phase names. The rows stay as they are.
+duration (those :func:`raysleuth.recorder.totals.span_columns` sums) as columns (seconds, id, sender, step, rank,
+phase code: first values and steps, :mod:`~raysleuth.recorder.deltas`; zlib before schema 9) and the sorted phase
+names. The rows stay as they are.
 
 A reader (:func:`read`) takes, in one snapshot, every pass's block, then row by row only what no block holds:
 the spans above the newest pass's top, those at or below it that ``SPAN_SEALED`` leaves out (through migration
@@ -17,9 +18,9 @@ from __future__ import annotations
 
 import json
 import zlib
-from array import array
 from typing import Any, NamedTuple
 
+from raysleuth.recorder import deltas
 from raysleuth.recorder.schema import SPAN_SEALED
 
 __all__ = ["SPAN_SEALED", "Sealed", "read", "seal"]
@@ -41,15 +42,18 @@ _LOOSE = f"id IN ({_LOOSE_IDS} AND id <= ?)"
 
 def seal(db, low: int, high: int) -> int:
     """The block of the pass ``(low, high]`` (inside that pass's transaction): the spans it holds."""
+    import numpy as np
+
     rows = db.execute(_SEAL, (low, high, low, high)).fetchall()
     names = sorted({row[4] for row in rows})
     code = {name: number for number, name in enumerate(names)}
     columns: list[Any] = list(zip(*rows)) if rows else [()] * 6
-    body = (array("d", map(float, columns[5])).tobytes()
-            + b"".join(array("q", column).tobytes() for column in columns[:4])
-            + array("q", map(code.__getitem__, columns[4])).tobytes())
+    body = deltas.encode(np.vstack((np.array(columns[5], dtype=np.float64).view(np.int64).reshape(1, -1),
+                                    np.array(columns[:4], dtype=np.int64).reshape(4, -1),
+                                    np.fromiter(map(code.__getitem__, columns[4]), dtype=np.int64,
+                                                count=len(rows)).reshape(1, -1))))
     db.execute("INSERT OR REPLACE INTO span_blocks (pass, n, names, body) VALUES (?, ?, ?, ?)",
-               (high, len(rows), json.dumps(names), zlib.compress(body, 1)))
+               (high, len(rows), json.dumps(names), body))
     return len(rows)
 
 
@@ -100,9 +104,13 @@ def read(store, job: list[str] | None = None) -> Sealed | None:
             continue
         if not n:
             continue
-        raw = zlib.decompress(body)
-        seconds = np.frombuffer(raw, dtype=np.float64, count=n)
-        ints = np.frombuffer(raw, dtype=np.int64, offset=8 * n).reshape(len(INTS), n)
+        if body[:1] == b"\x78":  # a block written before schema 9: zlib
+            raw = zlib.decompress(body)
+            seconds = np.frombuffer(raw, dtype=np.float64, count=n)
+            ints = np.frombuffer(raw, dtype=np.int64, offset=8 * n).reshape(len(INTS), n)
+        else:
+            columns = deltas.decode(body, 1 + len(INTS), n)
+            seconds, ints = columns[0].view(np.float64), columns[1:]
         own = np.array([names.setdefault(name, len(names)) for name in json.loads(named)], dtype=np.int64)
         keep = slice(None) if allowed is None else np.isin(ints[1], allowed)
         parts.append((ints[0][keep], ints[2][keep], ints[3][keep], own[ints[4][keep]], seconds[keep]))
