@@ -36,8 +36,8 @@ def test_first_values_and_steps_give_every_value_back_in_the_fewest_bytes():
         assert back.dtype == np.int64 and np.array_equal(back, columns)
         some = tuple(range(columns.shape[0]))[::-2]  # some columns, in another order
         assert np.array_equal(deltas.decode(body, *columns.shape, some), columns[list(some)])
-    body = deltas.encode(shapes[0])  # a second's time is 2**22 steps (4 bytes), ids 1000 (2: 125 << 3), one rank
-    assert list(body[1:9]) == [4, 1, 1, 1, 0, 3, 0, 12] and len(body) == 1 + 8 + 8 * 4 + (4 + 1 + 1 + 1) * 3599
+    body = deltas.encode(shapes[0])  # a second's time is 2**22 steps (4 bytes), ids 1000 (1: 125 << 3), one rank (0)
+    assert list(body[1:9]) == [4, 1, 0, 1, 0, 3, 0, 12] and len(body) == 1 + 8 + 8 * 4 + (4 + 1 + 0 + 1) * 3599
     assert np.array_equal(deltas.decode(deltas.encode(-shapes[0][1:]), 3, 3600), -shapes[0][1:])  # shifted, signed
     with pytest.raises(ValueError):
         deltas.decode(zlib.compress(shapes[0].tobytes()), 4, 3600)
