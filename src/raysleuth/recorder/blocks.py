@@ -163,10 +163,11 @@ def bucket_rows(columns: tuple) -> Iterator[tuple]:
 
 def rss_bucket_columns(store, width: float, *, start: float) -> tuple | None:
     """``reading.buckets``'s answer for RSS as five numpy columns (rank, pid, bucket, first time, highest value;
-    :data:`NULL` for a null rank or pid), in its order, from the blocks and the rows no pass holds: each block's runs of
-    one (rank, bucket) with their first time and highest value, then one sort and one cut of them all (the least
-    of the firsts, the most of the highest: a bucket a pass split comes together). None where they cannot say it exactly: no pass (every row is
-    read by SQLite then), or a row whose highest value is not an int64 (a float, a huge value)."""
+    :data:`NULL` for a null rank or pid), in its order, from the blocks and the rows no pass holds: each block's
+    runs of one (rank, bucket) with their first time and highest value, then one sort and one cut of them all (the
+    least of the firsts, the most of the highest: a bucket a pass split comes together). None where they cannot
+    say it exactly: no pass (every row is read by SQLite then), or a row whose highest value is not an int64 (a
+    float, a huge value)."""
     import numpy as np
 
     if not top(store):
@@ -215,9 +216,9 @@ def read(store, high: int, *, job: list[str] | None = None,
     """Each block of the passes up to ``high``: (sender, source, times as float64, the :data:`INTS` as an 8×n
     int64 array). ``job``: only the senders of these Ray jobs; ``ints``: only these of the :data:`INTS`, in this
     order (a block of schema 9 decodes no other)."""
-    wanted = tuple(INTS.index(name) for name in ints)
     import numpy as np
 
+    wanted = tuple(INTS.index(name) for name in ints)
     sql = "SELECT sender, source, n, body FROM memory_blocks WHERE pass <= ?"
     args: list[Any] = [high]
     if job is not None:

@@ -139,7 +139,6 @@ def _grouped_from_blocks(store, ranks, jobs, step_min, step_max) -> dict | None:
         return block.grouped(store, *loose)
 
 
-
 #: The straggler rule of the timeline and the report: the slowest rank of a step's phase took this many times the
 #: median of the ranks (``raysleuth timeline --summary`` marks it, the report lists it).
 STRAGGLER_RATIO = 1.5
