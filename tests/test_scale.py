@@ -373,6 +373,29 @@ def test_the_reports_step_section_reads_sqls_totals_in_columns(run):
     assert section["alone"] == [5] and section["band"] == overview._band(rest)  # the synthetic straggler, alone
 
 
+def test_the_step_section_in_numpy_is_the_rows_dense_or_sparse():
+    """Every rank in every step (the stragglers of all steps at once) and some (step by step): the rows' section."""
+    from scale_reference import old_span_section
+
+    from raysleuth.recorder.totals import totals_arrays
+    from raysleuth.report import sections
+
+    rng = np.random.default_rng(5)
+    for missing in (0.0, 0.05):
+        totals = [(step, rank, phase, float(rng.gamma(2.0) * (3.0 if (rank, phase) == (4, "fwd") else 1.0)))
+                  for step in range(60) for rank in range(12) for phase in ("bwd", "fwd", "ray.call:x")
+                  if rng.random() >= missing]
+        expected = json.dumps(old_span_section(totals), sort_keys=True)
+        section = sections.span_arrays(*totals_arrays(*zip(*totals)))
+        assert section is not None and json.dumps(section, sort_keys=True) == expected, missing
+        assert len(section["stragglers"]) > 10, len(section["stragglers"])
+    from raysleuth.report.step_arrays import _places
+
+    for values in (rng.integers(-5, 40, 500), rng.integers(0, 2**40, 500), np.array([7] * 3)):  # a table, sorts
+        distinct, places = _places(values, np)
+        assert distinct.tolist() == np.unique(values).tolist() and (distinct[places] == values).all()
+
+
 def test_the_reports_logs_of_many_ranks_are_grouped_by_message(run):
     """Past 16 ranks the report's logs are one row per message, level and logger, its ranks as ranges: the error
     of one rank first, every warning and error line counted, none of the thousand-heading page."""

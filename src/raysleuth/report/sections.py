@@ -23,8 +23,8 @@ from raysleuth.logs.aggregate import split_template
 from raysleuth.options import format_ranks
 from raysleuth.recorder.schema import SEVERE_LEVELS
 from raysleuth.recorder.totals import totals_arrays
-from raysleuth.report.rounding import python_round
-from raysleuth.timeline.summary import STRAGGLER_RATIO, phases_from_totals, stragglers_of
+from raysleuth.report.step_arrays import span_arrays
+from raysleuth.timeline.summary import phases_from_totals, stragglers_of
 
 __all__ = [
     "collective_section",
@@ -336,59 +336,3 @@ def _span_columns(totals: list[tuple]) -> dict[str, Any] | None:
         return None
     arrays = totals_arrays(*zip(*totals))
     return span_arrays(*arrays) if arrays is not None else None
-
-
-def span_arrays(step_of, rank_of, phase_of, ordered: list[str], values) -> dict[str, Any] | None:
-    """:func:`span_section` of totals as numpy columns (``totals.span_columns``: int64 steps, ranks and codes into
-    the sorted phase names ``ordered``, float64 seconds), or None when they are not SQL's shape (a key not above
-    the one before, a value not finite, a table too sparse): then the rows' path, on the same totals as tuples."""
-    import math
-
-    import numpy as np
-
-    if not len(values) or not np.isfinite(values).all():
-        return None
-    step_step, rank_step, phase_step = np.diff(step_of), np.diff(rank_of), np.diff(phase_of)
-    if not ((step_step > 0) | ((step_step == 0) & ((rank_step > 0) | ((rank_step == 0) & (phase_step > 0))))).all():
-        return None
-    step_list, rank_list = np.unique(step_of), np.unique(rank_of)
-    if len(step_list) * len(rank_list) * len(ordered) > 8 * len(values) + 4096:
-        return None  # sparse (ranks counting steps of their own): a dense table would not fit; the rows' dicts do
-    s, r = np.searchsorted(step_list, step_of), np.searchsorted(rank_list, rank_of)
-    cube = np.zeros((len(step_list), len(rank_list), len(ordered)))
-    cube[s, r, phase_of] += values  # 0.0 + x, as the rows' loop adds: -0.0 becomes 0.0
-    present = np.zeros((len(step_list), len(rank_list)), dtype=bool)
-    present[s, r] = True
-    total = cube[:, :, 0]
-    for phase in range(1, len(ordered)):  # in phase order, one at a time (numpy's pairwise sum would differ)
-        total = total + cube[:, :, phase]
-    steps_out, ranks_out = step_list.tolist(), rank_list.tolist()
-    totals = python_round(total, 4)
-    step_totals: dict[Any, list[float | None]] = {}
-    mean_phase: dict[Any, dict[str, float]] = {}
-    for column, rank in enumerate(ranks_out):
-        seen = present[:, column]
-        rounded = totals[:, column].tolist()  # rounded as round(value, 4), all at once
-        step_totals[rank] = rounded if seen.all() else [value if here else None
-                                                        for value, here in zip(rounded, seen.tolist())]
-        rows = cube[seen, column, :]
-        mean_phase[rank] = {name: round(math.fsum(rows[:, phase].tolist()) / len(rows), 4)
-                            for phase, name in enumerate(ordered)}
-    stragglers = []
-    judged = [phase for phase, name in enumerate(ordered) if not name.startswith("ray.call:")]
-    for row, step in enumerate(steps_out if judged else ()):
-        seen_ranks = rank_list[present[row]]
-        here = cube[row][present[row]][:, judged]  # the ranks seen in this step, 0.0 for a phase they did not record
-        if len(here) < 2:
-            continue
-        medians, slowest = np.median(here, axis=0), here.argmax(axis=0)
-        highest = here[slowest, np.arange(len(judged))]
-        ratios = np.divide(highest, medians, out=np.ones_like(highest), where=medians > 0)
-        for column in np.flatnonzero(ratios >= STRAGGLER_RATIO).tolist():
-            rank = int(seen_ranks[slowest[column]])
-            stragglers.append({"step": step, "rank": rank, "phase": ordered[judged[column]],
-                               "seconds": round(float(highest[column]), 4), "median": round(float(medians[column]), 4),
-                               "ratio": round(float(ratios[column]), 2), "step_seconds": step_totals[rank][row]})
-    return {"steps": steps_out, "ranks": ranks_out, "phases": ordered, "totals": step_totals,
-            "mean_phase": mean_phase, "stragglers": stragglers}
-
