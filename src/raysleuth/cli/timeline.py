@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Annotated
 
@@ -109,11 +110,7 @@ def render_summary(rows, limit: int | None = SUMMARY_ROWS) -> None:
 def _render_overview(rows, stragglers: int) -> None:
     """One line on every step phase of a long summary: how many, the steps, the stragglers, who was slowest."""
     steps = sorted({row.step for row in rows})
-    slowest: dict[str, int] = {}
-    for row in rows:
-        if len(row.durations) > 1:
-            slowest[str(row.slowest)] = slowest.get(str(row.slowest), 0) + 1
-    often = sorted(slowest.items(), key=lambda item: -item[1])[:3]
+    often = Counter(str(row.slowest) for row in rows if len(row.durations) > 1).most_common(3)
     named = ", ".join(f"{escape(who)} in {count:,}" for who, count in often)
     console.print(f"{len(rows):,} step phases, steps {steps[0]}-{steps[-1]}; {stragglers:,} with a straggler "
                   f"(slowest >= {STRAGGLER_RATIO:g}x the median)" + (f"; slowest most often: {named}" if named else ""))

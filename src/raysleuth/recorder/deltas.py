@@ -32,8 +32,7 @@ def encode(columns: Any) -> bytes:
     columns = np.ascontiguousarray(columns, dtype=np.int64)
     k, n = columns.shape
     steps = np.diff(columns, axis=1)
-    widths, parts = [], []
-    shifts = []
+    widths, shifts, parts = [], [], []
     for row in steps:
         common = int(np.bitwise_or.reduce(row)) if n > 1 else 0
         shift = (common & -common).bit_length() - 1 if common else 0  # the zero bits every step ends with

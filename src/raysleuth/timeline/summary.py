@@ -52,9 +52,14 @@ _UNSEEN: Any = object()
 
 def _cell(grouped: dict[tuple[int, str], dict[str, float]], step: Any, name: Any) -> dict[str, float] | None:
     """The durations per rank of ``name``'s phase in ``step``; None for a Ray call (not a phase)."""
-    if str(name if name is not None else "").startswith("ray.call:"):
+    if _is_ray_call(name):
         return None
     return grouped.setdefault((int(step), str(name)), {})
+
+
+def _is_ray_call(name: Any) -> bool:
+    """A span of a Ray call (``ray.call:Worker.step``), which is no phase of a step."""
+    return str(name if name is not None else "").startswith("ray.call:")
 
 
 def phase_rows(grouped: dict[tuple[int, str], dict[str, float]]) -> list[StepPhase]:
@@ -129,14 +134,15 @@ def _grouped_from_blocks(store, ranks, jobs, step_min, step_max) -> dict | None:
             keep &= sealed.steps >= step_min
         if step_max is not None:
             keep &= sealed.steps <= step_max
-        calls = np.array([name.startswith("ray.call:") for name in sealed.names] + [False], dtype=bool)
+        calls = np.array([_is_ray_call(name) for name in sealed.names] + [False], dtype=bool)
         keep &= ~calls[sealed.codes] & ~np.isin(sealed.ids, np.fromiter(rows, dtype=np.int64, count=len(rows)))
-        block = _Spans(sealed.steps[keep], sealed.codes[keep], sealed.ranks[keep], sealed.ids[keep],
-                       sealed.seconds[keep], sealed.names)
         loose = _loose_spans(rows.values())
         if loose is None:
             return None
-        return block.grouped(store, *loose)
+        seconds = sealed.seconds[keep]
+        block = (sealed.steps[keep], sealed.codes[keep], sealed.ranks[keep], sealed.ids[keep],
+                 np.where(np.isfinite(seconds), seconds, 0.0))  # as _number reads them
+        return _merged(store, block, sealed.names, *loose)
 
 
 #: The straggler rule of the timeline and the report: the slowest rank of a step's phase took this many times the
@@ -160,7 +166,7 @@ def _loose_spans(rows: Iterable[tuple]) -> tuple | None:
     phases, ranks (None: by pid), pids, times, ids and seconds; None where a step or rank is not an int."""
     kept: list[tuple] = []
     for id_, step, name, rank, pid, when, duration in rows:
-        if step is None or str(name if name is not None else "").startswith("ray.call:"):
+        if step is None or _is_ray_call(name):
             continue
         if type(step) is not int or (rank is not None and type(rank) is not int) or type(when) not in (int, float):
             return None
@@ -169,90 +175,84 @@ def _loose_spans(rows: Iterable[tuple]) -> tuple | None:
     return tuple(list(column) for column in zip(*kept)) if kept else ((),) * 7
 
 
-class _Spans:
-    """The spans of the blocks as columns (steps, phase codes into ``names``, ranks, ids, seconds)."""
+def _merged(store, block: tuple, names: list[str], steps, phases, ranks, pids, times, ids, seconds) -> dict | None:
+    """The blocks' spans (``block``: steps, phase codes into ``names``, ranks, ids, seconds as columns) and the
+    rows' (the columns of :func:`_loose_spans`) grouped as :func:`_summarize_rows` groups them: per (step, phase),
+    seconds per rank in the order its rows would first name each."""
+    import numpy as np
 
-    def __init__(self, steps, codes, ranks, ids, seconds, names: list[str]) -> None:
-        import numpy as np
+    code_of = {name: at for at, name in enumerate(names)}
+    for phase in phases:
+        code_of.setdefault(phase, len(code_of))
+    by_pid: dict[str, int] = {}
+    keys = [rank if rank is not None else by_pid.setdefault(f"pid {pid}", len(by_pid))
+            for rank, pid in zip(ranks, pids)]
+    b_steps, b_codes, b_ranks, b_ids, b_seconds = block
+    try:
+        step = np.concatenate((b_steps, np.array(steps, dtype=np.int64)))
+        key = np.concatenate((b_ranks, np.array(keys, dtype=np.int64)))
+    except OverflowError:  # an int past 64 bits
+        return None
+    code = np.concatenate((b_codes, np.array([code_of[p] for p in phases], dtype=np.int64)))
+    ranked = np.concatenate((np.ones(len(b_ids), dtype=np.int8),
+                             np.array([r is not None for r in ranks], dtype=np.int8)))
+    ident = np.concatenate((b_ids, np.array(ids, dtype=np.int64)))
+    value = np.concatenate((b_seconds, np.array(seconds, dtype=np.float64)))
+    when = np.concatenate((np.full(len(b_ids), np.nan), np.array(times, dtype=np.float64)))
+    order = np.lexsort((ident, key, ranked, code, step))  # a key's spans in id order (times below)
+    step, code, ranked, key, ident, value, when = (a[order] for a in (step, code, ranked, key, ident, value, when))
+    starts = np.flatnonzero(np.concatenate(([True], (np.diff(step) != 0) | (np.diff(code) != 0)
+                                            | (np.diff(ranked) != 0) | (np.diff(key) != 0)))) if len(order) \
+        else np.empty(0, dtype=np.int64)
+    counts = np.diff(np.append(starts, len(order)))
+    totals = (value[starts] + 0.0).tolist()  # 0.0 + seconds, as the rows' first add (-0.0 becomes 0.0)
+    firsts: dict[int, tuple] = {}  # a rank-less worker's group: its first (time, id), which orders it
+    repeated = np.flatnonzero((counts > 1) | (ranked[starts] == 0)).tolist()
+    if repeated:
+        missing = [int(ident[at]) for group in repeated
+                   for at in range(starts[group], starts[group] + counts[group]) if when[at] != when[at]]
+        known = dict(_times(store, missing))
+        for group in repeated:
+            members = sorted((known.get(int(ident[at]), float(when[at])), int(ident[at]), float(value[at]))
+                             for at in range(starts[group], starts[group] + counts[group]))
+            total = 0.0
+            for _, _, seconds_ in members:
+                total += seconds_
+            totals[group] = total
+            firsts[group] = members[0][:2]
+    return _cells(step[starts], code[starts], ranked[starts], key[starts], totals, firsts, code_of, by_pid)
 
-        self.columns = (steps, codes, ranks, ids, np.where(np.isfinite(seconds), seconds, 0.0))  # as _number
-        self.names = names
 
-    def grouped(self, store, steps, phases, ranks, pids, times, ids, seconds) -> dict | None:
-        """The blocks' spans and the rows' (the columns of :func:`_loose_spans`) grouped as :func:`_summarize_rows`
-        groups them: per (step, phase), seconds per rank in the order its rows would first name each."""
-        import numpy as np
+def _cells(steps, codes, ranked, keys, totals: list, firsts: dict, code_of: dict, by_pid: dict) -> dict:
+    """:func:`_merged`'s groups (one per step, phase and rank or worker, in that order) as the dicts of
+    :func:`_summarize_rows`: per (step, phase), each rank's seconds, the rank-less workers first."""
+    import numpy as np
 
-        code_of = {name: at for at, name in enumerate(self.names)}
-        for phase in phases:
-            code_of.setdefault(phase, len(code_of))
-        by_pid: dict[str, int] = {}
-        keys = [rank if rank is not None else by_pid.setdefault(f"pid {pid}", len(by_pid))
-                for rank, pid in zip(ranks, pids)]
-        b_steps, b_codes, b_ranks, b_ids, b_seconds = self.columns
-        try:
-            step = np.concatenate((b_steps, np.array(steps, dtype=np.int64)))
-            key = np.concatenate((b_ranks, np.array(keys, dtype=np.int64)))
-        except OverflowError:  # an int past 64 bits
-            return None
-        code = np.concatenate((b_codes, np.array([code_of[p] for p in phases], dtype=np.int64)))
-        ranked = np.concatenate((np.ones(len(b_ids), dtype=np.int8), np.array([r is not None for r in ranks],
-                                                                                dtype=np.int8)))
-        ident = np.concatenate((b_ids, np.array(ids, dtype=np.int64)))
-        value = np.concatenate((b_seconds, np.array(seconds, dtype=np.float64)))
-        when = np.concatenate((np.full(len(b_ids), np.nan), np.array(times, dtype=np.float64)))
-        order = np.lexsort((ident, key, ranked, code, step))  # a key's spans in id order (times below)
-        step, code, ranked, key, ident, value, when = (a[order] for a in (step, code, ranked, key, ident, value, when))
-        starts = np.flatnonzero(np.concatenate(([True], (np.diff(step) != 0) | (np.diff(code) != 0)
-                                                | (np.diff(ranked) != 0) | (np.diff(key) != 0)))) if len(order) \
-            else np.empty(0, dtype=np.int64)
-        counts = np.diff(np.append(starts, len(order)))
-        totals = (value[starts] + 0.0).tolist()  # 0.0 + seconds, as the rows' first add (-0.0 becomes 0.0)
-        firsts: dict[int, tuple] = {}  # a rank-less worker's group: its first (time, id), which orders it
-        repeated = np.flatnonzero((counts > 1) | (ranked[starts] == 0)).tolist()
-        if repeated:
-            missing = [int(ident[at]) for group in repeated
-                       for at in range(starts[group], starts[group] + counts[group]) if when[at] != when[at]]
-            known = dict(_times(store, missing))
-            for group in repeated:
-                members = sorted((known.get(int(ident[at]), float(when[at])), int(ident[at]), float(value[at]))
-                                 for at in range(starts[group], starts[group] + counts[group]))
-                total = 0.0
-                for _, _, seconds_ in members:
-                    total += seconds_
-                totals[group] = total
-                firsts[group] = members[0][:2]
-        return self._cells(step[starts], code[starts], ranked[starts], key[starts], totals, firsts, code_of, by_pid)
-
-    @staticmethod
-    def _cells(steps, codes, ranked, keys, totals: list, firsts: dict, code_of: dict, by_pid: dict) -> dict:
-        import numpy as np
-
-        names = list(code_of)
-        pid_names = list(by_pid)
-        if len(keys) and 0 <= int(keys.min()) and int(keys.max()) < 4 * len(keys):  # ranks: a table of their names
-            as_rank = np.array([str(rank) for rank in range(int(keys.max()) + 1)], dtype=object)[keys]
+    names = list(code_of)
+    pid_names = list(by_pid)
+    if len(keys) and 0 <= int(keys.min()) and int(keys.max()) < 4 * len(keys):  # ranks: a table of their names
+        as_rank = np.array([str(rank) for rank in range(int(keys.max()) + 1)], dtype=object)[keys]
+    else:
+        unique, inverse = np.unique(keys, return_inverse=True)
+        as_rank = np.array([str(rank) for rank in unique.tolist()], dtype=object)[inverse.reshape(-1)]
+    every_ranked = bool(ranked.all())
+    whos = as_rank.tolist() if every_ranked else \
+        [as_rank[at] if ranked[at] else pid_names[keys[at]] for at in range(len(keys))]
+    cuts = np.flatnonzero(np.concatenate(([True], (np.diff(steps) != 0) | (np.diff(codes) != 0)))).tolist() \
+        if len(steps) else []
+    grouped: dict[tuple[int, str], dict[str, float]] = {}
+    step_list, code_list = steps.tolist(), codes.tolist()
+    ranked_list = [] if every_ranked else ranked.tolist()
+    for start, end in zip(cuts, cuts[1:] + [len(steps)]):
+        members = range(start, end)
+        unranked = [] if every_ranked else [at for at in members if not ranked_list[at]]
+        if unranked:  # the rank-less first (SQLite's NULLs first), in the order their first spans were read
+            unranked.sort(key=firsts.__getitem__)
+            members = unranked + [at for at in members if ranked_list[at]]  # type: ignore[assignment]
+            grouped[(step_list[start], names[code_list[start]])] = {whos[at]: totals[at] for at in members}
         else:
-            unique, inverse = np.unique(keys, return_inverse=True)
-            as_rank = np.array([str(rank) for rank in unique.tolist()], dtype=object)[inverse.reshape(-1)]
-        every_ranked = bool(ranked.all())
-        whos = as_rank.tolist() if every_ranked else \
-            [as_rank[at] if ranked[at] else pid_names[keys[at]] for at in range(len(keys))]
-        cuts = np.flatnonzero(np.concatenate(([True], (np.diff(steps) != 0) | (np.diff(codes) != 0)))).tolist() \
-            if len(steps) else []
-        grouped: dict[tuple[int, str], dict[str, float]] = {}
-        step_list, code_list = steps.tolist(), codes.tolist()
-        ranked_list = [] if every_ranked else ranked.tolist()
-        for start, end in zip(cuts, cuts[1:] + [len(steps)]):
-            members = range(start, end)
-            unranked = [] if every_ranked else [at for at in members if not ranked_list[at]]
-            if unranked:  # the rank-less first (SQLite's NULLs first), in the order their first spans were read
-                unranked.sort(key=firsts.__getitem__)
-                members = unranked + [at for at in members if ranked_list[at]]  # type: ignore[assignment]
-                grouped[(step_list[start], names[code_list[start]])] = {whos[at]: totals[at] for at in members}
-            else:
-                grouped[(step_list[start], names[code_list[start]])] = dict(zip(whos[start:end], totals[start:end]))
-        return grouped
+            grouped[(step_list[start], names[code_list[start]])] = dict(zip(whos[start:end], totals[start:end]))
+    return grouped
 
 
 def _times(store, ids: list[int]) -> Iterable[tuple[int, float]]:
