@@ -4,7 +4,8 @@ Used by ``bench/bench_scale.py`` (1,000 ranks x 60 minutes) and by
 ``tests/test_scale.py`` (100 ranks x 5 minutes, answers compared with the
 unoptimised readers). Rows are packed exactly as the recorder client packs
 them (``ROW_COLUMNS`` with one identity header per rank) and inserted with
-:meth:`EvidenceStore.write_batch`, the writer actor's own path.
+:meth:`EvidenceStore.write_batch`, the writer actor's own path, every rank's rows of each ``WINDOW`` seconds in
+turn, as a live writer receives them.
 
 What each rank writes (``light``, the default mode; ``full`` in brackets):
 
@@ -31,6 +32,9 @@ from typing import Any
 
 START = 1_780_000_000.0
 JOB = "01000000"
+#: Seconds of every rank's rows written in turn (a live writer takes each worker's delivery every 0.2 s; coarser
+#: here, for speed: a pass of the writer still holds every rank's few dozen samples).
+WINDOW = 10.0
 RANKS_PER_NODE = 8
 MiB = 2**20
 
@@ -135,20 +139,37 @@ def rank_rows(rank: int, *, world: int, minutes: float, mode: str, culprit: int,
 
 
 def build_store(path: Path | str, *, ranks: int = 1000, minutes: float = 60.0, mode: str = "light", culprit: int = 7,
-                leaker: int = 13, straggler: int = 5, seed: int = 0) -> dict[str, int]:
-    """Write the synthetic run to ``path`` (an evidence.sqlite, created) and return row counts by kind."""
+                leaker: int = 13, straggler: int = 5, seed: int = 0, window: float = WINDOW) -> dict[str, int]:
+    """Write the synthetic run to ``path`` (an evidence.sqlite, created) and return row counts by kind.
+
+    As a live writer receives them: every rank's rows of each ``window`` seconds in turn, so a pass of the writer
+    holds a few dozen samples of every rank, as in a real run, not one rank's whole run (which would make every
+    block one worker's hour). Every rank's rows are made first (about 4 MB a rank in full mode)."""
+    from bisect import bisect_left
+
     from raysleuth.recorder.store import EvidenceStore
 
     store = EvidenceStore(path)
     counts: dict[str, int] = {}
     try:
         store.set_meta("run_id", Path(path).parent.name)
+        written, times = [], []
         for rank in range(ranks):
             rows = rank_rows(rank, world=ranks, minutes=minutes, mode=mode, culprit=culprit, leaker=leaker,
                              straggler=straggler, seed=seed)
             for row in rows:
                 counts[row[0]] = counts.get(row[0], 0) + 1
-            store.write_batch(identity(rank, ranks), [row + (n,) for n, row in enumerate(rows)])
+            numbered = sorted((row + (n,) for n, row in enumerate(rows)), key=lambda row: row[1])
+            written.append(numbered)
+            times.append([row[1] for row in numbered])
+        at, edge = [0] * ranks, START + window
+        while any(at[rank] < len(written[rank]) for rank in range(ranks)):
+            for rank in range(ranks):
+                end = bisect_left(times[rank], edge, lo=at[rank])
+                if end > at[rank]:
+                    store.write_batch(identity(rank, ranks), written[rank][at[rank]:end])
+                    at[rank] = end
+            edge += window
     finally:
         store.close()
     return counts

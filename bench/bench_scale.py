@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import compileall
+import concurrent.futures
+import multiprocessing
 import os
 import shutil
 import statistics
@@ -35,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _synthetic import build_store, identity, rank_rows  # noqa: E402  (bench/ is on sys.path when run as a script)
+from _synthetic import START, WINDOW, build_store, identity, rank_rows  # noqa: E402  (bench/ is on sys.path when run as a script)
 from _targets import exit_code, target  # noqa: E402
 
 SRC = Path(__file__).resolve().parent.parent / "src"
@@ -62,23 +64,37 @@ def run_command(args: list[str], env: dict[str, str]) -> tuple[float, float, int
 
 
 def seal_cost(mode: str, before: int = 3) -> tuple[float, float, int]:
-    """(CPU s of one pass over ~32,768 memory samples, CPU s of writing the rows of the ranks that recorded them
-    through the store's write path: the baseline, in this run, sealed samples). The timed pass comes after
-    ``before`` passes of other ranks, as late in a run: its cost must not grow with what earlier passes hold."""
+    """(CPU s of one pass over ~32,768 memory samples, CPU s of writing the rows it covers through the store's
+    write path: the baseline, in this run, sealed samples). The rows come as a live writer receives them: every one
+    of 1,000 ranks' rows of each ``WINDOW`` seconds in turn, so the pass holds a few dozen samples of every rank.
+    The timed pass comes after ``before`` passes, as late in a run: its cost must not grow with what they hold."""
+    from bisect import bisect_left
+
     from raysleuth.recorder import blocks
     from raysleuth.recorder.store import EvidenceStore
 
+    ranks = 1000
+    every = [sorted((row + (n,) for n, row in enumerate(
+        rank_rows(rank, world=ranks, minutes=1 + (before + 1) * blocks.PASS_ROWS / ranks / (1 if mode == "full" else 0.1)
+                  / 60, mode=mode, culprit=7, leaker=13, straggler=5, seed=0))), key=lambda row: row[1])
+             for rank in range(ranks)]
+    times = [[row[1] for row in rows] for rows in every]
     folder = Path(tempfile.mkdtemp(prefix="raysleuth-seal-"))
     store, rows_per_pass = EvidenceStore(folder / "evidence.sqlite"), blocks.PASS_ROWS
     blocks.PASS_ROWS = 10**12  # each pass is made here, the last one timed alone
     try:
-        rank = 0
+        at, edge = [0] * ranks, START + WINDOW
         for number in range(before + 1):
             started, samples = time.process_time(), 0
             while samples < rows_per_pass:
-                rows = rank_rows(rank, world=1000, minutes=60, mode=mode, culprit=7, leaker=13, straggler=5, seed=0)
-                store.write_batch(identity(rank, 1000), [row + (n,) for n, row in enumerate(rows)])
-                samples, rank = samples + sum(row[0] == "memory" for row in rows), rank + 1
+                for rank in range(ranks):
+                    end = bisect_left(times[rank], edge, lo=at[rank])
+                    if end > at[rank]:
+                        rows = every[rank][at[rank]:end]
+                        store.write_batch(identity(rank, ranks), rows)
+                        samples += sum(row[0] == "memory" for row in rows)
+                        at[rank] = end
+                edge += WINDOW
             # the rows' own checkpoint (SQLite's, when its log passes 1,000 pages) is theirs: done before the pass
             # it could otherwise fall on (one pass in three paid it: 0.19 s against 0.12)
             store._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
@@ -107,7 +123,11 @@ def main() -> int:
     if not db.exists():
         db.parent.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
-        counts = build_store(db, ranks=options.ranks, minutes=options.minutes, mode=options.mode)
+        # in a process of its own: every rank's rows (4 GB in full mode) would stay in this one, and a command's
+        # peak memory (wait4's ru_maxrss) starts from its parent's at the fork
+        with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            counts = pool.submit(build_store, db, ranks=options.ranks, minutes=options.minutes,
+                                 mode=options.mode).result()
         built = time.perf_counter() - started
         rows = sum(counts.values())
         print(f"built {rows:,} rows ({', '.join(f'{k} {v:,}' for k, v in sorted(counts.items()))}) in {built:.1f}s "

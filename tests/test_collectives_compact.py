@@ -17,7 +17,7 @@ from raysleuth.collectives.report import _read_dumps, stored_verdict
 from raysleuth.recorder import compact
 from raysleuth.recorder.reading import newest_per_worker
 from raysleuth.recorder.store import COLUMNS, EvidenceStore
-from older_files import UNDO_9
+from older_files import UNDO_9, as_schema_9
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from _synthetic import START, identity, rank_rows  # noqa: E402
@@ -145,6 +145,7 @@ def test_entries_of_another_format_or_cut_and_files_before_schema_6_are_parsed(t
     _same(records, dumps, taken, parsed)
     writer.close()
     db = sqlite3.connect(tmp_path / "evidence.sqlite")
+    as_schema_9(db)  # each pass's block of every sender as schema 9 wrote it
     for statement in (*UNDO_9, "DROP INDEX log_severe", "DROP TRIGGER collective_entries_insert",
                       "DROP TRIGGER collective_entries_update",
                       "DROP TRIGGER collective_entries_delete", "DROP TABLE collective_entries",

@@ -15,7 +15,7 @@ from raysleuth.recorder import blocks, reading
 from raysleuth.recorder.schema import SCHEMA_VERSION, SEALED
 from raysleuth.recorder.store import EvidenceStore
 from raysleuth.report import overview
-from older_files import UNDO_9
+from older_files import UNDO_9, as_schema_9
 
 START = 1_780_000_000.0
 MiB = 2**20
@@ -241,6 +241,7 @@ def test_a_version_4_file_reads_as_rows_and_is_sealed_once_a_writer_opens_it(tmp
     writer._unsealed = 0  # closed unsealed, then made a version 4 file: what migration 5 added, removed
     writer.close()
     db = sqlite3.connect(path)
+    as_schema_9(db)  # each pass's block of every sender as schema 9 wrote it
     for statement in (*UNDO_9, "DROP INDEX log_severe", "DROP TRIGGER span_blocks_insert",
                       "DROP TRIGGER span_blocks_update",
                       "DROP TRIGGER span_blocks_delete", "DROP INDEX span_loose", "DROP TABLE span_blocks",

@@ -92,7 +92,7 @@ def test_a_run_recorded_before_job_ids_is_migrated_or_read_as_it_is(tmp_path):
     assert reader.query("log", job="02000000") == [] and reader.jobs() == {}
     reader.close()
     writer = EvidenceStore(path)
-    assert writer.schema_version == SCHEMA_VERSION == 9
+    assert writer.schema_version == SCHEMA_VERSION == 10
     writer.write_batch({"client_id": "c", "job_id": "03000000"}, [["log", 2.0, 1, None, None, "n", "INFO", {}, 0]])
     assert [r.job_id for r in writer.query("log")] == [None, "03000000"]
     assert writer.jobs() == {"03000000": 1}

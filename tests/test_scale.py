@@ -373,6 +373,25 @@ def test_the_reports_step_section_reads_sqls_totals_in_columns(run):
     assert section["alone"] == [5] and section["band"] == overview._band(rest)  # the synthetic straggler, alone
 
 
+
+@pytest.mark.parametrize("ranks", [2, 3, 40, 41])
+def test_the_step_band_in_numpy_is_the_bands_every_step_or_some(ranks):
+    """Totals in every step (numpy's own min, median, max) or with gaps (its nan* ones): ``_band`` of the same."""
+    import random
+
+    from raysleuth.report import overview
+
+    rng = random.Random(ranks)
+    steps = list(range(3, 3 + 57))
+    for gaps in (0.0, 0.3):
+        columns = [[None if rng.random() < gaps else round(rng.uniform(0.1, 3.0), 4) for _ in steps]
+                   for _ in range(ranks)]
+        columns[0][5] = columns[1][5] = None if gaps else columns[0][5]  # a step with gaps: none there in two ranks
+        series = {k: {step: value for step, value in zip(steps, column) if value is not None}
+                  for k, column in enumerate(columns)}
+        expected = overview._band(series)
+        assert overview._step_band(steps, columns) == expected
+
 def test_the_step_section_in_numpy_is_the_rows_dense_or_sparse():
     """Every rank in every step (the stragglers of all steps at once) and some (step by step): the rows' section."""
     from scale_reference import old_span_section
@@ -497,6 +516,28 @@ def test_the_reports_memory_curves_read_columns_as_the_rows_do(request, which):
         assert drawn["band"] and len(drawn["curves"]) >= 3
         assert all(any(label.startswith(f"rank {rank} ") for label in drawn["curves"]) for rank in leaking)
 
+
+
+@pytest.mark.parametrize("which", ["light", "full"])
+def test_the_reports_curves_fold_the_blocks_its_verdicts_read(request, which, monkeypatch):
+    """The report's memory section reads the blocks once (its verdicts'): its curves and band are those the curves
+    draw reading every block again; a store written as a live writer writes (every rank's few samples a pass)."""
+    import raysleuth.report as report
+    from raysleuth.report import overview
+
+    store = _open(request.getfixturevalue("run" if which == "light" else "full_run"))
+    assert store._db.execute("SELECT count(*) FROM memory_pass_blocks").fetchone()[0] >= 1
+    assert store._db.execute("SELECT count(*) FROM memory_blocks").fetchone()[0] == 0  # every sender's, a pass
+    reads, original = [], blocks.read
+    monkeypatch.setattr(blocks, "read", lambda *args, **kwargs: (reads.append(kwargs.get("ints")),
+                                                                 original(*args, **kwargs))[1])
+    section = report._memory(store)
+    unstepped = tuple(name for name in blocks.INTS if name != "step")  # the page shows no MiB a step
+    assert reads == [unstepped] and 13 in section["leaking_ranks"]  # the verdicts' read alone
+    drawn = overview.memory_curves(store, set(section["leaking_ranks"]))
+    assert reads == [unstepped, ("rank", "v0")]
+    assert json.dumps([section["curves"], section["band"], section["grouped"]]) == \
+        json.dumps([drawn["curves"], drawn["band"], drawn["grouped"]]) and drawn["band"]
 
 def _cut(record: dict, arrays: tuple, keep: int) -> dict:
     """A stored dump with each array cut in Python to its newest ``keep`` items per group, objects only."""

@@ -15,7 +15,7 @@ from raysleuth.recorder.schema import SCHEMA_VERSION
 from raysleuth.recorder.store import EvidenceStore
 from raysleuth.recorder.totals import span_columns, span_rows
 from raysleuth.report import overview
-from older_files import UNDO_9
+from older_files import UNDO_9, as_schema_9
 from test_memory_blocks import START, _odd_rows, _same_answers, _write, _written
 
 I64 = np.iinfo(np.int64)
@@ -36,6 +36,21 @@ def test_first_values_and_steps_give_every_value_back_in_the_fewest_bytes():
         assert back.dtype == np.int64 and np.array_equal(back, columns)
         some = tuple(range(columns.shape[0]))[::-2]  # some columns, in another order
         assert np.array_equal(deltas.decode(body, *columns.shape, some), columns[list(some)])
+    mixed = np.vstack((np.full(3600, 7), times, np.zeros(3600, dtype=np.int64), memory, np.full(3600, -3)))
+    for some in ((0, 1, 2, 3, 4), (1, 2, 3, 0, 4, 3), (3, 1), (4, 0), (1, 3, 1)):  # runs of steps cut by constants
+        assert np.array_equal(deltas.decode(deltas.encode(mixed), 5, 3600, some), mixed[list(some)])
+    # runs of rows (a pass's block of every sender): each run's jump kept whole, apart; the rest as narrow as one run
+    joined = np.hstack([mixed + 10**15 * run for run in range(4)] + [np.full((5, 7), I64.min)])
+    breaks = [3600, 7200, 10800, 14400]
+    body = deltas.encode(joined, breaks)
+    assert body[0] == deltas.BREAKS and list(body[1:6]) == list(deltas.encode(mixed)[1:6])
+    assert len(body) < 4 * len(deltas.encode(mixed)) + 8 * (1 + 4 + 5 * 4) + 64
+    for some in (None, (0, 1, 2, 3, 4), (2,), (4, 0, 3)):
+        back = deltas.decode(body, 5, joined.shape[1], some)
+        assert np.array_equal(back, joined if some is None else joined[list(some)])
+    assert np.array_equal(deltas.decode(deltas.encode(joined[:, :1], []), 5, 1), joined[:, :1])
+    with pytest.raises(ValueError):
+        deltas.decode(body[:40], 5, joined.shape[1])
     body = deltas.encode(shapes[0])  # a second's time is 2**22 steps (4 bytes), ids 1000 (1: 125 << 3), one rank (0)
     assert list(body[1:9]) == [4, 1, 0, 1, 0, 3, 0, 12] and len(body) == 1 + 8 + 8 * 4 + (4 + 1 + 0 + 1) * 3599
     assert np.array_equal(deltas.decode(deltas.encode(-shapes[0][1:]), 3, 3600), -shapes[0][1:])  # shifted, signed
@@ -48,6 +63,7 @@ def test_first_values_and_steps_give_every_value_back_in_the_fewest_bytes():
 def _as_schema_8(path) -> None:
     """Make a file what raysleuth wrote before schema 9: each block zlib (times, then the ints), no counts."""
     db = sqlite3.connect(path)
+    as_schema_9(db)  # each pass's block of every sender as schema 9 wrote it
     for table, k in (("memory_blocks", 1 + len(blocks.INTS)), ("span_blocks", 1 + len(span_blocks.INTS))):
         for rowid, n, body in db.execute(f"SELECT rowid, n, body FROM {table} WHERE n >= 0").fetchall():
             columns = deltas.decode(body, k, n)
@@ -64,8 +80,8 @@ def test_a_schema_8_file_answers_as_it_did_and_migrates(tmp_path, monkeypatch):
     _odd_rows(writer)
     writer.close()
     new = EvidenceStore(path, readonly=True)
-    assert new.schema_version == SCHEMA_VERSION == 9 and new._db.execute(
-        "SELECT count(*) FROM memory_blocks WHERE substr(body, 1, 1) = x'01'").fetchone()[0] > 10
+    assert new.schema_version == SCHEMA_VERSION == 10 and new._db.execute(
+        "SELECT count(*) FROM memory_pass_blocks WHERE substr(body, 1, 1) = x'02'").fetchone()[0] > 3
     report, kinds = memory_report(new).to_dict(), new.kinds()
     totals = span_rows(span_columns(new))
     assert new._db.execute("SELECT count(*) FROM span_blocks WHERE n > 0 AND substr(body, 1, 1) = x'01'"
@@ -79,8 +95,9 @@ def test_a_schema_8_file_answers_as_it_did_and_migrates(tmp_path, monkeypatch):
     new.close()
     _as_schema_8(path)
     old = EvidenceStore(path, readonly=True)
-    assert old.schema_version == 8 and old._db.execute(
-        "SELECT count(*) FROM memory_blocks WHERE substr(body, 1, 1) = x'78'").fetchone()[0] == len(sealed)
+    assert old.schema_version == 8 and old._db.execute(  # a block a sender, source and pass, each zlib
+        "SELECT count(DISTINCT sender), min(substr(body, 1, 1)) FROM memory_blocks").fetchone() == (len(sealed), b"\x78")
+    assert old._db.execute("SELECT count(*) FROM memory_blocks").fetchone()[0] > len(sealed)
     assert [(sender, source, times.tolist(), ints.tolist()) for sender, source, times, ints in
             blocks.read(old, blocks.top(old))] == sealed
     assert [(sender, source, times.tolist(), ints.tolist()) for sender, source, times, ints in
@@ -97,7 +114,7 @@ def test_a_schema_8_file_answers_as_it_did_and_migrates(tmp_path, monkeypatch):
     writer.close()
     both = EvidenceStore(path, readonly=True)
     marks = dict(both._db.execute("SELECT substr(body, 1, 1), count(*) FROM memory_blocks GROUP BY 1").fetchall())
-    assert marks.get(b"\x78") and marks.get(b"\x01"), marks
+    assert list(marks) == [b"\x78"] and both._db.execute("SELECT count(*) FROM memory_pass_blocks").fetchone()[0]
     _same_answers(both, monkeypatch)
     assert both.kinds() == dict(both._db.execute("SELECT kind, count(*) FROM entries GROUP BY kind ORDER BY kind"))
     both.close()
@@ -120,3 +137,48 @@ def test_the_counts_follow_every_row_written_changed_or_removed(tmp_path):
     db.commit()
     assert "log" not in store.kinds() and store.kinds() == counted()
     store.close()
+
+
+def test_a_schema_9_file_answers_as_it_did_and_joins_both_layouts_once_migrated(tmp_path, monkeypatch):
+    """Schema 10: a pass keeps one block of every sender (each sender's first step apart, so a jump from one
+    worker's memory to the next, or from a null to a number, widens no other step). A file of schema 9 (a block a
+    sender and source) answers the same; once a writer migrates it, a worker's samples in both layouts are read
+    as one series, in id order."""
+    path, writer = _written(tmp_path, monkeypatch, 40)
+    _odd_rows(writer)
+    writer.close()
+    new = EvidenceStore(path, readonly=True)
+    bodies = [body for (body,) in new._db.execute("SELECT body FROM memory_pass_blocks")]
+    passes, rank = len(bodies), blocks.PASS_COLUMNS.index("rank")
+    widths = [list(body[1:1 + len(blocks.PASS_COLUMNS)]) for body in bodies]
+    assert passes > 3 and all(body[0] == deltas.BREAKS for body in bodies)
+    # six workers' samples a pass, 2,000 MiB and more, some with no CUDA numbers (null): a step a byte at most
+    # (the rank too, but where a worker's rank became known within the pass: from null)
+    assert all(width <= 1 for each in widths for place, width in enumerate(each) if place != rank), widths
+    listed = lambda store: [(sender, source, times.tolist(), ints.tolist())  # noqa: E731
+                            for sender, source, times, ints in blocks.read(store, blocks.top(store))]
+    sealed, report = listed(new), memory_report(new).to_dict()
+    new.close()
+    db = sqlite3.connect(path)
+    as_schema_9(db)
+    db.execute("PRAGMA user_version=9")
+    db.commit()
+    db.close()
+    old = EvidenceStore(path, readonly=True)
+    assert old.schema_version == 9 and old._db.execute("SELECT count(*) FROM memory_blocks").fetchone()[0] > \
+        passes * 2  # a block a sender and source
+    assert listed(old) == sealed and memory_report(old).to_dict() == report
+    _same_answers(old, monkeypatch)
+    old.close()
+    writer = EvidenceStore(path)
+    _write(writer, ranks=[1, 4], samples=50, offset=7000)
+    writer.close()
+    both = EvidenceStore(path, readonly=True)
+    assert both._db.execute("SELECT count(*) FROM memory_blocks").fetchone()[0] and \
+        both._db.execute("SELECT count(*) FROM memory_pass_blocks").fetchone()[0]
+    joined = {sender: ints[0] for sender, _, _, ints in blocks.read(both, blocks.top(both))}
+    assert all(bool((np.diff(ids) > 0).all()) for ids in joined.values())  # one series a worker, in id order
+    assert sum(len(ids) for ids in joined.values()) == both._db.execute(
+        f"SELECT count(*) FROM entries WHERE id <= ? AND {blocks.SEALED}", (blocks.top(both),)).fetchone()[0]
+    _same_answers(both, monkeypatch)
+    both.close()

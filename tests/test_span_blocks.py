@@ -15,7 +15,7 @@ import pytest
 from raysleuth.recorder import blocks, span_blocks
 from raysleuth.recorder.store import EvidenceStore
 from raysleuth.recorder.totals import span_columns, span_rows, span_totals
-from older_files import UNDO_9
+from older_files import UNDO_9, as_schema_9
 
 START = 1_780_000_000.0
 MiB = 2**20
@@ -167,6 +167,7 @@ def test_passes_made_before_schema_7_have_their_spans_read_row_by_row(tmp_path, 
     _write(writer, range(20))
     writer.close()
     db = sqlite3.connect(path)  # made a version 6 file: what migration 7 added, removed
+    as_schema_9(db)  # each pass's block of every sender as schema 9 wrote it
     for statement in (*UNDO_9, "DROP INDEX log_severe", "DROP TRIGGER span_blocks_insert",
                       "DROP TRIGGER span_blocks_update",
                       "DROP TRIGGER span_blocks_delete", "DROP TRIGGER span_blocks_pass", "DROP INDEX span_loose",

@@ -122,7 +122,7 @@ def test_a_version_2_file_is_migrated_with_every_record_its_identity_and_its_del
     assert old.schema_version == 2 and len(before) == len(written)
     old.close()
     store = EvidenceStore(path)
-    assert store.schema_version == SCHEMA_VERSION == 9
+    assert store.schema_version == SCHEMA_VERSION == 10
     assert [(r.id, *(getattr(r, c) for c in COLUMNS if c != "data")) for r in store.query()] == before
     assert store.query("event")[0].data == {"raw": "{not json"}
     assert store._db.execute("SELECT COUNT(*) FROM senders").fetchone()[0] == 9  # 8 ranks and the foreign row

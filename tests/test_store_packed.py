@@ -118,7 +118,7 @@ def test_a_version_3_file_reads_as_before_and_once_migrated_keeps_new_samples_in
     old.close()
 
     store = EvidenceStore(path)  # a writer migrates: the old rows stay as they are, new samples go in columns
-    assert store.schema_version == SCHEMA_VERSION == 9
+    assert store.schema_version == SCHEMA_VERSION == 10
     assert [r.data for r in _by_id(store)] == before
     assert list(store.select("memory", ("id",), TEMPLATE, order="id")) == before_fields
     store.write_batch({"client_id": "new", "pid": 101}, runs[1][1])
@@ -150,9 +150,9 @@ def test_packed_samples_take_under_55_percent_of_the_bytes_of_json_ones(tmp_path
         _write(tmp_path / f"{as_text}.sqlite", runs, as_text).close()  # its last pass: at close
         db = sqlite3.connect(tmp_path / f"{as_text}.sqlite")
         held, sealed = db.execute("SELECT coalesce(sum(length(body)), 0), coalesce(sum(n), 0) "
-                                  "FROM memory_blocks").fetchone()
+                                  "FROM memory_pass_blocks").fetchone()
         assert (held < 24 * sealed and sealed == 12_000) if not as_text else not sealed, (held, sealed)
-        db.execute("DELETE FROM memory_blocks")
+        db.execute("DELETE FROM memory_pass_blocks")
         db.commit()
         db.execute("VACUUM")
         db.close()

@@ -12,7 +12,7 @@ from raysleuth.recorder import blocks
 from raysleuth.recorder.store import EvidenceStore
 from raysleuth.timeline import summary
 from raysleuth.timeline.summary import timeline_summary
-from older_files import UNDO_9
+from older_files import UNDO_9, as_schema_9
 from test_span_blocks import START, _header, _span, _write
 
 
@@ -84,6 +84,7 @@ def test_the_blocks_are_read_and_hold_most_spans(path):
 def test_a_file_before_schema_9_reads_the_rows(path, monkeypatch):
     expected = _rows_of(timeline_summary(run=str(path)))
     db = sqlite3.connect(path)
+    as_schema_9(db)  # each pass's block of every sender as schema 9 wrote it
     for statement in (*UNDO_9, "PRAGMA user_version=8"):
         db.execute(statement)
     db.commit()

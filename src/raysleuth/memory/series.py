@@ -61,46 +61,54 @@ class _Series:
             steps = [s if isinstance(s, int) and not isinstance(s, bool) else None for s in steps]
         self.chunks.append((times, ids, _floats(steps), *(_floats(c) for c in columns[9:])))
 
-    def add_block(self, times, ints, key_row: tuple) -> None:
-        """Samples of one block (:func:`raysleuth.recorder.blocks.read`: times, then ids, ranks, steps and the five
-        numbers as int64 with :data:`~raysleuth.recorder.blocks.NULL`), read as :meth:`add` reads their rows.
-        ``key_row``: the row's identity places (``_COLUMNS + _FIELDS`` up to the numbers)."""
+    def add_block(self, times, ints, key_row: tuple, numbers, stepped: bool = True) -> None:
+        """Samples of one sender and source from the blocks (:func:`raysleuth.recorder.blocks.read`: times, then
+        ids, ranks, steps and the five numbers as int64 with :data:`~raysleuth.recorder.blocks.NULL`, and
+        ``numbers``: the steps and five numbers as float64, NaN for null), read as :meth:`add` reads their rows.
+        ``key_row``: the row's identity places (``_COLUMNS + _FIELDS`` up to the numbers). ``stepped=False``: no
+        steps in ``ints`` and ``numbers`` (a reader that shows none: every step reads as None). The columns are
+        kept as given (views of the reader's arrays, not copies)."""
         import numpy as np
 
         ids, ranks = ints[0], ints[1]
+        numbers_at = 3 if stepped else 2
         if len(times) > 1 and bool((np.diff(times) < 0).any()):
             self._in_order = False  # a block is in id order; a clock that went back reads as rows out of order
         if (float(times[0]), int(ids[0])) < self._newest:
             self._in_order = False
-        k = _last(times, ids, np.arange(len(times)))
+        k = _last(times, ids)
         if (float(times[k]), int(ids[k])) > self._newest:
             self._newest = (float(times[k]), int(ids[k]))
-            self.last = (float(times[k]), int(ids[k]), *(None if v == NULL else int(v) for v in ints[1:3, k]),
-                         *key_row[4:9], *(None if v == NULL else int(v) for v in ints[3:, k]))
-        ranked = np.flatnonzero(ranks != NULL)
-        if len(ranked):  # as :meth:`add`: the last ranked row in (rank, time, id) order
-            j = _last(times, ids, ranked[ranks[ranked] == ranks[ranked].max()])
+            step = None if not stepped or ints[2, k] == NULL else int(ints[2, k])
+            self.last = (float(times[k]), int(ids[k]), None if ranks[k] == NULL else int(ranks[k]), step,
+                         *key_row[4:9], *(None if v == NULL else int(v) for v in ints[numbers_at:, k]))
+        low, high = int(ranks.min()), int(ranks.max())
+        if high != NULL:  # as :meth:`add`: the last ranked row in (rank, time, id) order
+            j = _last(times, ids, None if low == high else np.flatnonzero(ranks == high))
             if (float(times[j]), int(ids[j])) >= self._rank_at:
-                self.rank, self._rank_at = int(ranks[j]), (float(times[j]), int(ids[j]))
-        numbers = ints[2:].astype(float)
-        numbers[ints[2:] == NULL] = np.nan
-        self.chunks.append((np.asarray(times, dtype=float), np.array(ids), *numbers))
+                self.rank, self._rank_at = high, (float(times[j]), int(ids[j]))
+        if not stepped:
+            numbers = (np.full(len(times), np.nan), *numbers)
+        self.chunks.append((times, ids, *numbers))
 
     def ordered(self) -> tuple:
         """(times, steps, {metric: values}) in (time, id) order."""
         import numpy as np
 
-        joined = [np.concatenate(parts) for parts in zip(*self.chunks)]
+        joined = list(self.chunks[0]) if len(self.chunks) == 1 else [np.concatenate(parts) for parts in
+                                                                       zip(*self.chunks)]
         if not self._in_order:
             order = np.lexsort((joined[1], joined[0]))
             joined = [column[order] for column in joined]
         return joined[0], joined[2], dict(zip(METRICS, joined[3:]))
 
 
-def _last(times, ids, among) -> int:
-    """The place of the last of the samples ``among`` (places) in (time, id) order: the latest, the highest id
-    among those as late (ids are unique): ``lexsort((ids, times))[-1]`` without the sort."""
-    latest = among[times[among] == times[among].max()]
+def _last(times, ids, among=None) -> int:
+    """The place of the last of the samples ``among`` (places; None: all) in (time, id) order: the latest, the
+    highest id among those as late (ids are unique): ``lexsort((ids, times))[-1]`` without the sort."""
+    import numpy as np
+
+    latest = np.flatnonzero(times == times.max()) if among is None else among[times[among] == times[among].max()]
     return int(latest[ids[latest].argmax()])
 
 

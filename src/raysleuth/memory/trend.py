@@ -302,9 +302,10 @@ def _window(times, values, steps, policy: LeakPolicy) -> tuple[int, Any, Any, An
         s = np.array([np.nan if x is None else x for x in steps], dtype=float) if not isinstance(steps, np.ndarray) \
             else np.asarray(steps, dtype=float)
         s = s[keep]
-    order = np.argsort(t, kind="stable")
-    t, v = t[order], v[order]
-    s = s[order] if s is not None else None
+    if len(t) > 1 and not bool((t[1:] >= t[:-1]).all()):  # in order already (a reader's columns): no sort
+        order = np.argsort(t, kind="stable")
+        t, v = t[order], v[order]
+        s = s[order] if s is not None else None
     skip = int(math.ceil(len(t) * policy.warmup_fraction)) if len(t) >= 2 else 0
     inside = np.flatnonzero(t[skip:] - (t[0] if len(t) else 0.0) >= policy.warmup_seconds) + skip
     return len(t), t[inside], v[inside], (s[inside] if s is not None else None)

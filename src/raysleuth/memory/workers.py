@@ -21,6 +21,7 @@ import dataclasses
 import itertools
 import operator
 import time
+from collections.abc import Callable
 from typing import Any
 
 from raysleuth import evidence
@@ -176,7 +177,8 @@ def _sender_key(senders: dict[int, tuple]):
 
 def memory_report(store, *, rank: int | list[int] | None = None, since: float | None = None,
                   job: str | list[str] | None = None, policy: LeakPolicy | None = None,
-                  per_step: bool = True, fit_quiet: int | None = None, fit_past: int | None = None) -> MemoryReport:
+                  per_step: bool = True, fit_quiet: int | None = None, fit_past: int | None = None,
+                  on_block: Callable[[int, Any, Any, Any], None] | None = None) -> MemoryReport:
     """Per-worker memory of a run (``store``: an open :class:`EvidenceStore`), sorted by rank.
 
     ``rank``, ``since`` (a Unix time) and ``job`` (a Ray job id) narrow the samples judged. The samples are
@@ -187,7 +189,9 @@ def memory_report(store, *, rank: int | list[int] | None = None, since: float | 
     leak get their evidence lines (slope, R², tau), those whose memory grew most; the others' are None (their
     verdicts and reasons are the same), past ``fit_past`` workers (default: ``fit_quiet``); the growth orders
     them, then the rank order of the report. The lines are most of the cost: the report of a thousand workers
-    lists the leaks and the few that grew most (None: every worker's lines).
+    lists the leaks and the few that grew most (None: every worker's lines). ``on_block``: called with each sender's
+    samples in the blocks (sender, times, ranks, RSS; before ``rank``, ``since`` narrow them), for another reader
+    of the same blocks (the report's curves: :class:`~raysleuth.recorder.blocks.RssRuns`).
     """
     groups: dict[tuple[Any, Any], dict[str, _Series]] = {}
     batch: list[tuple] = []
@@ -212,7 +216,8 @@ def memory_report(store, *, rank: int | list[int] | None = None, since: float | 
     with bulk(), blocks.snapshot(store):  # the rows and columns all stay alive: nothing for the collector to find
         high = blocks.top(store) if senders is not None else 0
         if high:
-            _take_blocks(store, high, groups, worker_key, rank=rank, since=since, job=job)
+            _take_blocks(store, high, groups, worker_key, rank=rank, since=since, job=job, on_block=on_block,
+                         stepped=per_step)
         for clause in blocks.beyond(high):
             for row in store.select("memory", columns, _FIELDS, order="rank", rank=rank, since=since, job=job,
                                     clause=clause, by_id=bool(high) and rank is None):  # one rank: its index
@@ -251,24 +256,30 @@ def _rank_order(worker: WorkerMemory) -> tuple:
     return worker.rank is None, worker.rank if worker.rank is not None else 0, worker.node_ip or "", worker.pid or 0
 
 
-def _take_blocks(store, high: int, groups: dict, worker_key, *, rank, since, job) -> None:
-    """Each block of the passes up to ``high`` into its worker's series, through the reader's own filters."""
+def _take_blocks(store, high: int, groups: dict, worker_key, *, rank, since, job, on_block=None,
+                 stepped: bool = True) -> None:
+    """Each sender's samples in the blocks of the passes up to ``high`` into its worker's series, through the
+    reader's own filters (each handed to ``on_block`` first); ``stepped=False``: without their steps (not read)."""
     import numpy as np
 
     jobs = None if job is None else reading._listed(job)
     ranks = None if rank is None else np.array([rank] if isinstance(rank, int) else list(rank), dtype=np.int64)
-    for sender, source, times, ints in blocks.read(store, high, job=jobs):
+    columns = blocks.INTS if stepped else tuple(name for name in blocks.INTS if name != "step")
+    for sender, source, times, ints, numbers in blocks.read(store, high, job=jobs, ints=columns, floats=columns[2:]):
+        if on_block is not None:
+            on_block(sender, times, ints[1], ints[columns.index("v0")])
         keep = None if ranks is None else np.isin(ints[1], ranks)
         if since is not None:
             keep = times >= since if keep is None else keep & (times >= since)
         if keep is not None:
             if not keep.any():
                 continue
-            times, ints = times[keep], ints[:, keep]
+            times, ints, numbers = times[keep], ints[:, keep], numbers[:, keep]
         key_row = (None,) * 4 + (sender, sender, source, None, None)
         node_ip, pid, source = worker_key(key_row)
         if source in TREND_SOURCES:
-            groups.setdefault((node_ip, pid), {}).setdefault(source, _Series()).add_block(times, ints, key_row)
+            series = groups.setdefault((node_ip, pid), {}).setdefault(source, _Series())
+            series.add_block(times, ints, key_row, numbers, stepped)
 
 
 # ------------------------------------------------------------ from outside

@@ -3,9 +3,11 @@
 A thousand ranks sampled every 10 s are 360,000 memory rows an hour; SQLite hands each to Python as a tuple at
 about 2 µs, whatever it holds. So the writer's store seals what it wrote into blocks from time to time: a
 **pass** takes every memory row of ids ``(lo, hi]`` that :data:`~raysleuth.recorder.schema.SEALED` admits (a
-packed sample whose numbers are integers or null) and writes one block per sender and source, its samples'
-time, id, rank, step and five numbers as columns of first values and steps (:mod:`~raysleuth.recorder.deltas`;
-zlib before schema 9). The rows stay as they are; every other reader reads them as before.
+packed sample whose numbers are integers or null) and writes one block of them all (schema 10), its rows by sender,
+source and id: their time, id, rank, step, five numbers, sender and source as columns of first values and steps
+(:mod:`~raysleuth.recorder.deltas`, each sender's first step kept apart). Before schema 10 a pass wrote a block
+per sender and source (zlib before schema 9): a live run's pass holds a few dozen samples of each of a thousand
+workers, and a reader paid about 0.1 ms a block. The rows stay as they are; every other reader reads them as before.
 
 A reader of the samples (:func:`raysleuth.memory.workers.memory_report`) reads, in one snapshot, the blocks of
 every pass, then row by row only what no pass holds: the rows above the newest pass's top, and those at or
@@ -21,6 +23,7 @@ leaves the rows to be read row by row and never fails the batch that was being s
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import zlib
 from collections.abc import Iterator
@@ -29,8 +32,8 @@ from typing import Any
 from raysleuth.recorder import deltas, reading, span_blocks
 from raysleuth.recorder.schema import SEALED
 
-__all__ = ["PASS_ROWS", "SEALED", "beyond", "bucket_rows", "read", "rss_bucket_columns", "rss_buckets", "seal",
-           "seal_quietly", "snapshot", "top"]
+__all__ = ["PASS_COLUMNS", "PASS_ROWS", "SEALED", "RssRuns", "beyond", "bucket_rows", "read", "rss_bucket_columns",
+           "rss_buckets", "seal", "seal_quietly", "snapshot", "top"]
 
 
 def _pass_rows() -> int:
@@ -47,6 +50,10 @@ PASS_ROWS = _pass_rows()
 NULL = -(2**63)
 #: The integer columns of a block, in order, after its times.
 INTS = ("id", "rank", "step", "v0", "v1", "v2", "v3", "v4")
+#: The columns of a pass's block of every sender (schema 10), its rows by sender, source and id: the times' bits,
+#: the :data:`INTS`, the sender and the source's place in the block's ``sources`` (a JSON list, null first).
+PASS_COLUMNS = ("time", *INTS, "sender", "source")
+_SENDER, _SOURCE = PASS_COLUMNS.index("sender"), PASS_COLUMNS.index("source")
 
 #: The rows of a pass, in id order (grouped in Python: SQLite's sort cost a fifth more), read by id: SQLite
 #: would otherwise walk the index of every memory row the run holds to test each one's id (reading the rows of a
@@ -62,6 +69,13 @@ _SEAL = ("SELECT sender, v5, time, " + ", ".join(f"coalesce({column}, {NULL})" f
 def seal(db) -> int:
     """One pass over what was written since the last (a writer's connection, outside a transaction; the store's
     lock held): the samples it sealed."""
+    # every row read stays alive until its block is written: the collector would walk them again and again for
+    # nothing (a tenth of a pass)
+    with reading.bulk():
+        return _seal(db)
+
+
+def _seal(db) -> int:
     import numpy as np
 
     db.execute("BEGIN IMMEDIATE")
@@ -70,21 +84,26 @@ def seal(db) -> int:
         high = db.execute("SELECT coalesce(max(id), 0) FROM entries").fetchone()[0]
         sealed = 0
         if high > low:
-            written = []
             by_sender: dict[tuple, list] = {}
             for row in db.execute(_SEAL, (low, high, low, high)):
                 group = by_sender.get(row[:2])
                 if group is None:
                     group = by_sender[row[:2]] = []
                 group.append(row)
-            for (sender, source), group in sorted(by_sender.items(), key=_block_order):  # by sender, source
-                columns = list(zip(*group))
-                times = np.array(columns[2], dtype=np.float64).view(np.int64)
-                written.append((high, sender, source, len(times),
-                                deltas.encode(np.vstack((times, np.array(columns[3:], dtype=np.int64))))))
-                sealed += len(times)
-            db.executemany("INSERT INTO memory_blocks (pass, sender, source, n, body) VALUES (?, ?, ?, ?, ?)",
-                           written)
+            keys = sorted(by_sender, key=_block_order)  # by sender, then source
+            names = sorted({source for _, source in keys}, key=lambda source: (source is not None, source or ""))
+            code = {source: number for number, source in enumerate(names)}
+            rows = [row for key in keys for row in by_sender.pop(key)]
+            if rows:
+                columns = list(zip(*rows))
+                senders = np.array(columns[0], dtype=np.int64)
+                sources = np.fromiter(map(code.__getitem__, columns[1]), dtype=np.int64, count=len(rows))
+                breaks = np.flatnonzero((np.diff(senders) != 0) | (np.diff(sources) != 0)) + 1  # each run's first
+                body = deltas.encode(np.vstack((np.array(columns[2], dtype=np.float64).view(np.int64),
+                                                np.array(columns[3:], dtype=np.int64), senders, sources)), breaks)
+                db.execute("INSERT INTO memory_pass_blocks (pass, n, sources, body) VALUES (?, ?, ?, ?)",
+                           (high, len(rows), json.dumps(names), body))
+            sealed = len(rows)
             db.execute("INSERT INTO block_passes (hi, lo) VALUES (?, ?)", (high, low))
             span_blocks.seal(db, low, high)  # the same ids' top-level spans, in the same transaction
         db.commit()
@@ -94,9 +113,9 @@ def seal(db) -> int:
         raise
 
 
-def _block_order(item: tuple) -> tuple:
-    """A block's place in its pass: by sender, then source (null first, as SQLite orders them)."""
-    sender, source = item[0]
+def _block_order(key: tuple) -> tuple:
+    """A (sender, source)'s place in a pass: by sender, then source (null first, as SQLite orders them)."""
+    sender, source = key
     return (sender is not None, sender or 0, source is not None, source or "")
 
 
@@ -161,33 +180,63 @@ def bucket_rows(columns: tuple) -> Iterator[tuple]:
         yield (None if rank == NULL else rank, None if who == NULL else who, at, when, most)
 
 
-def rss_bucket_columns(store, width: float, *, start: float) -> tuple | None:
+class RssRuns:
+    """:func:`rss_bucket_columns`' runs of each block, folded from blocks that another reader decodes in the same
+    snapshot (the report's memory verdicts read every block first: :func:`~raysleuth.memory.memory_report`'s
+    ``on_block``), so the curves decode none again. Made in that snapshot: it holds the newest pass's top then.
+    The reader sets ``whole`` once every sender's samples up to that top went through :meth:`add` (a read of every
+    job): only then do the curves take them."""
+
+    def __init__(self, store, width: float, *, start: float) -> None:
+        self.width, self.start, self.high = width, start, top(store)
+        self.parts: list[tuple] = []
+        self.whole = False
+
+    def add(self, sender: int, times, ranks, rss) -> None:
+        """One sender's and source's samples (times, ranks and RSS), as :func:`read` gives them."""
+        part = _runs(times, ranks, rss, self.start, self.width)
+        if part is not None:
+            self.parts.append((sender, *part))
+
+
+def _runs(times, ranks, values, start: float, width: float) -> tuple | None:
+    """A block's runs of one (rank, bucket): their rank, bucket, first time and highest value (None: no value)."""
+    import numpy as np
+
+    have = values != NULL
+    if not have.all():
+        times, ranks, values = times[have], ranks[have], values[have]
+    if not len(times):
+        return None
+    bucket = ((times - start) / width).astype(np.int64)  # SQLite's CAST: toward zero
+    runs = np.concatenate(([0], np.flatnonzero((np.diff(bucket) != 0) | (np.diff(ranks) != 0)) + 1))
+    return ranks[runs], bucket[runs], np.minimum.reduceat(times, runs), np.maximum.reduceat(values, runs)
+
+
+def rss_bucket_columns(store, width: float, *, start: float, runs: RssRuns | None = None) -> tuple | None:
     """``reading.buckets``'s answer for RSS as five numpy columns (rank, pid, bucket, first time, highest value;
     :data:`NULL` for a null rank or pid), in its order, from the blocks and the rows no pass holds: each block's
     runs of one (rank, bucket) with their first time and highest value, then one sort and one cut of them all (the
-    least of the firsts, the most of the highest: a bucket a pass split comes together). None where they cannot
-    say it exactly: no pass (every row is read by SQLite then), or a row whose highest value is not an int64 (a
-    float, a huge value)."""
+    least of the firsts, the most of the highest: a bucket a pass split comes together). ``runs``: the blocks'
+    runs as another reader folded them (used when ``whole``, of this snapshot's passes, for this ``width`` and
+    ``start``). None where they cannot say it exactly: no pass (every row is read by SQLite then), or
+    a row whose highest value is not an int64 (a float, a huge value)."""
     import numpy as np
 
     if not top(store):
         return None
-    parts: list[tuple] = []
     with snapshot(store):  # the top, the blocks and the rows of one state of the file
         high = top(store)
         pids = {sender: NULL if pid is None else pid
                 for sender, pid in store._db.execute("SELECT id, pid FROM senders")}
-        for sender, _source, times, ints in read(store, high, ints=("rank", "v0")):  # each block's runs of one
-            ranks, values = ints  # rank and bucket first (a block is one sender's samples in id order: a few runs)
-            have = values != NULL
-            if not have.all():
-                times, ranks, values = times[have], ranks[have], values[have]
-            if not len(times):
-                continue
-            bucket = ((times - start) / width).astype(np.int64)  # SQLite's CAST: toward zero
-            runs = np.concatenate(([0], np.flatnonzero((np.diff(bucket) != 0) | (np.diff(ranks) != 0)) + 1))
-            parts.append((ranks[runs], np.full(len(runs), pids.get(sender, NULL), dtype=np.int64), bucket[runs],
-                          np.minimum.reduceat(times, runs), np.maximum.reduceat(values, runs)))
+        if runs is not None and runs.whole and (runs.high, runs.width, runs.start) == (high, width, start):
+            folded = runs.parts
+        else:  # each block's runs of one (rank and bucket first: a block is one sender's samples in id order)
+            folded = [(sender, *part) for sender, _source, times, (ranks, values)
+                      in read(store, high, ints=("rank", "v0"))
+                      if (part := _runs(times, ranks, values, start, width)) is not None]
+        parts: list[tuple] = [(ranks, np.full(len(ranks), pids.get(sender, NULL), dtype=np.int64), bucket, first,
+                               most) for sender, ranks, bucket, first, most in folded]
         rows = [row for clause in beyond(high)
                 for row in reading.buckets(store, "memory", "rss_bytes", width, start=start, clause=clause,
                                            by_id=True)]
@@ -211,28 +260,90 @@ def rss_bucket_columns(store, width: float, *, start: float) -> tuple | None:
             np.maximum.reduceat(values, starts))
 
 
-def read(store, high: int, *, job: list[str] | None = None,
-         ints: tuple[str, ...] = INTS) -> Iterator[tuple[int, str | None, Any, Any]]:
-    """Each block of the passes up to ``high``: (sender, source, times as float64, the :data:`INTS` as an 8×n
-    int64 array). ``job``: only the senders of these Ray jobs; ``ints``: only these of the :data:`INTS`, in this
-    order (a block of schema 9 decodes no other)."""
+def read(store, high: int, *, job: list[str] | None = None, ints: tuple[str, ...] = INTS,
+         floats: tuple[str, ...] = ()) -> Iterator[tuple]:
+    """Each sender's and source's samples in the blocks of the passes up to ``high``, in pass and id order, by
+    sender and source: (sender, source, times as float64, the :data:`INTS` as an 8×n int64 array; views of one
+    array, which the caller copies what it keeps of). ``job``: only the senders of these Ray jobs; ``ints``: only
+    these of the :data:`INTS`, in this order (a block of schema 9 or later decodes no other); ``floats``: these of
+    ``ints`` also as float64 (:data:`NULL`: NaN), made for every sender at once, a fifth item (a float column a
+    worker would be a thousand small arrays to fault in). A pass of schema 10 holds one block of every sender
+    (:data:`PASS_COLUMNS`); an older one, a block a sender and source.
+
+    A worker's samples lie in a piece of every pass (a full-mode hour of a thousand ranks: 110 passes, 110,000
+    pieces): the pieces are not joined one by one, but every block's runs placed first (sender and source columns
+    only), then each block decoded once and put in its place in one array."""
     import numpy as np
 
     wanted = tuple(INTS.index(name) for name in ints)
-    sql = "SELECT sender, source, n, body FROM memory_blocks WHERE pass <= ?"
-    args: list[Any] = [high]
-    if job is not None:
-        sql += f" AND sender IN (SELECT id FROM senders WHERE job_id IN ({','.join('?' * len(job))}))"
-        args += job
-    for sender, source, n, body in store._db.execute(sql + " ORDER BY pass, sender", args):
-        if body[:1] == _ZLIB:  # a block written before schema 9
-            raw = zlib.decompress(body)
-            every = np.frombuffer(raw, dtype=np.int64, offset=8 * n).reshape(len(INTS), n)
-            yield sender, source, np.frombuffer(raw, dtype=np.float64, count=n), \
-                every if ints == INTS else every[list(wanted)]
-        else:
-            columns = deltas.decode(body, 1 + len(INTS), n, (0, *(1 + at for at in wanted)))
-            yield sender, source, columns[0].view(np.float64), columns[1:]
+    allowed = None if job is None else {sender for (sender,) in store._db.execute(
+        f"SELECT id FROM senders WHERE job_id IN ({','.join('?' * len(job))})", job)}
+    found: list[tuple] = []  # (body, n, layout): the blocks in pass order
+    runs: list[tuple] = []  # per block: each run's (sender, source, start, length)
+    for sender, source, n, body in store._db.execute(
+            "SELECT sender, source, n, body FROM memory_blocks WHERE pass <= ? ORDER BY pass, sender", (high,)):
+        if allowed is None or sender in allowed:
+            found.append((body, n, False))
+            runs.append(([sender], [source], np.zeros(1, dtype=np.int64), np.full(1, n, dtype=np.int64)))
+    if store.schema_version >= 10:
+        for n, sources, body in store._db.execute(
+                "SELECT n, sources, body FROM memory_pass_blocks WHERE pass <= ? ORDER BY pass", (high,)):
+            names = json.loads(sources)
+            senders, codes = deltas.decode(body, len(PASS_COLUMNS), n, (_SENDER, _SOURCE))
+            starts = np.flatnonzero(np.concatenate(([True], (np.diff(senders) != 0) | (np.diff(codes) != 0))))
+            found.append((body, n, True))
+            runs.append((senders[starts].tolist(), [names[code] for code in codes[starts].tolist()], starts,
+                         np.diff(np.append(starts, n))))
+    if not found:
+        return
+    # every run's key (sender, source) as a number in (sender, source) order, then the runs in key and pass order
+    keys = sorted({(sender, source) for senders, sources, _, _ in runs for sender, source in zip(senders, sources)},
+                  key=_block_order)
+    number = {key: at for at, key in enumerate(keys)}
+    key_of = np.concatenate([np.fromiter((number[key] for key in zip(senders, sources)), dtype=np.int64,
+                                         count=len(senders)) for senders, sources, _, _ in runs])
+    block_of = np.repeat(np.arange(len(runs)), [len(starts) for _, _, starts, _ in runs])
+    lengths = np.concatenate([length for _, _, _, length in runs])
+    order = np.lexsort((block_of, key_of))
+    places = np.empty(len(order), dtype=np.int64)  # where each run begins in the joined array
+    places[order] = np.concatenate(([0], np.cumsum(lengths[order])[:-1]))
+    joined = np.empty((1 + len(wanted), int(lengths.sum())), dtype=np.int64)
+    first = 0
+    for (body, n, every), (_, _, starts, length) in zip(found, runs):
+        columns = deltas.decode(body, len(PASS_COLUMNS), n, (0, *(1 + at for at in wanted))) if every else \
+            _old_block(body, n, wanted, ints, joined=True)
+        here = places[first:first + len(starts)]
+        joined[:, np.repeat(here - starts, length) + np.arange(n)] = columns
+        first += len(starts)
+    numbers = np.empty((len(floats), joined.shape[1]))
+    for place, name in enumerate(floats):
+        column = joined[1 + ints.index(name)]
+        numbers[place] = column
+        if len(column) and column.min() == NULL:  # NULL is the least int64
+            numbers[place, column == NULL] = np.nan
+    ends = np.cumsum(np.bincount(key_of, weights=lengths, minlength=len(keys)).astype(np.int64)).tolist()
+    for at, (sender, source) in enumerate(keys):
+        a, b = (ends[at - 1] if at else 0), ends[at]
+        if b > a and (allowed is None or sender in allowed):
+            if floats:
+                yield sender, source, joined[0, a:b].view(np.float64), joined[1:, a:b], numbers[:, a:b]
+            else:
+                yield sender, source, joined[0, a:b].view(np.float64), joined[1:, a:b]
+
+
+def _old_block(body: bytes, n: int, wanted: tuple[int, ...], ints: tuple[str, ...], joined: bool = False) -> Any:
+    """(times, ints) of a block of one sender and source (before schema 10); ``joined``: as one (1 + len(ints), n)
+    int64 array, the times' bits first."""
+    import numpy as np
+
+    if body[:1] == _ZLIB:  # a block written before schema 9
+        raw = zlib.decompress(body)
+        every = np.frombuffer(raw, dtype=np.int64, offset=8 * n).reshape(len(INTS), n)
+        times = np.frombuffer(raw, dtype=np.float64, count=n)
+        some = every if ints == INTS else every[list(wanted)]
+        return np.vstack((times.view(np.int64), some)) if joined else (times, some)
+    columns = deltas.decode(body, 1 + len(INTS), n, (0, *(1 + at for at in wanted)))
+    return columns if joined else (columns[0].view(np.float64), columns[1:])
 
 
 #: How a block written before schema 9 begins: a zlib stream of the times, then the :data:`INTS`.

@@ -1,5 +1,6 @@
 """A block's int64 columns as their first values and the steps between them, each in the fewest bytes that hold
-every step (schema 9's memory and span blocks: :mod:`raysleuth.recorder.blocks`, ``span_blocks``).
+every step (schema 9's memory and span blocks, schema 10's memory block of every sender in a pass:
+:mod:`raysleuth.recorder.blocks`, ``span_blocks``).
 
 A worker's samples change little from one to the next: a sample a second is 2**22 steps of a time's bits, a few
 thousand ids, the same rank, a few pages of memory. So a column of 3,600 int64 (28.8 KB) is mostly 1, 2 or 4
@@ -11,27 +12,41 @@ value, no steps stored), each column's shift (one byte: the zero bits all its st
 moves by whole 4 KiB pages), each column's first value (int64), then each column's n - 1 steps, shifted, as
 signed ints of its width; native byte order, as the blocks before. Steps wrap as int64 arithmetic does (numpy's
 ``diff`` and ``cumsum`` both wrap), so every value comes back to the bit, whatever its range; a float column goes
-in as its bits (``view``).
+in as its bits (``view``). A body that begins with :data:`BREAKS` (schema 10's block of every sender in a pass)
+holds, after the first values, how many breaks (int64), their places (int64 each) and each column's steps at them
+(int64 each, column by column); among the other steps, theirs are zero.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["MARK", "decode", "encode"]
+__all__ = ["BREAKS", "MARK", "decode", "encode"]
 
 #: The first byte of a body in this layout (a zlib stream, the layout before, begins with 0x78).
 MARK = 1
+#: The first byte of a body with breaks: places where a new run of rows begins (schema 10's block of every sender
+#: in a pass: a sender's first sample after another's), whose steps are kept whole, apart, so that one jump from a
+#: worker's memory to the next one's does not widen every step of the column (nor a null to a number).
+BREAKS = 2
 _WIDTHS = (1, 2, 4, 8)  # and 0: a column whose steps are all zero (one value) holds no step
 
 
-def encode(columns: Any) -> bytes:
-    """The body of a (k, n) int64 array: its k columns, first values and steps."""
+def encode(columns: Any, breaks: Any = None) -> bytes:
+    """The body of a (k, n) int64 array: its k columns, first values and steps. ``breaks``: the places (1 to n - 1,
+    ascending) where a run begins; their steps are kept whole (after the first values: how many, where, each
+    column's), the rest as before."""
     import numpy as np
 
     columns = np.ascontiguousarray(columns, dtype=np.int64)
     k, n = columns.shape
     steps = np.diff(columns, axis=1)
+    head, kept = b"", b""
+    if breaks is not None:
+        places = np.asarray(breaks, dtype=np.int64)
+        kept = np.ascontiguousarray(steps[:, places - 1]).tobytes()
+        steps[:, places - 1] = 0
+        head = np.int64(len(places)).tobytes() + places.tobytes()
     widths, shifts, parts = [], [], []
     for row in steps:
         common = int(np.bitwise_or.reduce(row)) if n > 1 else 0
@@ -45,7 +60,8 @@ def encode(columns: Any) -> bytes:
         shifts.append(shift)
         parts.append(row.astype(f"i{width}").tobytes() if width else b"")
     firsts = columns[:, 0] if n else np.zeros(k, dtype=np.int64)
-    return bytes([MARK, *widths, *shifts]) + firsts.tobytes() + b"".join(parts)
+    mark = MARK if breaks is None else BREAKS
+    return bytes([mark, *widths, *shifts]) + firsts.tobytes() + head + kept + b"".join(parts)
 
 
 def decode(body: bytes, k: int, n: int, rows: tuple[int, ...] | None = None) -> Any:
@@ -53,10 +69,19 @@ def decode(body: bytes, k: int, n: int, rows: tuple[int, ...] | None = None) -> 
     in this order (a (len(rows), n) array)."""
     import numpy as np
 
-    if not body or body[0] != MARK:
+    if not body or body[0] not in (MARK, BREAKS):
         raise ValueError("not a block of first values and steps")
     widths, shifts = body[1:1 + k], body[1 + k:1 + 2 * k]
-    starts = [1 + 10 * k]
+    at = 1 + 10 * k
+    places, kept = None, None
+    if body[0] == BREAKS:
+        count = int(np.frombuffer(body, dtype=np.int64, count=1, offset=at)[0]) if len(body) >= at + 8 else -1
+        if not 0 <= count < max(n, 1) or len(body) < at + 8 * (1 + count + k * count):
+            raise ValueError(f"a block of {len(body)} bytes cannot hold its breaks")
+        places = np.frombuffer(body, dtype=np.int64, count=count, offset=at + 8)
+        kept = np.frombuffer(body, dtype=np.int64, count=k * count, offset=at + 8 + 8 * count).reshape(k, count)
+        at += 8 * (1 + count + k * count)
+    starts = [at]
     for width in widths:
         starts.append(starts[-1] + width * max(n - 1, 0))
     if starts[-1] != len(body):
@@ -66,13 +91,24 @@ def decode(body: bytes, k: int, n: int, rows: tuple[int, ...] | None = None) -> 
     if not n:
         return out
     firsts = np.frombuffer(body, dtype=np.int64, count=k, offset=1 + 2 * k)
+    run = None  # the first place of the run of columns with steps being filled: each run summed at once
     for place, row in enumerate(wanted):
-        out[place, 0] = firsts[row]
-        if not widths[row]:  # every value the first
-            out[place, 1:] = 0
+        if not widths[row] and (kept is None or not kept[row].any()):  # every value the first: nothing to sum
+            out[place] = firsts[row]
+            if run is not None:
+                np.cumsum(out[run:place], axis=1, out=out[run:place])
+                run = None
             continue
-        out[place, 1:] = np.frombuffer(body, dtype=f"i{widths[row]}", count=n - 1, offset=starts[row])
-        if shifts[row]:
-            out[place, 1:] <<= shifts[row]
-    np.cumsum(out, axis=1, out=out)
+        out[place, 0] = firsts[row]
+        if widths[row]:
+            out[place, 1:] = np.frombuffer(body, dtype=f"i{widths[row]}", count=n - 1, offset=starts[row])
+            if shifts[row]:
+                out[place, 1:] <<= shifts[row]
+        else:
+            out[place, 1:] = 0
+        if kept is not None:
+            out[place, places] = kept[row]  # a break's step, whole (place p's step sits at p in the row)
+        run = place if run is None else run
+    if run is not None:
+        np.cumsum(out[run:], axis=1, out=out[run:])
     return out

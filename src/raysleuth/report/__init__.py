@@ -41,7 +41,7 @@ from raysleuth.collectives.report import read_collectives, stored_verdict
 from raysleuth.memory import memory_report
 from raysleuth.memory.trend import quiet_kind
 from raysleuth.options import format_ranks
-from raysleuth.recorder import open_store
+from raysleuth.recorder import blocks, open_store
 from raysleuth.recorder.counting import count_span, time_range, writers
 from raysleuth.recorder.reading import bulk
 from raysleuth.report import charts, overview, sections
@@ -184,19 +184,24 @@ def _memory(store) -> dict[str, Any]:
     verdict says, their ranks as ranges, how much they grew) and the few that grew most, each with its slope:
     only those are fitted a line (``fit_quiet``), as a thousand rows of "no lasting growth" would tell no more.
     """
-    try:
-        report = memory_report(store, per_step=False, fit_quiet=overview.ALONE)  # the page shows no MiB/step
-    except Exception:
-        report = None
-    workers = report.workers if report else []
+    with blocks.snapshot(store):  # the verdicts and the curves of one state of the file: one read of each block
+        frame = overview.curve_frame(store)
+        runs = blocks.RssRuns(store, frame[1], start=frame[0]) if frame else None
+        try:  # the page shows no MiB/step
+            report = memory_report(store, per_step=False, fit_quiet=overview.ALONE, on_block=runs.add if runs else None)
+            if runs is not None:
+                runs.whole = True  # every job's samples went through it
+        except Exception:
+            report = None
+        workers = report.workers if report else []
+        leaking = sorted({w.rank for w in workers if w.leak and w.rank is not None})
+        drawn = overview.memory_curves(store, set(leaking), runs=runs if report else None)
     verdicts = [{"time": worker.last_time, "rank": worker.rank, "pid": worker.pid, "leak": worker.leak,
                  "slope": None if worker.slope_bytes_per_s is None else f"{worker.slope_bytes_per_s / 2**20:.2f} MiB/s",
                  "reason": f"pid {worker.pid}, {worker.samples} samples: {worker.reason}",
                  "kind": _quiet_kind(worker.status, worker.evidence), "growth": worker.evidence.get("growth_bytes")}
                 for worker in workers]
     verdicts.sort(key=lambda v: not v["leak"])
-    leaking = sorted({v["rank"] for v in verdicts if v["leak"] and v["rank"] is not None})
-    drawn = overview.memory_curves(store, set(leaking))
     quiet = [v for v in verdicts if not v["leak"]]
     many = len(verdicts) > overview.ALONE
     grew_most = sorted((v for v in quiet if v["slope"] is not None), key=lambda v: -float(v["growth"] or 0.0))

@@ -17,7 +17,7 @@ from collections import defaultdict
 from typing import Any
 
 from raysleuth.options import format_ranks
-from raysleuth.recorder.blocks import NULL, bucket_rows, rss_bucket_columns
+from raysleuth.recorder.blocks import NULL, RssRuns, bucket_rows, rss_bucket_columns
 from raysleuth.recorder.reading import buckets
 from raysleuth.recorder.totals import span_columns, span_rows, span_totals
 from raysleuth.report import sections
@@ -51,9 +51,14 @@ def _step_band(steps: list, columns: list[list[float | None]]) -> dict[str, Any]
         table = np.array(columns, dtype=np.float64).reshape(len(columns), len(steps))
     except (TypeError, ValueError):
         return None
-    if int(np.isnan(table).sum()) != sum(column.count(None) for column in columns):
+    missing = np.isnan(table)
+    if not missing.any():  # every rank has a total every step (None would be NaN): numpy's own, not its nan* loops
+        return {"x": list(steps), "low": table.min(axis=0).tolist(),
+                "median": [round(value, 4) for value in np.median(table, axis=0).tolist()],
+                "high": table.max(axis=0).tolist(), "count": len(columns)}
+    if int(missing.sum()) != sum(column.count(None) for column in columns):
         return None
-    seen = np.flatnonzero(~np.isnan(table).all(axis=0))
+    seen = np.flatnonzero(~missing.all(axis=0))
     table = table[:, seen]
     return {"x": [steps[column] for column in seen.tolist()],
             "low": np.nanmin(table, axis=0).tolist(),
@@ -61,14 +66,23 @@ def _step_band(steps: list, columns: list[list[float | None]]) -> dict[str, Any]
             "high": np.nanmax(table, axis=0).tolist(), "count": len(columns)}
 
 
-def memory_curves(store, leaking: set) -> dict[str, Any]:
-    """``curves`` (label -> x, y) drawn alone, and ``band`` for the rest when there are many workers."""
+def curve_frame(store) -> tuple[float, float] | None:
+    """(the first sample's time, a bucket's seconds) of the memory curves; None: no sample."""
     first = next(store.select("memory", ("time",), limit=1), None)
     last = next(store.select("memory", ("time",), limit=1, newest_first=True), None)
     if first is None or last is None:
+        return None
+    return first[0], max(1.0, (last[0] - first[0]) / BUCKETS)
+
+
+def memory_curves(store, leaking: set, runs: RssRuns | None = None) -> dict[str, Any]:
+    """``curves`` (label -> x, y) drawn alone, and ``band`` for the rest when there are many workers. ``runs``: the
+    blocks' runs another reader folded in the same snapshot (``rss_bucket_columns``)."""
+    frame = curve_frame(store)
+    if frame is None:
         return {"curves": {}, "band": None, "grouped": ""}
-    start, width = first[0], max(1.0, (last[0] - first[0]) / BUCKETS)
-    columns = rss_bucket_columns(store, width, start=start)
+    start, width = frame
+    columns = rss_bucket_columns(store, width, start=start, runs=runs)
     if columns is None:  # SQLite's own buckets
         return _curve_rows(buckets(store, "memory", "rss_bytes", width, start=start), leaking, start, width)
     drawn = _curve_columns(columns, leaking, start, width)
