@@ -265,7 +265,8 @@ def _take_blocks(store, high: int, groups: dict, worker_key, *, rank, since, job
     jobs = None if job is None else reading._listed(job)
     ranks = None if rank is None else np.array([rank] if isinstance(rank, int) else list(rank), dtype=np.int64)
     columns = blocks.INTS if stepped else tuple(name for name in blocks.INTS if name != "step")
-    for sender, source, times, ints, numbers in blocks.read(store, high, job=jobs, ints=columns, floats=columns[2:]):
+    for sender, source, times, ints, numbers in blocks.read(store, high, job=jobs, ints=columns, floats=columns[2:],
+                                                            ranks=ranks):
         if on_block is not None:
             on_block(sender, times, ints[1], ints[columns.index("v0")])
         keep = None if ranks is None else np.isin(ints[1], ranks)

@@ -53,7 +53,7 @@ INTS = ("id", "rank", "step", "v0", "v1", "v2", "v3", "v4")
 #: The columns of a pass's block of every sender (schema 10), its rows by sender, source and id: the times' bits,
 #: the :data:`INTS`, the sender and the source's place in the block's ``sources`` (a JSON list, null first).
 PASS_COLUMNS = ("time", *INTS, "sender", "source")
-_SENDER, _SOURCE = PASS_COLUMNS.index("sender"), PASS_COLUMNS.index("source")
+_SENDER, _SOURCE, _RANK = PASS_COLUMNS.index("sender"), PASS_COLUMNS.index("source"), PASS_COLUMNS.index("rank")
 
 #: The rows of a pass, in id order (grouped in Python: SQLite's sort cost a fifth more), read by id: SQLite
 #: would otherwise walk the index of every memory row the run holds to test each one's id (reading the rows of a
@@ -261,14 +261,16 @@ def rss_bucket_columns(store, width: float, *, start: float, runs: RssRuns | Non
 
 
 def read(store, high: int, *, job: list[str] | None = None, ints: tuple[str, ...] = INTS,
-         floats: tuple[str, ...] = ()) -> Iterator[tuple]:
+         floats: tuple[str, ...] = (), ranks: Any = None) -> Iterator[tuple]:
     """Each sender's and source's samples in the blocks of the passes up to ``high``, in pass and id order, by
     sender and source: (sender, source, times as float64, the :data:`INTS` as an 8×n int64 array; views of one
     array, which the caller copies what it keeps of). ``job``: only the senders of these Ray jobs; ``ints``: only
     these of the :data:`INTS`, in this order (a block of schema 9 or later decodes no other); ``floats``: these of
     ``ints`` also as float64 (:data:`NULL`: NaN), made for every sender at once, a fifth item (a float column a
-    worker would be a thousand small arrays to fault in). A pass of schema 10 holds one block of every sender
-    (:data:`PASS_COLUMNS`); an older one, a block a sender and source.
+    worker would be a thousand small arrays to fault in); ``ranks`` (an int64 array): of a block of every sender,
+    only the runs of a sender and source that hold one of these ranks (``memory --rank 7`` then joins one
+    worker's samples, not every worker's; the caller still picks the samples). A pass of schema 10 holds one block
+    of every sender (:data:`PASS_COLUMNS`); an older one, a block a sender and source.
 
     A worker's samples lie in a piece of every pass (a full-mode hour of a thousand ranks: 110 passes, 110,000
     pieces): the pieces are not joined one by one, but every block's runs placed first (sender and source columns
@@ -289,11 +291,14 @@ def read(store, high: int, *, job: list[str] | None = None, ints: tuple[str, ...
         for n, sources, body in store._db.execute(
                 "SELECT n, sources, body FROM memory_pass_blocks WHERE pass <= ? ORDER BY pass", (high,)):
             names = json.loads(sources)
-            senders, codes = deltas.decode(body, len(PASS_COLUMNS), n, (_SENDER, _SOURCE))
+            senders, codes, held = deltas.decode(body, len(PASS_COLUMNS), n, (_SENDER, _SOURCE, _RANK))
             starts = np.flatnonzero(np.concatenate(([True], (np.diff(senders) != 0) | (np.diff(codes) != 0))))
+            lengths = np.diff(np.append(starts, n))
+            if ranks is not None:  # the runs holding one of the ranks
+                kept = np.add.reduceat(np.isin(held, ranks), starts) > 0
+                starts, lengths = starts[kept], lengths[kept]
             found.append((body, n, True))
-            runs.append((senders[starts].tolist(), [names[code] for code in codes[starts].tolist()], starts,
-                         np.diff(np.append(starts, n))))
+            runs.append((senders[starts].tolist(), [names[code] for code in codes[starts].tolist()], starts, lengths))
     if not found:
         return
     # every run's key (sender, source) as a number in (sender, source) order, then the runs in key and pass order
@@ -312,8 +317,10 @@ def read(store, high: int, *, job: list[str] | None = None, ints: tuple[str, ...
     for (body, n, every), (_, _, starts, length) in zip(found, runs):
         columns = deltas.decode(body, len(PASS_COLUMNS), n, (0, *(1 + at for at in wanted))) if every else \
             _old_block(body, n, wanted, ints, joined=True)
-        here = places[first:first + len(starts)]
-        joined[:, np.repeat(here - starts, length) + np.arange(n)] = columns
+        here, size = places[first:first + len(starts)], int(length.sum())
+        if size < n:  # some runs only: theirs
+            columns = columns[:, np.repeat(starts - np.cumsum(length) + length, length) + np.arange(size)]
+        joined[:, np.repeat(here - np.cumsum(length) + length, length) + np.arange(size)] = columns
         first += len(starts)
     numbers = np.empty((len(floats), joined.shape[1]))
     for place, name in enumerate(floats):
