@@ -2,7 +2,8 @@
 
 Builds a synthetic run (``bench/_synthetic.py``: 1,000 ranks on 125 nodes
 for 60 minutes, light mode by default, ``--mode full`` for the dense one)
-through the real store API, then runs each command the way a user does
+through the real store API, as a live writer receives it (every rank's rows
+10 s at a time), closes it as a writer does (its last pass), then runs each command the way a user does
 (``python -m raysleuth ...`` in a fresh process, against that run) and
 measures its wall time and its peak resident memory (``wait4``).
 

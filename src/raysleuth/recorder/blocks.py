@@ -287,21 +287,54 @@ def read(store, high: int, *, job: list[str] | None = None, ints: tuple[str, ...
         if allowed is None or sender in allowed:
             found.append((body, n, False))
             runs.append(([sender], [source], np.zeros(1, dtype=np.int64), np.full(1, n, dtype=np.int64)))
-    if store.schema_version >= 10:
-        for n, sources, body in store._db.execute(
-                "SELECT n, sources, body FROM memory_pass_blocks WHERE pass <= ? ORDER BY pass", (high,)):
-            names = json.loads(sources)
-            senders, codes, held = deltas.decode(body, len(PASS_COLUMNS), n, (_SENDER, _SOURCE, _RANK))
-            starts = np.flatnonzero(np.concatenate(([True], (np.diff(senders) != 0) | (np.diff(codes) != 0))))
-            lengths = np.diff(np.append(starts, n))
-            if ranks is not None:  # the runs holding one of the ranks
-                kept = np.add.reduceat(np.isin(held, ranks), starts) > 0
-                starts, lengths = starts[kept], lengths[kept]
-            found.append((body, n, True))
-            runs.append((senders[starts].tolist(), [names[code] for code in codes[starts].tolist()], starts, lengths))
+    for n, sources, body in every_sender(store._db, high) if store.schema_version >= 10 else ():
+        found.append((body, n, True))
+        runs.append(pass_runs(body, n, sources, ranks))
     if not found:
         return
-    # every run's key (sender, source) as a number in (sender, source) order, then the runs in key and pass order
+    keys, joined, ends = join(found, runs, wanted, ints)
+    numbers = np.empty((len(floats), joined.shape[1]))
+    for place, name in enumerate(floats):
+        column = joined[1 + ints.index(name)]
+        numbers[place] = column
+        if len(column) and column.min() == NULL:  # NULL is the least int64
+            numbers[place, column == NULL] = np.nan
+    for at, (sender, source) in enumerate(keys):
+        a, b = (ends[at - 1] if at else 0), ends[at]
+        if b > a and (allowed is None or sender in allowed):
+            if floats:
+                yield sender, source, joined[0, a:b].view(np.float64), joined[1:, a:b], numbers[:, a:b]
+            else:
+                yield sender, source, joined[0, a:b].view(np.float64), joined[1:, a:b]
+
+
+def every_sender(db, high: int) -> list[tuple]:
+    """(n, sources, body) of the blocks of every sender up to the pass ``high`` (schema 10), in pass order."""
+    return db.execute("SELECT n, sources, body FROM memory_pass_blocks WHERE pass <= ? ORDER BY pass",
+                      (high,)).fetchall()
+
+
+def pass_runs(body: bytes, n: int, sources: str, ranks: Any = None) -> tuple:
+    """A block of every sender's runs of one sender and source: (senders, sources, starts, lengths); ``ranks``:
+    only the runs holding one of these."""
+    import numpy as np
+
+    names = json.loads(sources)
+    senders, codes, held = deltas.decode(body, len(PASS_COLUMNS), n, (_SENDER, _SOURCE, _RANK))
+    starts = np.flatnonzero(np.concatenate(([True], (np.diff(senders) != 0) | (np.diff(codes) != 0))))
+    lengths = np.diff(np.append(starts, n))
+    if ranks is not None:
+        kept = np.add.reduceat(np.isin(held, ranks), starts) > 0
+        starts, lengths = starts[kept], lengths[kept]
+    return senders[starts].tolist(), [names[code] for code in codes[starts].tolist()], starts, lengths
+
+
+def join(found: list[tuple], runs: list[tuple], wanted: tuple[int, ...], ints: tuple[str, ...]) -> tuple:
+    """(keys: every (sender, source) in order, the joined (1 + len(wanted), n) int64 array: times' bits, then the
+    wanted ints, each key's samples in block order, each key's end in it) of ``found`` blocks (body, n, of every
+    sender) and their ``runs``: every run placed first, then each block decoded once and put in its place."""
+    import numpy as np
+
     keys = sorted({(sender, source) for senders, sources, _, _ in runs for sender, source in zip(senders, sources)},
                   key=_block_order)
     number = {key: at for at, key in enumerate(keys)}
@@ -309,7 +342,7 @@ def read(store, high: int, *, job: list[str] | None = None, ints: tuple[str, ...
                                          count=len(senders)) for senders, sources, _, _ in runs])
     block_of = np.repeat(np.arange(len(runs)), [len(starts) for _, _, starts, _ in runs])
     lengths = np.concatenate([length for _, _, _, length in runs])
-    order = np.lexsort((block_of, key_of))
+    order = np.lexsort((block_of, key_of))  # the runs in key, then block order
     places = np.empty(len(order), dtype=np.int64)  # where each run begins in the joined array
     places[order] = np.concatenate(([0], np.cumsum(lengths[order])[:-1]))
     joined = np.empty((1 + len(wanted), int(lengths.sum())), dtype=np.int64)
@@ -320,22 +353,13 @@ def read(store, high: int, *, job: list[str] | None = None, ints: tuple[str, ...
         here, size = places[first:first + len(starts)], int(length.sum())
         if size < n:  # some runs only: theirs
             columns = columns[:, np.repeat(starts - np.cumsum(length) + length, length) + np.arange(size)]
-        joined[:, np.repeat(here - np.cumsum(length) + length, length) + np.arange(size)] = columns
+        if len(found) == 1 and size == n:
+            joined = columns  # one block: in key order already
+        else:
+            joined[:, np.repeat(here - np.cumsum(length) + length, length) + np.arange(size)] = columns
         first += len(starts)
-    numbers = np.empty((len(floats), joined.shape[1]))
-    for place, name in enumerate(floats):
-        column = joined[1 + ints.index(name)]
-        numbers[place] = column
-        if len(column) and column.min() == NULL:  # NULL is the least int64
-            numbers[place, column == NULL] = np.nan
     ends = np.cumsum(np.bincount(key_of, weights=lengths, minlength=len(keys)).astype(np.int64)).tolist()
-    for at, (sender, source) in enumerate(keys):
-        a, b = (ends[at - 1] if at else 0), ends[at]
-        if b > a and (allowed is None or sender in allowed):
-            if floats:
-                yield sender, source, joined[0, a:b].view(np.float64), joined[1:, a:b], numbers[:, a:b]
-            else:
-                yield sender, source, joined[0, a:b].view(np.float64), joined[1:, a:b]
+    return keys, joined, ends
 
 
 def _old_block(body: bytes, n: int, wanted: tuple[int, ...], ints: tuple[str, ...], joined: bool = False) -> Any:

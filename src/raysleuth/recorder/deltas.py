@@ -33,35 +33,34 @@ _WIDTHS = (1, 2, 4, 8)  # and 0: a column whose steps are all zero (one value) h
 
 
 def encode(columns: Any, breaks: Any = None) -> bytes:
-    """The body of a (k, n) int64 array: its k columns, first values and steps. ``breaks``: the places (1 to n - 1,
-    ascending) where a run begins; their steps are kept whole (after the first values: how many, where, each
-    column's), the rest as before."""
+    """The body of a (k, n) int64 array (or k int64 rows of n: no (k, n) copy is made of them): its k columns,
+    first values and steps. ``breaks``: the places (1 to n - 1, ascending) where a run begins; their steps are kept
+    whole (after the first values: how many, where, each column's), the rest as before."""
     import numpy as np
 
-    columns = np.ascontiguousarray(columns, dtype=np.int64)
-    k, n = columns.shape
-    steps = np.diff(columns, axis=1)
-    head, kept = b"", b""
-    if breaks is not None:
-        places = np.asarray(breaks, dtype=np.int64)
-        kept = np.ascontiguousarray(steps[:, places - 1]).tobytes()
-        steps[:, places - 1] = 0
-        head = np.int64(len(places)).tobytes() + places.tobytes()
-    widths, shifts, parts = [], [], []
-    for row in steps:
+    rows = [np.asarray(row, dtype=np.int64) for row in columns]
+    k, n = len(rows), (len(rows[0]) if rows else 0)
+    places = None if breaks is None else np.asarray(breaks, dtype=np.int64)
+    widths, shifts, parts, kept = [], [], [], []
+    for values in rows:
+        row = np.diff(values)  # one column's steps at a time: no (k, n - 1) array of them
+        if places is not None:
+            kept.append(row[places - 1].tobytes())
+            row[places - 1] = 0
         common = int(np.bitwise_or.reduce(row)) if n > 1 else 0
         shift = (common & -common).bit_length() - 1 if common else 0  # the zero bits every step ends with
         if shift:
-            row = row >> shift  # exact: those bits are zero (an arithmetic shift keeps the sign)
+            row >>= shift  # exact: those bits are zero (an arithmetic shift keeps the sign)
         low, high = (int(row.min()), int(row.max())) if n > 1 else (0, 0)
         width = 0 if low == high == 0 else next(w for w in _WIDTHS if -(1 << (8 * w - 1)) <= low
                                                 and high < (1 << (8 * w - 1)))
         widths.append(width)
         shifts.append(shift)
         parts.append(row.astype(f"i{width}").tobytes() if width else b"")
-    firsts = columns[:, 0] if n else np.zeros(k, dtype=np.int64)
+    firsts = np.array([values[0] for values in rows] if n else [0] * k, dtype=np.int64)
+    head = b"" if places is None else np.int64(len(places)).tobytes() + places.tobytes()
     mark = MARK if breaks is None else BREAKS
-    return bytes([mark, *widths, *shifts]) + firsts.tobytes() + head + kept + b"".join(parts)
+    return bytes([mark, *widths, *shifts]) + firsts.tobytes() + head + b"".join(kept) + b"".join(parts)
 
 
 def decode(body: bytes, k: int, n: int, rows: tuple[int, ...] | None = None) -> Any:
