@@ -264,7 +264,7 @@ def read(store, high: int, *, job: list[str] | None = None, ints: tuple[str, ...
          floats: tuple[str, ...] = (), ranks: Any = None) -> Iterator[tuple]:
     """Each sender's and source's samples in the blocks of the passes up to ``high``, in pass and id order, by
     sender and source: (sender, source, times as float64, the :data:`INTS` as an 8×n int64 array; views of one
-    array, which the caller copies what it keeps of). ``job``: only the senders of these Ray jobs; ``ints``: only
+    array, kept alive by any of them a caller keeps). ``job``: only the senders of these Ray jobs; ``ints``: only
     these of the :data:`INTS`, in this order (a block of schema 9 or later decodes no other); ``floats``: these of
     ``ints`` also as float64 (:data:`NULL`: NaN), made for every sender at once, a fifth item (a float column a
     worker would be a thousand small arrays to fault in); ``ranks`` (an int64 array): of a block of every sender,
