@@ -727,3 +727,22 @@ def test_a_bulk_read_freezes_what_it_keeps_only_in_the_command_line_process():
     with reading.bulk():
         kept = [[n] for n in range(1000)]
     assert gc.get_freeze_count() == before and gc.isenabled() and len(kept) == 1000
+
+
+def test_the_ranks_a_run_holds_are_walked_off_the_index(run, tmp_path):
+    """``--rank``'s check reads every rank a record carries by a seek per kind and rank: the ranks SQLite's DISTINCT
+    finds, on the synthetic run and on one with odd ranks (a float, a text, a null, a kind with no rank)."""
+    from raysleuth.recorder.counting import ranks
+
+    store = _open(run)
+    assert len(ranks(store)) == 100 + 2 and ranks(store) == store.ranks()  # and the awkward rows' ranks 150, 151
+    odd = EvidenceStore(tmp_path / "odd.sqlite")
+    odd.write_batch({"client_id": "c"}, [("log", START + n, rank, None, None, "train", "INFO", {"message": "x"}, n)
+                                         for n, rank in enumerate([3, None, 3, 1, 12])])
+    odd.write_batch({"client_id": "d"}, [("event", START, None, None, None, "rank", "INFO", {}, 0),
+                                         ("span", START, 7, 1, "step", "step", None, {"duration_s": 1.0}, 1)])
+    odd._db.execute("INSERT INTO records (kind, time, rank, data) VALUES ('log', ?, 7.0, '{}')", (START,))
+    odd._db.execute("INSERT INTO records (kind, time, rank, data) VALUES ('crash', ?, 'two', '{}')", (START,))
+    odd._db.commit()
+    assert ranks(odd) == odd.ranks() == [1, 3, 7, 12, "two"]
+    odd.close()

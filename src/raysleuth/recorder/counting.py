@@ -10,7 +10,7 @@ from typing import Any
 
 from raysleuth.recorder.reading import _rows, table_for, where_clause
 
-__all__ = ["count_span", "time_range", "writers"]
+__all__ = ["count_span", "ranks", "time_range", "writers"]
 
 
 def count_span(store, kind: str | Iterable[str], **filters: Any) -> tuple[int, float | None, float | None]:
@@ -23,6 +23,22 @@ def count_span(store, kind: str | Iterable[str], **filters: Any) -> tuple[int, f
                                     + " AND ".join(where), args))
     return int(count), first, last
 
+
+
+#: Every rank of every kind, a seek of the (kind, rank, time) index each, from each kind's least (schema 9's counts).
+_RANK_WALK = ("WITH RECURSIVE walk(kind, rank) AS (SELECT kind, (SELECT min(rank) FROM entries WHERE kind = k.kind) "
+              "FROM kind_counts k WHERE n > 0 UNION ALL SELECT kind, (SELECT min(rank) FROM entries WHERE "
+              "kind = walk.kind AND rank > walk.rank) FROM walk WHERE rank IS NOT NULL) "
+              "SELECT DISTINCT rank FROM walk WHERE rank IS NOT NULL ORDER BY rank")
+
+
+def ranks(store) -> list:
+    """:meth:`EvidenceStore.ranks` (every rank a record carries, sorted) by walking the (kind, rank, time) index: a
+    seek per kind and rank, where SQLite's DISTINCT walks every row (a full-mode 1,000-rank hour: 1.3 s). Files
+    before schema 9 (no counts of their kinds): SQLite's DISTINCT."""
+    if store.schema_version < 9:
+        return store.ranks()
+    return [row[0] for row in _rows(store, _RANK_WALK, [])]
 
 
 def writers(store, kinds: Iterable[str] | None = None) -> list[tuple]:
