@@ -178,19 +178,17 @@ def check_ranks(ranks: list[int] | None, store_path: str, *, home: Path | None =
         return
     # lazy: a command loads its feature when it runs (the CLI starts in 0.25 s, not 0.9 s)
     from raysleuth.recorder import open_store
-    from raysleuth.recorder.counting import ranks as recorded_ranks
 
     store = open_store(store_path, home=home_path(home))
     try:
-        known = recorded_ranks(store)
+        known = store.ranks()
     finally:
         store.close()
     unknown = [rank for rank in ranks if rank not in known]
     if unknown:
         whole = [rank for rank in known if type(rank) is int]  # as ranges: a thousand ranks read as 0-999
-        listed = ", ".join([options.format_ranks(whole)] * bool(whole) + [str(rank) for rank in known
-                                                                          if type(rank) is not int]) or \
-            "none (no record carries a rank)"
+        named = ([options.format_ranks(whole)] if whole else []) + [str(r) for r in known if type(r) is not int]
+        listed = ", ".join(named) or "none (no record carries a rank)"
         raise UsageError(f"no rank {', '.join(map(str, unknown))} in this run; ranks recorded: {listed}",
                          fix="pick one of those ranks, or leave --rank out")
 
