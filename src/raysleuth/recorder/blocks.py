@@ -231,7 +231,7 @@ def rss_bucket_columns(store, width: float, *, start: float, runs: RssRuns | Non
                 for sender, pid in store._db.execute("SELECT id, pid FROM senders")}
         if runs is not None and runs.whole and (runs.high, runs.width, runs.start) == (high, width, start):
             folded = runs.parts
-        else:  # each block's runs of one (rank and bucket first: a block is one sender's samples in id order)
+        else:  # each sender's runs of one (rank and bucket first: a sender's samples come in id order)
             folded = [(sender, *part) for sender, _source, times, (ranks, values)
                       in read(store, high, ints=("rank", "v0"))
                       if (part := _runs(times, ranks, values, start, width)) is not None]
@@ -287,12 +287,14 @@ def read(store, high: int, *, job: list[str] | None = None, ints: tuple[str, ...
         if allowed is None or sender in allowed:
             found.append((body, n, False))
             runs.append(([sender], [source], np.zeros(1, dtype=np.int64), np.full(1, n, dtype=np.int64)))
-    for n, sources, body in every_sender(store._db, high) if store.schema_version >= 10 else ():
-        found.append((body, n, True))
-        runs.append(pass_runs(body, n, sources, ranks))
+    if store.schema_version >= 10:
+        for n, sources, body in store._db.execute(
+                "SELECT n, sources, body FROM memory_pass_blocks WHERE pass <= ? ORDER BY pass", (high,)):
+            found.append((body, n, True))
+            runs.append(_pass_runs(body, n, sources, allowed, ranks))
     if not found:
         return
-    keys, joined, ends = join(found, runs, wanted, ints)
+    keys, joined, ends = _join(found, runs, wanted)
     numbers = np.empty((len(floats), joined.shape[1]))
     for place, name in enumerate(floats):
         column = joined[1 + ints.index(name)]
@@ -300,36 +302,33 @@ def read(store, high: int, *, job: list[str] | None = None, ints: tuple[str, ...
         if len(column) and column.min() == NULL:  # NULL is the least int64
             numbers[place, column == NULL] = np.nan
     for at, (sender, source) in enumerate(keys):
-        a, b = (ends[at - 1] if at else 0), ends[at]
-        if b > a and (allowed is None or sender in allowed):
-            if floats:
-                yield sender, source, joined[0, a:b].view(np.float64), joined[1:, a:b], numbers[:, a:b]
-            else:
-                yield sender, source, joined[0, a:b].view(np.float64), joined[1:, a:b]
+        a, b = (ends[at - 1] if at else 0), ends[at]  # every key has a run: none is empty
+        if floats:
+            yield sender, source, joined[0, a:b].view(np.float64), joined[1:, a:b], numbers[:, a:b]
+        else:
+            yield sender, source, joined[0, a:b].view(np.float64), joined[1:, a:b]
 
 
-def every_sender(db, high: int) -> list[tuple]:
-    """(n, sources, body) of the blocks of every sender up to the pass ``high`` (schema 10), in pass order."""
-    return db.execute("SELECT n, sources, body FROM memory_pass_blocks WHERE pass <= ? ORDER BY pass",
-                      (high,)).fetchall()
-
-
-def pass_runs(body: bytes, n: int, sources: str, ranks: Any = None) -> tuple:
-    """A block of every sender's runs of one sender and source: (senders, sources, starts, lengths); ``ranks``:
-    only the runs holding one of these."""
+def _pass_runs(body: bytes, n: int, sources: str, allowed: set | None, ranks: Any) -> tuple:
+    """A block of every sender's runs of one sender and source: (senders, sources, starts, lengths); only those of
+    the ``allowed`` senders (None: all) that hold one of the ``ranks`` (None: any)."""
     import numpy as np
 
     names = json.loads(sources)
-    senders, codes, held = deltas.decode(body, len(PASS_COLUMNS), n, (_SENDER, _SOURCE, _RANK))
+    columns = (_SENDER, _SOURCE) if ranks is None else (_SENDER, _SOURCE, _RANK)
+    senders, codes, *held = deltas.decode(body, len(PASS_COLUMNS), n, columns)
     starts = np.flatnonzero(np.concatenate(([True], (np.diff(senders) != 0) | (np.diff(codes) != 0))))
     lengths = np.diff(np.append(starts, n))
-    if ranks is not None:
-        kept = np.add.reduceat(np.isin(held, ranks), starts) > 0
+    kept = None if allowed is None else np.isin(senders[starts], np.fromiter(allowed, dtype=np.int64))
+    if ranks is not None:  # the rank column read too
+        holding = np.add.reduceat(np.isin(held[0], ranks), starts) > 0
+        kept = holding if kept is None else kept & holding
+    if kept is not None:
         starts, lengths = starts[kept], lengths[kept]
     return senders[starts].tolist(), [names[code] for code in codes[starts].tolist()], starts, lengths
 
 
-def join(found: list[tuple], runs: list[tuple], wanted: tuple[int, ...], ints: tuple[str, ...]) -> tuple:
+def _join(found: list[tuple], runs: list[tuple], wanted: tuple[int, ...]) -> tuple:
     """(keys: every (sender, source) in order, the joined (1 + len(wanted), n) int64 array: times' bits, then the
     wanted ints, each key's samples in block order, each key's end in it) of ``found`` blocks (body, n, of every
     sender) and their ``runs``: every run placed first, then each block decoded once and put in its place."""
@@ -349,7 +348,7 @@ def join(found: list[tuple], runs: list[tuple], wanted: tuple[int, ...], ints: t
     first = 0
     for (body, n, every), (_, _, starts, length) in zip(found, runs):
         columns = deltas.decode(body, len(PASS_COLUMNS), n, (0, *(1 + at for at in wanted))) if every else \
-            _old_block(body, n, wanted, ints, joined=True)
+            _old_block(body, n, wanted)
         here, size = places[first:first + len(starts)], int(length.sum())
         if size < n:  # some runs only: theirs
             columns = columns[:, np.repeat(starts - np.cumsum(length) + length, length) + np.arange(size)]
@@ -362,20 +361,13 @@ def join(found: list[tuple], runs: list[tuple], wanted: tuple[int, ...], ints: t
     return keys, joined, ends
 
 
-def _old_block(body: bytes, n: int, wanted: tuple[int, ...], ints: tuple[str, ...], joined: bool = False) -> Any:
-    """(times, ints) of a block of one sender and source (before schema 10); ``joined``: as one (1 + len(ints), n)
-    int64 array, the times' bits first."""
+def _old_block(body: bytes, n: int, wanted: tuple[int, ...]) -> Any:
+    """A block of one sender and source (before schema 10) as one (1 + len(wanted), n) int64 array: the times'
+    bits, then the wanted :data:`INTS`."""
     import numpy as np
 
-    if body[:1] == _ZLIB:  # a block written before schema 9
+    if body[:1] == deltas.ZLIB:  # a block written before schema 9
         raw = zlib.decompress(body)
         every = np.frombuffer(raw, dtype=np.int64, offset=8 * n).reshape(len(INTS), n)
-        times = np.frombuffer(raw, dtype=np.float64, count=n)
-        some = every if ints == INTS else every[list(wanted)]
-        return np.vstack((times.view(np.int64), some)) if joined else (times, some)
-    columns = deltas.decode(body, 1 + len(INTS), n, (0, *(1 + at for at in wanted)))
-    return columns if joined else (columns[0].view(np.float64), columns[1:])
-
-
-#: How a block written before schema 9 begins: a zlib stream of the times, then the :data:`INTS`.
-_ZLIB = b"\x78"
+        return np.vstack((np.frombuffer(raw, dtype=np.int64, count=n), every[list(wanted)]))
+    return deltas.decode(body, 1 + len(INTS), n, (0, *(1 + at for at in wanted)))

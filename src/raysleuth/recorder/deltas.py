@@ -21,10 +21,12 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["BREAKS", "MARK", "decode", "encode"]
+__all__ = ["BREAKS", "MARK", "ZLIB", "decode", "encode"]
 
-#: The first byte of a body in this layout (a zlib stream, the layout before, begins with 0x78).
+#: The first byte of a body in this layout (a zlib stream, the layout before, begins with :data:`ZLIB`).
 MARK = 1
+#: How a block written before schema 9 begins: a zlib stream (its times or seconds, then its int64 columns).
+ZLIB = b"\x78"
 #: The first byte of a body with breaks: places where a new run of rows begins (schema 10's block of every sender
 #: in a pass: a sender's first sample after another's), whose steps are kept whole, apart, so that one jump from a
 #: worker's memory to the next one's does not widen every step of the column (nor a null to a number).

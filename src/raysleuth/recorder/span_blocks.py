@@ -104,7 +104,7 @@ def read(store, job: list[str] | None = None) -> Sealed | None:
             continue
         if not n:
             continue
-        if body[:1] == b"\x78":  # a block written before schema 9: zlib
+        if body[:1] == deltas.ZLIB:  # a block written before schema 9
             raw = zlib.decompress(body)
             seconds = np.frombuffer(raw, dtype=np.float64, count=n)
             ints = np.frombuffer(raw, dtype=np.int64, offset=8 * n).reshape(len(INTS), n)
