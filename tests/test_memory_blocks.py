@@ -6,6 +6,7 @@ the blocks ignored (``blocks.top`` read as 0: every sample row by row, as before
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 
 import pytest
@@ -120,6 +121,27 @@ def test_every_reader_of_the_samples_answers_as_the_rows_do(store, monkeypatch):
     assert [worker.rank for worker in report.leaks] == [3]
     assert next(w for w in report.workers if w.pid == 4005).rank == 5  # its late rank, as the rows say
     _same_answers(store, monkeypatch)
+
+
+def test_numbers_past_what_a_float_holds_are_told_exactly(tmp_path, monkeypatch):
+    """The blocks' numbers are read as floats (exact up to 2**53); the newest sample's, past that, are told as
+    written (from its row), as the rows' reader tells them."""
+    monkeypatch.setattr(blocks, "PASS_ROWS", 20)
+    writer = EvidenceStore(tmp_path / "evidence.sqlite")
+    huge = 2**62 + 1  # float(huge) == 2**62
+    for n in range(0, 60, 6):
+        writer.write_batch(_header(0), [("memory", START + 5 * k, 0, k, None, None, None,
+                                         dict(_sample(0, k, leak=False), cuda_reserved_bytes=huge + k), k)
+                                        for k in range(n, n + 6)])
+    writer.close()
+    reader = EvidenceStore(tmp_path / "evidence.sqlite", readonly=True)
+    assert blocks.top(reader) == reader._db.execute("SELECT max(id) FROM entries").fetchone()[0]  # all sealed
+    for options in ({}, {"per_step": False, "fit_quiet": 16}):  # the table's read, and the report's
+        worker, = memory_report(reader, **options).workers
+        assert worker.samples == 60 and worker.cuda_reserved_bytes == huge + 59 != int(float(huge + 59))
+        assert dataclasses.asdict(worker) == dataclasses.asdict(
+            _rows_only(monkeypatch, lambda: memory_report(reader, **options).workers[0]))
+    reader.close()
 
 
 def test_a_pass_and_the_readers_find_the_rows_past_the_passes_by_their_ids(store):

@@ -529,13 +529,14 @@ def test_the_reports_curves_fold_the_blocks_its_verdicts_read(request, which, mo
     assert store._db.execute("SELECT count(*) FROM memory_pass_blocks").fetchone()[0] >= 1
     assert store._db.execute("SELECT count(*) FROM memory_blocks").fetchone()[0] == 0  # every sender's, a pass
     reads, original = [], blocks.read
-    monkeypatch.setattr(blocks, "read", lambda *args, **kwargs: (reads.append(kwargs.get("ints")),
-                                                                 original(*args, **kwargs))[1])
+    monkeypatch.setattr(blocks, "read", lambda *args, **kwargs: (
+        reads.append((kwargs.get("ints"), kwargs.get("floats"))), original(*args, **kwargs))[1])
     section = report._memory(store)
-    unstepped = tuple(name for name in blocks.INTS if name != "step")  # the page shows no MiB a step
-    assert reads == [unstepped] and 13 in section["leaking_ranks"]  # the verdicts' read alone
+    # no step (the page shows no MiB a step); the five numbers as floats only, RSS also as ints for the curves
+    verdicts = (("id", "rank", "v0"), ("v0", "v1", "v2", "v3", "v4"))
+    assert reads == [verdicts] and 13 in section["leaking_ranks"]  # the verdicts' read alone
     drawn = overview.memory_curves(store, set(section["leaking_ranks"]))
-    assert reads == [unstepped, ("rank", "v0")]
+    assert reads == [verdicts, (("rank", "v0"), None)]
     assert json.dumps([section["curves"], section["band"], section["grouped"]]) == \
         json.dumps([drawn["curves"], drawn["band"], drawn["grouped"]]) and drawn["band"]
 

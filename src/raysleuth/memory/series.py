@@ -31,7 +31,7 @@ class _Series:
     rows under two ranks): :meth:`ordered` puts them in (time, id) order, as a time-ordered read.
     """
 
-    __slots__ = ("chunks", "rank", "last", "identity", "_newest", "_rank_at", "_in_order")
+    __slots__ = ("chunks", "rank", "last", "identity", "inexact", "_newest", "_rank_at", "_in_order")
 
     def __init__(self) -> None:
         self.chunks: list[tuple] = []
@@ -41,6 +41,8 @@ class _Series:
         """``_IDENTITY`` of the newest row (filled in after the read)."""
         self._newest = self._rank_at = (float("-inf"), -1)
         self._in_order = True
+        self.inexact = False
+        """Whether ``last``'s numbers came from floats past 2**53 (:meth:`add_block`): :func:`exact_last` then."""
 
     def add(self, rows: Sequence[tuple]) -> None:
         """Rows of ``_COLUMNS + _FIELDS``, in (rank, time, id) order."""
@@ -52,7 +54,7 @@ class _Series:
         if first < self._newest:
             self._in_order = False
         if newest > self._newest:
-            self._newest, self.last = newest, rows[-1]
+            self._newest, self.last, self.inexact = newest, rows[-1], False
         ranked = [k for k in range(len(rows)) if rows[k][2] is not None]
         if ranked and (float(times[ranked[-1]]), int(ids[ranked[-1]])) >= self._rank_at:
             self.rank, self._rank_at = rows[ranked[-1]][2], (float(times[ranked[-1]]), int(ids[ranked[-1]]))
@@ -63,15 +65,17 @@ class _Series:
 
     def add_block(self, times, ints, key_row: tuple, numbers, stepped: bool = True) -> None:
         """Samples of one sender and source from the blocks (:func:`raysleuth.recorder.blocks.read`: times, then
-        ids, ranks, steps and the five numbers as int64 with :data:`~raysleuth.recorder.blocks.NULL`, and
-        ``numbers``: the steps and five numbers as float64, NaN for null), read as :meth:`add` reads their rows.
-        ``key_row``: the row's identity places (``_COLUMNS + _FIELDS`` up to the numbers). ``stepped=False``: no
-        steps in ``ints`` and ``numbers`` (a reader that shows none: every step reads as None). The columns are
-        kept as given (views of the reader's arrays, not copies)."""
+        ids, ranks and steps as int64 with :data:`~raysleuth.recorder.blocks.NULL`, and ``numbers``: the steps and
+        the five numbers as float64, NaN for null), read as :meth:`add` reads their rows. ``key_row``: the row's
+        identity places (``_COLUMNS + _FIELDS`` up to the numbers). ``stepped=False``: no steps in ``ints`` and
+        ``numbers`` (a reader that shows none: every step reads as None). The columns are kept as given (views of
+        the reader's arrays, not copies). The newest sample's numbers are its floats' (exact up to 2**53; past
+        that, ``inexact``: its row's own are read then)."""
         import numpy as np
 
         ids, ranks = ints[0], ints[1]
-        numbers_at = 3 if stepped else 2
+        if not stepped:
+            numbers = (np.full(len(times), np.nan), *numbers)
         if len(times) > 1 and bool((np.diff(times) < 0).any()):
             self._in_order = False  # a block is in id order; a clock that went back reads as rows out of order
         if (float(times[0]), int(ids[0])) < self._newest:
@@ -80,27 +84,41 @@ class _Series:
         if (float(times[k]), int(ids[k])) > self._newest:
             self._newest = (float(times[k]), int(ids[k]))
             step = None if not stepped or ints[2, k] == NULL else int(ints[2, k])
+            values = [float(column[k]) for column in numbers[1:]]
+            self.inexact = any(abs(value) >= 2.0**53 for value in values)
             self.last = (float(times[k]), int(ids[k]), None if ranks[k] == NULL else int(ranks[k]), step,
-                         *key_row[4:9], *(None if v == NULL else int(v) for v in ints[numbers_at:, k]))
+                         *key_row[4:9], *(None if value != value else int(value) for value in values))
         low, high = int(ranks.min()), int(ranks.max())
         if high != NULL:  # as :meth:`add`: the last ranked row in (rank, time, id) order
             j = _last(times, ids, None if low == high else np.flatnonzero(ranks == high))
             if (float(times[j]), int(ids[j])) >= self._rank_at:
                 self.rank, self._rank_at = high, (float(times[j]), int(ids[j]))
-        if not stepped:
-            numbers = (np.full(len(times), np.nan), *numbers)
         self.chunks.append((times, ids, *numbers))
 
     def ordered(self) -> tuple:
-        """(times, steps, {metric: values}) in (time, id) order."""
+        """(times, steps, {metric: values}) in (time, id) order, each a contiguous array (a block's columns are
+        strided views of the reader's rows: the leak test's many passes over each would cost a third more)."""
         import numpy as np
 
-        joined = list(self.chunks[0]) if len(self.chunks) == 1 else [np.concatenate(parts) for parts in
-                                                                       zip(*self.chunks)]
+        joined = [np.ascontiguousarray(column) for column in self.chunks[0]] if len(self.chunks) == 1 else \
+            [np.concatenate(parts) for parts in zip(*self.chunks)]
         if not self._in_order:
             order = np.lexsort((joined[1], joined[0]))
             joined = [column[order] for column in joined]
         return joined[0], joined[2], dict(zip(METRICS, joined[3:]))
+
+
+def exact_last(store, chosen: Sequence[_Series]) -> None:
+    """The newest sample's numbers, from its row, of each series whose floats could not hold them (``inexact``:
+    past 2**53; the rows a pass sealed stay as they were written, ``v0``-``v4`` the :data:`METRICS`)."""
+    inexact = {series.last[1]: series for series in chosen if series.inexact}
+    ids = list(inexact)
+    for start in range(0, len(ids), 5000):
+        some = ids[start:start + 5000]
+        for row in store._db.execute(f"SELECT id, v0, v1, v2, v3, v4 FROM entries WHERE id IN "
+                                     f"({','.join('?' * len(some))})", some):
+            series = inexact[row[0]]
+            series.last, series.inexact = series.last[:9] + tuple(row[1:]), False
 
 
 def _last(times, ids, among=None) -> int:

@@ -26,7 +26,7 @@ from typing import Any
 
 from raysleuth import evidence
 from raysleuth.cluster import own
-from raysleuth.memory.series import METRICS, _as_int, _Series, _thin_array, sparkline
+from raysleuth.memory.series import METRICS, _as_int, _Series, _thin_array, exact_last, sparkline
 from raysleuth.memory.trend import LeakPolicy, detect_leak, leaks
 from raysleuth.recorder import blocks, reading
 from raysleuth.recorder.reading import bulk
@@ -181,17 +181,16 @@ def memory_report(store, *, rank: int | list[int] | None = None, since: float | 
                   on_block: Callable[[int, Any, Any, Any], None] | None = None) -> MemoryReport:
     """Per-worker memory of a run (``store``: an open :class:`EvidenceStore`), sorted by rank.
 
-    ``rank``, ``since`` (a Unix time) and ``job`` (a Ray job id) narrow the samples judged. The samples are
-    read field by field in SQL, rank by rank (one rank's rows lie together in the file), a batch at a time,
-    and kept as float columns (about 70 bytes a sample), never as records. ``per_step=False``: no line in
-    steps (``slope_bytes_per_step`` None; a reader that shows none of it, the table of ``raysleuth memory``:
-    one Theil-Sen fit less a worker, the same verdicts). ``fit_quiet``: at most this many workers that do not
-    leak get their evidence lines (slope, R², tau), those whose memory grew most; the others' are None (their
-    verdicts and reasons are the same), past ``fit_past`` workers (default: ``fit_quiet``); the growth orders
-    them, then the rank order of the report. The lines are most of the cost: the report of a thousand workers
-    lists the leaks and the few that grew most (None: every worker's lines). ``on_block``: called with each sender's
-    samples in the blocks (sender, times, ranks, RSS; before ``rank``, ``since`` narrow them), for another reader
-    of the same blocks (the report's curves: :class:`~raysleuth.recorder.blocks.RssRuns`).
+    ``rank``, ``since`` (a Unix time) and ``job`` (a Ray job id) narrow the samples judged: those of the blocks read
+    as float columns, the rest field by field in SQL, a batch at a time, never as records. ``per_step=False``: no
+    line in steps (``slope_bytes_per_step`` None; a reader that shows none of it, the table of ``raysleuth memory``:
+    one Theil-Sen fit less a worker, the same verdicts). ``fit_quiet``: at most this many workers that do not leak
+    get their evidence lines (slope, R², tau), those whose memory grew most; the others' are None (their verdicts
+    and reasons are the same), past ``fit_past`` workers (default: ``fit_quiet``); the growth orders them, then the
+    rank order of the report. The lines are most of the cost: the report of a thousand workers lists the leaks and
+    the few that grew most (None: every worker's lines). ``on_block``: called with each sender's samples in the
+    blocks (sender, times, ranks, RSS; before ``rank``, ``since`` narrow them), for another reader of the same
+    blocks (the report's curves: :class:`~raysleuth.recorder.blocks.RssRuns`).
     """
     groups: dict[tuple[Any, Any], dict[str, _Series]] = {}
     batch: list[tuple] = []
@@ -227,6 +226,7 @@ def memory_report(store, *, rank: int | list[int] | None = None, since: float | 
             take()
     chosen = [max(by_source.values(), key=lambda s: sum(len(c[0]) for c in s.chunks))  # the denser source
               for by_source in groups.values()]
+    exact_last(store, chosen)
     if senders is None:
         newest = [series.last[1] for series in chosen]
         identities = {row[0]: row[1:] for start in range(0, len(newest), 5000)
@@ -264,11 +264,11 @@ def _take_blocks(store, high: int, groups: dict, worker_key, *, rank, since, job
 
     jobs = None if job is None else reading._listed(job)
     ranks = None if rank is None else np.array([rank] if isinstance(rank, int) else list(rank), dtype=np.int64)
-    columns = blocks.INTS if stepped else tuple(name for name in blocks.INTS if name != "step")
-    for sender, source, times, ints, numbers in blocks.read(store, high, job=jobs, ints=columns, floats=columns[2:],
-                                                            ranks=ranks):
+    steps, rss = ("step",) if stepped else (), ("v0",) if on_block is not None else ()  # RSS's ints: the curves
+    for sender, source, times, ints, numbers in blocks.read(store, high, job=jobs, ints=("id", "rank", *steps, *rss),
+                                                            floats=(*steps, *blocks.INTS[3:]), ranks=ranks):
         if on_block is not None:
-            on_block(sender, times, ints[1], ints[columns.index("v0")])
+            on_block(sender, times, ints[1], ints[-1])
         keep = None if ranks is None else np.isin(ints[1], ranks)
         if since is not None:
             keep = times >= since if keep is None else keep & (times >= since)

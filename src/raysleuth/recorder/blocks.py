@@ -263,21 +263,21 @@ def rss_bucket_columns(store, width: float, *, start: float, runs: RssRuns | Non
 def read(store, high: int, *, job: list[str] | None = None, ints: tuple[str, ...] = INTS,
          floats: tuple[str, ...] = (), ranks: Any = None) -> Iterator[tuple]:
     """Each sender's and source's samples in the blocks of the passes up to ``high``, in pass and id order, by
-    sender and source: (sender, source, times as float64, the :data:`INTS` as an 8×n int64 array; views of one
-    array, kept alive by any of them a caller keeps). ``job``: only the senders of these Ray jobs; ``ints``: only
-    these of the :data:`INTS`, in this order (a block of schema 9 or later decodes no other); ``floats``: these of
-    ``ints`` also as float64 (:data:`NULL`: NaN), made for every sender at once, a fifth item (a float column a
-    worker would be a thousand small arrays to fault in); ``ranks`` (an int64 array): of a block of every sender,
-    only the runs of a sender and source that hold one of these ranks (``memory --rank 7`` then joins one
-    worker's samples, not every worker's; the caller still picks the samples). A pass of schema 10 holds one block
-    of every sender (:data:`PASS_COLUMNS`); an older one, a block a sender and source.
+    sender and source: (sender, source, times as float64, the ``ints`` as a (len(ints), n) int64 array; strided
+    views of one array, a row a sample, kept alive by any of them a caller keeps). ``job``: only the senders of
+    these Ray jobs; ``ints``: these of the :data:`INTS`, in this order (a block of schema 9 or later decodes no
+    other); ``floats``: these of the :data:`INTS` as float64 (:data:`NULL`: NaN), a fifth item, made as each block
+    is decoded (a column not in ``ints`` is never kept as ints: the memory reader's five numbers); ``ranks`` (an
+    int64 array): of a block of every sender, only the runs of a sender and source that hold one of these ranks
+    (``memory --rank 7`` then joins one worker's samples, not every worker's; the caller still picks the samples). A
+    pass of schema 10 holds one block of every sender (:data:`PASS_COLUMNS`); an older one, a block a sender and
+    source.
 
     A worker's samples lie in a piece of every pass (a full-mode hour of a thousand ranks: 110 passes, 110,000
     pieces): the pieces are not joined one by one, but every block's runs placed first (sender and source columns
     only), then each block decoded once and put in its place in one array."""
     import numpy as np
 
-    wanted = tuple(INTS.index(name) for name in ints)
     allowed = None if job is None else {sender for (sender,) in store._db.execute(
         f"SELECT id FROM senders WHERE job_id IN ({','.join('?' * len(job))})", job)}
     found: list[tuple] = []  # (body, n, layout): the blocks in pass order
@@ -294,19 +294,16 @@ def read(store, high: int, *, job: list[str] | None = None, ints: tuple[str, ...
             runs.append(_pass_runs(body, n, sources, allowed, ranks))
     if not found:
         return
-    keys, joined, ends = _join(found, runs, wanted)
-    numbers = np.empty((len(floats), joined.shape[1]))
-    for place, name in enumerate(floats):
-        column = joined[1 + ints.index(name)]
-        numbers[place] = column
-        if len(column) and column.min() == NULL:  # NULL is the least int64
-            numbers[place, column == NULL] = np.nan
+    keys, joined, ends = _join(found, runs, tuple(INTS.index(name) for name in ints),
+                               tuple(INTS.index(name) for name in floats))
+    cut = 1 + len(ints)
     for at, (sender, source) in enumerate(keys):
         a, b = (ends[at - 1] if at else 0), ends[at]  # every key has a run: none is empty
         if floats:
-            yield sender, source, joined[0, a:b].view(np.float64), joined[1:, a:b], numbers[:, a:b]
+            yield (sender, source, joined[a:b, 0].view(np.float64), joined[a:b, 1:cut].T,
+                   joined[a:b, cut:].view(np.float64).T)
         else:
-            yield sender, source, joined[0, a:b].view(np.float64), joined[1:, a:b]
+            yield sender, source, joined[a:b, 0].view(np.float64), joined[a:b, 1:].T
 
 
 def _pass_runs(body: bytes, n: int, sources: str, allowed: set | None, ranks: Any) -> tuple:
@@ -328,10 +325,12 @@ def _pass_runs(body: bytes, n: int, sources: str, allowed: set | None, ranks: An
     return senders[starts].tolist(), [names[code] for code in codes[starts].tolist()], starts, lengths
 
 
-def _join(found: list[tuple], runs: list[tuple], wanted: tuple[int, ...]) -> tuple:
-    """(keys: every (sender, source) in order, the joined (1 + len(wanted), n) int64 array: times' bits, then the
-    wanted ints, each key's samples in block order, each key's end in it) of ``found`` blocks (body, n, of every
-    sender) and their ``runs``: every run placed first, then each block decoded once and put in its place."""
+def _join(found: list[tuple], runs: list[tuple], wanted: tuple[int, ...], floated: tuple[int, ...] = ()) -> tuple:
+    """(keys: every (sender, source) in order, the joined (n, 1 + len(wanted) + len(floated)) int64 array: a row a
+    sample, the times' bits, the ``wanted`` ints, then the ``floated`` ones as float64 bits (NaN for :data:`NULL`),
+    each key's samples in block order, each key's end in it) of ``found`` blocks (body, n, of every sender) and
+    their ``runs``: every run placed first, then each block decoded once, its rows made, and put in their places
+    (a sample's row moves as one: a column at a time would place each value apart, at twice the cost)."""
     import numpy as np
 
     keys = sorted({(sender, source) for senders, sources, _, _ in runs for sender, source in zip(senders, sources)},
@@ -344,18 +343,26 @@ def _join(found: list[tuple], runs: list[tuple], wanted: tuple[int, ...]) -> tup
     order = np.lexsort((block_of, key_of))  # the runs in key, then block order
     places = np.empty(len(order), dtype=np.int64)  # where each run begins in the joined array
     places[order] = np.concatenate(([0], np.cumsum(lengths[order])[:-1]))
-    joined = np.empty((1 + len(wanted), int(lengths.sum())), dtype=np.int64)
+    ints = 1 + len(wanted)
+    joined = np.empty((int(lengths.sum()), ints + len(floated)), dtype=np.int64)
+    decoded = (*wanted, *(at for at in floated if at not in wanted))  # each column decoded once
+    made = [1 + decoded.index(at) for at in floated]
     first = 0
     for (body, n, every), (_, _, starts, length) in zip(found, runs):
-        columns = deltas.decode(body, len(PASS_COLUMNS), n, (0, *(1 + at for at in wanted))) if every else \
-            _old_block(body, n, wanted)
+        columns = deltas.decode(body, len(PASS_COLUMNS), n, (0, *(1 + at for at in decoded))) if every else \
+            _old_block(body, n, decoded)
         here, size = places[first:first + len(starts)], int(length.sum())
         if size < n:  # some runs only: theirs
             columns = columns[:, np.repeat(starts - np.cumsum(length) + length, length) + np.arange(size)]
-        if len(found) == 1 and size == n:
-            joined = columns  # one block: in key order already
-        else:
-            joined[:, np.repeat(here - np.cumsum(length) + length, length) + np.arange(size)] = columns
+        rows = joined if len(found) == 1 and size == n else np.empty((size, joined.shape[1]), dtype=np.int64)
+        rows[:, :ints] = columns[:ints].T
+        if floated:
+            numbers, values = rows[:, ints:].view(np.float64), columns[made]
+            numbers[:] = values.T
+            if values.size and values.min() == NULL:  # NULL is the least int64
+                numbers[(values == NULL).T] = np.nan
+        if rows is not joined:
+            joined[np.repeat(here - np.cumsum(length) + length, length) + np.arange(size)] = rows
         first += len(starts)
     ends = np.cumsum(np.bincount(key_of, weights=lengths, minlength=len(keys)).astype(np.int64)).tolist()
     return keys, joined, ends
