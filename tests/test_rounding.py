@@ -1,11 +1,14 @@
-"""``report.rounding.python_round``: Python's own ``round(x, digits)`` of a column, bit for bit."""
+"""``report.rounding``: Python's own ``round(x, digits)`` of a column, and ``round(fsum(column) / n, digits)`` of
+every column of a table, bit for bit."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
 
-from raysleuth.report.rounding import python_round
+from raysleuth.report.rounding import mean_rounded, python_round
 
 
 def _bits(values) -> list[int]:
@@ -29,3 +32,19 @@ def test_numpys_own_round_is_not_the_same():
     python = [round(float(x), 3) for x in column]
     assert _bits(np.round(column, 3)) != _bits(python)
     assert _bits(python_round(column, 3)) == _bits(python)
+
+
+@pytest.mark.parametrize("digits", [0, 2, 4])
+def test_every_mean_is_the_one_fsum_gives(digits):
+    """Columns whose sums numpy's order gets wrong (cancelling, far apart in size), means on a half of the last
+    digit, and plain ones: each rounded mean is ``fsum``'s."""
+    rng = np.random.default_rng(digits)
+    tables = [rng.random((1200, 300)), rng.standard_normal((40, 200)) * 1e12,
+              np.concatenate([rng.random((50, 100)) * 1e16, -rng.random((50, 100)) * 1e16, rng.random((3, 100))]),
+              np.full((8, 50), 0.5 / 10.0**digits) + np.arange(50) / 10.0**digits,  # every mean a tie
+              rng.integers(0, 3, (7, 400)) * (0.5 / 10.0**digits), np.array([[1e308, 1e308], [-1e308, 1e307]])]  # a bound past a float: fsum
+    for table in tables:
+        expected = [round(math.fsum(table[:, at].tolist()) / len(table), digits) for at in range(table.shape[1])]
+        assert _bits(mean_rounded(table, digits)) == _bits(expected)
+    naive = rng.random((1200, 300)).round(digits + 1) + 0.5 / 10.0**(digits + 1)
+    assert mean_rounded(naive, digits) == [round(math.fsum(c) / 1200, digits) for c in naive.T.tolist()]

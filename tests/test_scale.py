@@ -351,6 +351,21 @@ def test_the_reports_collectives_are_read_as_the_command_reads_them(run):
     assert [culprit["rank"] for culprit in section["culprits"]] == [7]
 
 
+def test_the_spans_one_key_sort_is_the_four_keys():
+    """``totals._key_order``: one stable sort of (step, rank, phase) where the ids rise, the four keys' otherwise (ids
+    out of order, keys past an int64): the same order either way, ties in id order."""
+    from raysleuth.recorder.totals import _key_order
+
+    rng = np.random.default_rng(3)
+    for steps, ranks, shuffle in ((50, 40, False), (50, 40, True), (2**40, 2**30, False), (3, 1, False)):
+        n = 5000
+        columns = (rng.integers(-steps // 2, steps, n), rng.integers(0, ranks, n), rng.integers(0, 4, n))
+        ids = np.arange(n) * 3 + 10
+        if shuffle:
+            ids = rng.permutation(ids)
+        assert (_key_order(*columns, ids, 4) == np.lexsort((ids, *reversed(columns)))).all(), (steps, shuffle)
+
+
 def test_the_reports_step_section_reads_sqls_totals_in_columns(run):
     """SQL's per-step totals take the numpy path; the section and its band are the rows' and ``_band``'s."""
     from scale_reference import old_span_section
@@ -391,6 +406,8 @@ def test_the_step_band_in_numpy_is_the_bands_every_step_or_some(ranks):
                   for k, column in enumerate(columns)}
         expected = overview._band(series)
         assert overview._step_band(steps, columns) == expected
+        table = np.array([[np.nan if value is None else value for value in column] for column in columns])
+        assert overview._step_band(steps, [], table) == expected  # the section's own (steps, ranks) array, turned
 
 def test_the_step_section_in_numpy_is_the_rows_dense_or_sparse():
     """Every rank in every step (the stragglers of all steps at once) and some (step by step): the rows' section."""
@@ -398,18 +415,21 @@ def test_the_step_section_in_numpy_is_the_rows_dense_or_sparse():
 
     from raysleuth.recorder.totals import totals_arrays
     from raysleuth.report import sections
+    from raysleuth.report.step_arrays import _places, span_table
 
     rng = np.random.default_rng(5)
     for missing in (0.0, 0.05):
         totals = [(step, rank, phase, float(rng.gamma(2.0) * (3.0 if (rank, phase) == (4, "fwd") else 1.0)))
                   for step in range(60) for rank in range(12) for phase in ("bwd", "fwd", "ray.call:x")
-                  if rng.random() >= missing]
+                  if rng.random() >= missing and not (missing and (step, rank) == (7, 3))]  # a step rank 3 lacks
         expected = json.dumps(old_span_section(totals), sort_keys=True)
         section = sections.span_arrays(*totals_arrays(*zip(*totals)))
         assert section is not None and json.dumps(section, sort_keys=True) == expected, missing
         assert len(section["stragglers"]) > 10, len(section["stragglers"])
-    from raysleuth.report.step_arrays import _places
-
+        _, table = span_table(*totals_arrays(*zip(*totals)))  # the band's: the section's totals, NaN for none
+        assert {rank: [None if value != value else value for value in column]
+                for rank, column in zip(section["ranks"], table.T.tolist())} == section["totals"]
+        assert bool(np.isnan(table).any()) == bool(missing)
     for values in (rng.integers(-5, 40, 500), rng.integers(0, 2**40, 500), np.array([7] * 3)):  # a table, sorts
         distinct, places = _places(values, np)
         assert distinct.tolist() == np.unique(values).tolist() and (distinct[places] == values).all()

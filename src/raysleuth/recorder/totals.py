@@ -120,7 +120,7 @@ def span_columns(store, *, job: Iterable[str] | None = None) -> tuple | None:
         phase_of = np.concatenate((held[sealed.codes], loose[phase_of]))
         values, id_of = np.concatenate((sealed.seconds, values)), np.concatenate((sealed.ids, id_of))
         seconds = _Seconds(sealed.seconds, read)
-    order = np.lexsort((id_of, phase_of, rank_of, step_of))  # a key's spans in id order
+    order = _key_order(step_of, rank_of, phase_of, id_of, len(ordered))  # a key's spans in id order
     step_of, rank_of, phase_of = step_of[order], rank_of[order], phase_of[order]
     first = np.flatnonzero(np.concatenate(([True], (np.diff(step_of) != 0) | (np.diff(rank_of) != 0)
                                            | (np.diff(phase_of) != 0))))
@@ -138,6 +138,19 @@ def span_columns(store, *, job: Iterable[str] | None = None) -> tuple | None:
     if not np.isfinite(totals).all():
         return None
     return step_of[first], rank_of[first], phase_of[first], ordered, totals
+
+
+def _key_order(step_of, rank_of, phase_of, id_of, phases: int):
+    """``np.lexsort((id_of, phase_of, rank_of, step_of))``: where the ids rise as given and (step, rank, phase) fit
+    one int64, a stable sort of that one key (a third of the four keys' time), else the four."""
+    import numpy as np
+
+    if len(id_of) > 1 and bool((np.diff(id_of) > 0).all()):
+        low_step, low_rank = int(step_of.min()), int(rank_of.min())
+        steps, ranks = int(step_of.max()) - low_step + 1, int(rank_of.max()) - low_rank + 1
+        if steps * ranks * max(phases, 1) < 2**62:
+            return np.argsort(((step_of - low_step) * ranks + (rank_of - low_rank)) * phases + phase_of, kind="stable")
+    return np.lexsort((id_of, phase_of, rank_of, step_of))
 
 
 def _merged_names(first: list[str], second: list[str]) -> tuple[list[str], tuple]:

@@ -22,6 +22,7 @@ from raysleuth.recorder.reading import buckets
 from raysleuth.recorder.totals import span_columns, span_rows, span_totals
 from raysleuth.report import sections
 from raysleuth.report.rounding import python_round
+from raysleuth.report.step_arrays import span_table
 
 __all__ = ["ALONE", "memory_curves", "span_overview"]
 
@@ -42,28 +43,32 @@ def _band(series: dict[Any, dict[Any, float]]) -> dict[str, Any]:
             "high": [max(by_x[x]) for x in xs], "count": len(series)}
 
 
-def _step_band(steps: list, columns: list[list[float | None]]) -> dict[str, Any] | None:
+def _step_band(steps: list, columns: list[list[float | None]], table: Any = None) -> dict[str, Any] | None:
     """:func:`_band` of step totals (one list per rank, None: no total that step) in numpy; None when a total is
-    NaN (numpy would not tell it from None) or not a number."""
+    NaN (numpy would not tell it from None) or not a number. ``table``: the totals already as a (ranks, steps)
+    float64 array, NaN for no total (``columns`` then unread)."""
     import numpy as np
 
-    try:
-        table = np.array(columns, dtype=np.float64).reshape(len(columns), len(steps))
-    except (TypeError, ValueError):
-        return None
-    missing = np.isnan(table)
+    if table is None:
+        try:
+            table = np.array(columns, dtype=np.float64).reshape(len(columns), len(steps))
+        except (TypeError, ValueError):
+            return None
+        missing = np.isnan(table)
+        if missing.any() and int(missing.sum()) != sum(column.count(None) for column in columns):
+            return None
+    else:
+        missing = np.isnan(table)
     if not missing.any():  # every rank has a total every step (None would be NaN): numpy's own, not its nan* loops
         return {"x": list(steps), "low": table.min(axis=0).tolist(),
                 "median": [round(value, 4) for value in np.median(table, axis=0).tolist()],
-                "high": table.max(axis=0).tolist(), "count": len(columns)}
-    if int(missing.sum()) != sum(column.count(None) for column in columns):
-        return None
+                "high": table.max(axis=0).tolist(), "count": len(table)}
     seen = np.flatnonzero(~missing.all(axis=0))
     table = table[:, seen]
     return {"x": [steps[column] for column in seen.tolist()],
             "low": np.nanmin(table, axis=0).tolist(),
             "median": [round(value, 4) for value in np.nanmedian(table, axis=0).tolist()],
-            "high": np.nanmax(table, axis=0).tolist(), "count": len(columns)}
+            "high": np.nanmax(table, axis=0).tolist(), "count": len(table)}
 
 
 def curve_frame(store) -> tuple[float, float] | None:
@@ -180,7 +185,7 @@ def span_overview(store) -> dict[str, Any]:
     """:func:`sections.span_section` of the per-step totals (:func:`~raysleuth.recorder.totals.span_columns`
     summed in numpy, else in SQL), with a band when there are many ranks."""
     columns = span_columns(store)
-    section = sections.span_arrays(*columns) if columns is not None else None
+    section, table = span_table(*columns) if columns is not None else (None, None)
     if section is None:
         section = sections.span_section(span_rows(columns) if columns is not None else span_totals(store))
     section["band"], section["alone"], section["grouped"] = None, section["ranks"], ""
@@ -188,7 +193,9 @@ def span_overview(store) -> dict[str, Any]:
         return section
     alone = sorted({straggler["rank"] for straggler in section["stragglers"]})[:ALONE]
     others = [rank for rank in section["ranks"] if rank not in alone]
-    band = _step_band(section["steps"], [section["totals"][rank] for rank in others])
+    kept = None if table is None else [at for at, rank in enumerate(section["ranks"]) if rank not in alone]
+    band = _step_band(section["steps"], [section["totals"][rank] for rank in others] if table is None else [],
+                      None if table is None else table[:, kept].T)
     if band is None:
         band = _band({rank: {step: value for step, value in zip(section["steps"], section["totals"][rank])
                              if value is not None} for rank in others})

@@ -5,30 +5,36 @@ from __future__ import annotations
 
 from typing import Any
 
-from raysleuth.report.rounding import python_round
+from raysleuth.report.rounding import mean_rounded, python_round
 from raysleuth.timeline.summary import STRAGGLER_RATIO
 
-__all__ = ["span_arrays"]
+__all__ = ["span_arrays", "span_table"]
 
 
 def span_arrays(step_of, rank_of, phase_of, ordered: list[str], values) -> dict[str, Any] | None:
     """:func:`span_section` of totals as numpy columns (``totals.span_columns``: int64 steps, ranks and codes into
     the sorted phase names ``ordered``, float64 seconds), or None when they are not SQL's shape (a key not above
     the one before, a value not finite, a table too sparse): then the rows' path, on the same totals as tuples."""
+    return span_table(step_of, rank_of, phase_of, ordered, values)[0]
+
+
+def span_table(step_of, rank_of, phase_of, ordered: list[str], values) -> tuple[dict[str, Any] | None, Any]:
+    """(:func:`span_arrays`' section, its step totals as a (steps, ranks) float64 array, rounded as the section's,
+    NaN for no total: the report's band reads them so; (None, None) where :func:`span_arrays` gives None)."""
     import math
 
     import numpy as np
 
     if not len(values) or not np.isfinite(values).all():
-        return None
+        return None, None
     step_step, rank_step, phase_step = np.diff(step_of), np.diff(rank_of), np.diff(phase_of)
     if not ((step_step > 0) | ((step_step == 0) & ((rank_step > 0) | ((rank_step == 0) & (phase_step > 0))))).all():
-        return None
+        return None, None
     first_of_step = np.concatenate(([True], step_step != 0))  # the steps come in order: each one's first row
     step_list, s = step_of[first_of_step], np.cumsum(first_of_step) - 1
     rank_list, r = _places(rank_of, np)
     if len(step_list) * len(rank_list) * len(ordered) > 8 * len(values) + 4096:
-        return None  # sparse (ranks counting steps of their own): a dense table would not fit; the rows' dicts do
+        return None, None  # sparse (ranks counting steps of their own): a dense table would not fit; the rows' dicts do
     cube = np.zeros((len(step_list), len(rank_list), len(ordered)))
     cube[s, r, phase_of] += values  # 0.0 + x, as the rows' loop adds: -0.0 becomes 0.0
     present = np.zeros((len(step_list), len(rank_list)), dtype=bool)
@@ -41,12 +47,11 @@ def span_arrays(step_of, rank_of, phase_of, ordered: list[str], values) -> dict[
     step_totals: dict[Any, list[float | None]] = {}
     mean_phase: dict[Any, dict[str, float]] = {}
     dense = bool(present.all())
-    if dense:  # every rank in every step: each rank's row of totals, and of each phase, in one call
-        by_rank, by_phase = totals.T.tolist(), [cube[:, :, phase].T.tolist() for phase in range(len(ordered))]
+    if dense:  # every rank in every step: each rank's row of totals, and its means of each phase, in one call
+        by_rank, means = totals.T.tolist(), [mean_rounded(cube[:, :, phase], 4) for phase in range(len(ordered))]
         for column, rank in enumerate(ranks_out):
             step_totals[rank] = by_rank[column]
-            mean_phase[rank] = {name: round(math.fsum(by_phase[phase][column]) / len(steps_out), 4)
-                                for phase, name in enumerate(ordered)}
+            mean_phase[rank] = {name: means[phase][column] for phase, name in enumerate(ordered)}
     for column, rank in enumerate(ranks_out if not dense else ()):
         seen = present[:, column]
         rounded = totals[:, column].tolist()  # rounded as round(value, 4), all at once
@@ -78,8 +83,10 @@ def span_arrays(step_of, rank_of, phase_of, ordered: list[str], values) -> dict[
         for column in np.flatnonzero(ratios >= STRAGGLER_RATIO).tolist():
             _straggler(stragglers, step, int(seen_ranks[slowest[column]]), ordered[judged[column]], highest[column],
                        medians[column], ratios[column], step_totals, row)
-    return {"steps": steps_out, "ranks": ranks_out, "phases": ordered, "totals": step_totals,
-            "mean_phase": mean_phase, "stragglers": stragglers}
+    if not dense:
+        totals[~present] = np.nan
+    return ({"steps": steps_out, "ranks": ranks_out, "phases": ordered, "totals": step_totals,
+             "mean_phase": mean_phase, "stragglers": stragglers}, totals)
 
 
 def _places(values, np) -> tuple:
