@@ -144,6 +144,23 @@ def test_numbers_past_what_a_float_holds_are_told_exactly(tmp_path, monkeypatch)
     reader.close()
 
 
+def test_a_clock_set_back_within_a_block_reads_as_the_rows_do(tmp_path, monkeypatch):
+    """A worker whose clock went back (its later samples, by id, earlier in time) inside one pass: its block's
+    samples are put in (time, id) order, as the rows' reader puts its rows."""
+    monkeypatch.setattr(blocks, "PASS_ROWS", 30)
+    writer = EvidenceStore(tmp_path / "evidence.sqlite")
+    for n in range(0, 40, 4):
+        writer.write_batch(_header(1), [("memory", START + 5 * k - (600 if k >= 22 else 0), 1, k, None, None, None,
+                                         _sample(1, k if k < 22 else 80 - k, leak=True), k) for k in range(n, n + 4)])
+    writer.close()
+    reader = EvidenceStore(tmp_path / "evidence.sqlite", readonly=True)
+    assert reader._db.execute("SELECT count(*) FROM memory_pass_blocks").fetchone()[0] >= 1
+    sealed = memory_report(reader).to_dict()
+    assert sealed == _rows_only(monkeypatch, lambda: memory_report(reader).to_dict())
+    assert sealed["workers"][0]["series"] != sorted(sealed["workers"][0]["series"])  # the set-back samples first
+    reader.close()
+
+
 def test_a_pass_and_the_readers_find_the_rows_past_the_passes_by_their_ids(store):
     """The rows a pass seals, and those the readers of the blocks still read one by one, are found by id: SQLite
     would otherwise walk the index of every memory row the run holds (a pass's cost growing with the run)."""

@@ -49,6 +49,13 @@ def test_first_values_and_steps_give_every_value_back_in_the_fewest_bytes():
         back = deltas.decode(body, 5, joined.shape[1], some)
         assert np.array_equal(back, joined if some is None else joined[list(some)])
     assert np.array_equal(deltas.decode(deltas.encode(joined[:, :1], []), 5, 1), joined[:, :1])
+    # the runs' first places and their values, off the breaks, for the columns that change only there (0 and 4)
+    starts, values = deltas.run_starts(body, 5, joined.shape[1], (4, 0))
+    assert starts.tolist() == [0, *breaks] and np.array_equal(values, joined[[4, 0]][:, starts])
+    assert deltas.run_starts(body, 5, joined.shape[1], (1,)) is None  # times step within a run: decoded then
+    assert deltas.run_starts(deltas.encode(mixed), 5, 3600, (0,)) is None  # no breaks
+    one = deltas.run_starts(deltas.encode(mixed, []), 5, 3600, (0, 4))
+    assert one[0].tolist() == [0] and one[1].tolist() == [[7], [-3]]
     with pytest.raises(ValueError):
         deltas.decode(body[:40], 5, joined.shape[1])
     body = deltas.encode(shapes[0])  # a second's time is 2**22 steps (4 bytes), ids 1000 (1: 125 << 3), one rank (0)

@@ -31,7 +31,7 @@ class _Series:
     rows under two ranks): :meth:`ordered` puts them in (time, id) order, as a time-ordered read.
     """
 
-    __slots__ = ("chunks", "rank", "last", "identity", "inexact", "_newest", "_rank_at", "_in_order")
+    __slots__ = ("chunks", "rank", "last", "identity", "inexact", "_newest", "_rank_at", "_in_order", "_unchecked")
 
     def __init__(self) -> None:
         self.chunks: list[tuple] = []
@@ -40,7 +40,7 @@ class _Series:
         self.identity: tuple = (None, None, None)
         """``_IDENTITY`` of the newest row (filled in after the read)."""
         self._newest = self._rank_at = (float("-inf"), -1)
-        self._in_order = True
+        self._in_order, self._unchecked = True, False
         self.inexact = False
         """Whether ``last``'s numbers came from floats past 2**53 (:meth:`add_block`): :func:`exact_last` then."""
 
@@ -76,8 +76,7 @@ class _Series:
         ids, ranks = ints[0], ints[1]
         if not stepped:
             numbers = (np.full(len(times), np.nan), *numbers)
-        if len(times) > 1 and bool((np.diff(times) < 0).any()):
-            self._in_order = False  # a block is in id order; a clock that went back reads as rows out of order
+        self._unchecked = True  # a block is in id order; a clock that went back is found in :meth:`ordered`
         if (float(times[0]), int(ids[0])) < self._newest:
             self._in_order = False
         k = _last(times, ids)
@@ -90,7 +89,7 @@ class _Series:
                          *key_row[4:9], *(None if value != value else int(value) for value in values))
         low, high = int(ranks.min()), int(ranks.max())
         if high != NULL:  # as :meth:`add`: the last ranked row in (rank, time, id) order
-            j = _last(times, ids, None if low == high else np.flatnonzero(ranks == high))
+            j = k if low == high else _last(times, ids, np.flatnonzero(ranks == high))
             if (float(times[j]), int(ids[j])) >= self._rank_at:
                 self.rank, self._rank_at = high, (float(times[j]), int(ids[j]))
         self.chunks.append((times, ids, *numbers))
@@ -102,6 +101,8 @@ class _Series:
 
         joined = [np.ascontiguousarray(column) for column in self.chunks[0]] if len(self.chunks) == 1 else \
             [np.concatenate(parts) for parts in zip(*self.chunks)]
+        if self._unchecked and len(joined[0]) > 1 and bool((np.diff(joined[0]) < 0).any()):
+            self._in_order = False  # a block's times going back (a clock set back: read as rows out of order)
         if not self._in_order:
             order = np.lexsort((joined[1], joined[0]))
             joined = [column[order] for column in joined]
@@ -170,6 +171,12 @@ def _thin(values: list[float], width: int = 60) -> list[float]:
     return [values[at] for at in _evenly(len(values), width)]
 
 
-def _thin_array(values, width: int = 60) -> list[float]:
-    """:func:`_thin` of a numpy column: the same values, taken before they become Python floats."""
-    return (values if len(values) <= width else values[_evenly(len(values), width)]).tolist()
+def _thin_array(values, width: int = 60) -> list:
+    """``[_as_int(v) for v in _thin(values, width)]`` of a numpy column: thinned before the values become Python
+    numbers, and made ints in one call when every one is a whole number an int64 holds (bytes, as stored)."""
+    import numpy as np
+
+    kept = values if len(values) <= width else values[_evenly(len(values), width)]
+    if bool((np.abs(kept) < 2.0**63).all()) and bool((kept == np.floor(kept)).all()):  # NaN fails both
+        return kept.astype(np.int64).tolist()
+    return [_as_int(value) for value in kept.tolist()]

@@ -147,7 +147,7 @@ def _summarise_series(series: _Series, policy: LeakPolicy | None, per_step: bool
     worker.leak, worker.reason, worker.evidence = chosen.leak, chosen.reason, chosen.to_dict()
     worker.status = chosen.status
     worker.slope_bytes_per_s, worker.slope_bytes_per_step = chosen.slope_bytes_per_s, chosen.slope_bytes_per_step
-    worker.series = [_as_int(v) for v in _thin_array(present[chosen.metric])]
+    worker.series = _thin_array(present[chosen.metric])
     return worker
 
 

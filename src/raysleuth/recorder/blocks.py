@@ -312,17 +312,22 @@ def _pass_runs(body: bytes, n: int, sources: str, allowed: set | None, ranks: An
     import numpy as np
 
     names = json.loads(sources)
-    columns = (_SENDER, _SOURCE) if ranks is None else (_SENDER, _SOURCE, _RANK)
-    senders, codes, *held = deltas.decode(body, len(PASS_COLUMNS), n, columns)
-    starts = np.flatnonzero(np.concatenate(([True], (np.diff(senders) != 0) | (np.diff(codes) != 0))))
+    found = deltas.run_starts(body, len(PASS_COLUMNS), n, (_SENDER, _SOURCE)) if ranks is None else None
+    if found is not None:  # off the breaks: each run begins at one (the writer's), no column decoded
+        starts, (senders, codes) = found
+    else:
+        columns = (_SENDER, _SOURCE) if ranks is None else (_SENDER, _SOURCE, _RANK)
+        every, every_code, *held = deltas.decode(body, len(PASS_COLUMNS), n, columns)
+        starts = np.flatnonzero(np.concatenate(([True], (np.diff(every) != 0) | (np.diff(every_code) != 0))))
+        senders, codes = every[starts], every_code[starts]
     lengths = np.diff(np.append(starts, n))
-    kept = None if allowed is None else np.isin(senders[starts], np.fromiter(allowed, dtype=np.int64))
+    kept = None if allowed is None else np.isin(senders, np.fromiter(allowed, dtype=np.int64))
     if ranks is not None:  # the rank column read too
         holding = np.add.reduceat(np.isin(held[0], ranks), starts) > 0
         kept = holding if kept is None else kept & holding
     if kept is not None:
-        starts, lengths = starts[kept], lengths[kept]
-    return senders[starts].tolist(), [names[code] for code in codes[starts].tolist()], starts, lengths
+        starts, lengths, senders, codes = starts[kept], lengths[kept], senders[kept], codes[kept]
+    return senders.tolist(), [names[code] for code in codes.tolist()], starts, lengths
 
 
 def _join(found: list[tuple], runs: list[tuple], wanted: tuple[int, ...], floated: tuple[int, ...] = ()) -> tuple:
@@ -346,7 +351,7 @@ def _join(found: list[tuple], runs: list[tuple], wanted: tuple[int, ...], floate
     ints = 1 + len(wanted)
     joined = np.empty((int(lengths.sum()), ints + len(floated)), dtype=np.int64)
     decoded = (*wanted, *(at for at in floated if at not in wanted))  # each column decoded once
-    made = [1 + decoded.index(at) for at in floated]
+    made, whole = [1 + decoded.index(at) for at in floated], np.dtype((np.void, 8 * joined.shape[1]))
     first = 0
     for (body, n, every), (_, _, starts, length) in zip(found, runs):
         columns = deltas.decode(body, len(PASS_COLUMNS), n, (0, *(1 + at for at in decoded))) if every else \
@@ -361,8 +366,9 @@ def _join(found: list[tuple], runs: list[tuple], wanted: tuple[int, ...], floate
             numbers[:] = values.T
             if values.size and values.min() == NULL:  # NULL is the least int64
                 numbers[(values == NULL).T] = np.nan
-        if rows is not joined:
-            joined[np.repeat(here - np.cumsum(length) + length, length) + np.arange(size)] = rows
+        if rows is not joined:  # each row one 8k-byte item: numpy's put copies it whole, not value by value
+            np.put(joined.view(whole).reshape(-1), np.repeat(here - np.cumsum(length) + length, length)
+                   + np.arange(size), rows.view(whole).reshape(-1))
         first += len(starts)
     ends = np.cumsum(np.bincount(key_of, weights=lengths, minlength=len(keys)).astype(np.int64)).tolist()
     return keys, joined, ends

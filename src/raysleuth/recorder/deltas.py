@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["BREAKS", "MARK", "ZLIB", "decode", "encode"]
+__all__ = ["BREAKS", "MARK", "ZLIB", "decode", "encode", "run_starts"]
 
 #: The first byte of a body in this layout (a zlib stream, the layout before, begins with :data:`ZLIB`).
 MARK = 1
@@ -65,9 +65,9 @@ def encode(columns: Any, breaks: Any = None) -> bytes:
     return bytes([mark, *widths, *shifts]) + firsts.tobytes() + head + b"".join(kept) + b"".join(parts)
 
 
-def decode(body: bytes, k: int, n: int, rows: tuple[int, ...] | None = None) -> Any:
-    """The (k, n) int64 array of a body :func:`encode` wrote (a new array, writable); ``rows``: only these columns,
-    in this order (a (len(rows), n) array)."""
+def _layout(body: bytes, k: int, n: int) -> tuple:
+    """(widths, shifts, the breaks' places and each column's steps there (None, None: no breaks), where each
+    column's steps begin) of a body, checked against its length."""
     import numpy as np
 
     if not body or body[0] not in (MARK, BREAKS):
@@ -87,6 +87,36 @@ def decode(body: bytes, k: int, n: int, rows: tuple[int, ...] | None = None) -> 
         starts.append(starts[-1] + width * max(n - 1, 0))
     if starts[-1] != len(body):
         raise ValueError(f"a block of {len(body)} bytes holds {starts[-1]}")
+    return widths, shifts, places, kept, starts
+
+
+def run_starts(body: bytes, k: int, n: int, rows: tuple[int, ...]) -> tuple | None:
+    """Of a body with breaks whose ``rows`` change at its breaks only (no other step: a pass's sender and source):
+    (each run's first place, from 0, as int64; the ``rows``' values there, a (len(rows), runs) array), read off the
+    breaks without a column decoded; None where it cannot say (no breaks, no rows, a row with other steps, places
+    not rising within the block): :func:`decode` those rows then."""
+    import numpy as np
+
+    widths, _, places, kept, _ = _layout(body, k, n)
+    if places is None or not n or any(widths[row] for row in rows):
+        return None
+    at = np.concatenate(([0], places))
+    if len(places) and not (bool((np.diff(at) > 0).all()) and int(at[-1]) < n):
+        return None
+    firsts = np.frombuffer(body, dtype=np.int64, count=k, offset=1 + 2 * k)
+    values = np.empty((len(rows), len(at)), dtype=np.int64)
+    for place, row in enumerate(rows):
+        values[place, 0] = firsts[row]
+        values[place, 1:] = kept[row]
+    return at, np.cumsum(values, axis=1, out=values)  # wraps as decode's sums do
+
+
+def decode(body: bytes, k: int, n: int, rows: tuple[int, ...] | None = None) -> Any:
+    """The (k, n) int64 array of a body :func:`encode` wrote (a new array, writable); ``rows``: only these columns,
+    in this order (a (len(rows), n) array)."""
+    import numpy as np
+
+    widths, shifts, places, kept, starts = _layout(body, k, n)
     wanted = range(k) if rows is None else rows
     out = np.empty((len(wanted), n), dtype=np.int64)
     if not n:
