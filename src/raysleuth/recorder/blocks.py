@@ -351,15 +351,19 @@ def _join(found: list[tuple], runs: list[tuple], wanted: tuple[int, ...], floate
     ints = 1 + len(wanted)
     joined = np.empty((int(lengths.sum()), ints + len(floated)), dtype=np.int64)
     decoded = (*wanted, *(at for at in floated if at not in wanted))  # each column decoded once
-    made, whole = [1 + decoded.index(at) for at in floated], np.dtype((np.void, 8 * joined.shape[1]))
+    made: Any = [1 + decoded.index(at) for at in floated]
+    if made and made == list(range(made[0], made[0] + len(made))):
+        made = slice(made[0], made[0] + len(made))  # the float columns side by side: a view, not a copy
+    whole, most = np.dtype((np.void, 8 * joined.shape[1])), max(n for _, n, _ in found)
+    buffer, block_rows = np.empty((1 + len(decoded), most), dtype=np.int64), np.empty((most, joined.shape[1]), np.int64)
     first = 0
     for (body, n, every), (_, _, starts, length) in zip(found, runs):
-        columns = deltas.decode(body, len(PASS_COLUMNS), n, (0, *(1 + at for at in decoded))) if every else \
-            _old_block(body, n, decoded)
+        columns = deltas.decode(body, len(PASS_COLUMNS), n, (0, *(1 + at for at in decoded)), buffer) if every \
+            else _old_block(body, n, decoded)
         here, size = places[first:first + len(starts)], int(length.sum())
         if size < n:  # some runs only: theirs
             columns = columns[:, np.repeat(starts - np.cumsum(length) + length, length) + np.arange(size)]
-        rows = joined if len(found) == 1 and size == n else np.empty((size, joined.shape[1]), dtype=np.int64)
+        rows = joined if len(found) == 1 and size == n else block_rows[:size]  # reused: nothing new to fault in
         rows[:, :ints] = columns[:ints].T
         if floated:
             numbers, values = rows[:, ints:].view(np.float64), columns[made]

@@ -31,6 +31,7 @@ from typing import Any
 from orjson import loads as _fast_loads
 
 from raysleuth.errors import StoreCorrupt, UsageError
+from raysleuth.recorder.allocator import keep_freed_memory
 from raysleuth.recorder.schema import COPIED, COPY_MARK, LOG_SEVERE, PACKED, VALUE_COLUMNS
 
 __all__ = ["buckets", "bulk", "loads", "table_for", "newest_per_worker", "select", "senders", "tail_records", "tails",
@@ -198,6 +199,8 @@ def one_shot() -> None:
     (the writer, a job, a test calling ``main``) keeps its collector as it is."""
     global _one_shot
     _one_shot = _command_line
+    if _command_line:  # and what it frees is kept for its next arrays (recorder.allocator)
+        keep_freed_memory()
 
 
 @contextlib.contextmanager
