@@ -281,12 +281,13 @@ def read(store, high: int, *, job: list[str] | None = None, ints: tuple[str, ...
     allowed = None if job is None else {sender for (sender,) in store._db.execute(
         f"SELECT id FROM senders WHERE job_id IN ({','.join('?' * len(job))})", job)}
     found: list[tuple] = []  # (body, n, layout): the blocks in pass order
-    runs: list[tuple] = []  # per block: each run's (sender, source, start, length)
+    runs: list[tuple] = []  # per block: its runs' senders, sources (codes into its names), names, starts, lengths
     for sender, source, n, body in store._db.execute(
             "SELECT sender, source, n, body FROM memory_blocks WHERE pass <= ? ORDER BY pass, sender", (high,)):
         if allowed is None or sender in allowed:
             found.append((body, n, False))
-            runs.append(([sender], [source], np.zeros(1, dtype=np.int64), np.full(1, n, dtype=np.int64)))
+            runs.append((np.array([NULL if sender is None else sender]), np.zeros(1, dtype=np.int64), [source],
+                         np.zeros(1, dtype=np.int64), np.full(1, n, dtype=np.int64)))
     if store.schema_version >= 10:
         for n, sources, body in store._db.execute(
                 "SELECT n, sources, body FROM memory_pass_blocks WHERE pass <= ? ORDER BY pass", (high,)):
@@ -307,8 +308,9 @@ def read(store, high: int, *, job: list[str] | None = None, ints: tuple[str, ...
 
 
 def _pass_runs(body: bytes, n: int, sources: str, allowed: set | None, ranks: Any) -> tuple:
-    """A block of every sender's runs of one sender and source: (senders, sources, starts, lengths); only those of
-    the ``allowed`` senders (None: all) that hold one of the ``ranks`` (None: any)."""
+    """A block of every sender's runs of one sender and source: (senders, sources as codes into the block's source
+    names, those names, starts, lengths); only those of the ``allowed`` senders (None: all) that hold one of the
+    ``ranks`` (None: any)."""
     import numpy as np
 
     names = json.loads(sources)
@@ -327,7 +329,7 @@ def _pass_runs(body: bytes, n: int, sources: str, allowed: set | None, ranks: An
         kept = holding if kept is None else kept & holding
     if kept is not None:
         starts, lengths, senders, codes = starts[kept], lengths[kept], senders[kept], codes[kept]
-    return senders.tolist(), [names[code] for code in codes.tolist()], starts, lengths
+    return senders, codes, names, starts, lengths
 
 
 def _join(found: list[tuple], runs: list[tuple], wanted: tuple[int, ...], floated: tuple[int, ...] = ()) -> tuple:
@@ -338,14 +340,20 @@ def _join(found: list[tuple], runs: list[tuple], wanted: tuple[int, ...], floate
     (a sample's row moves as one: a column at a time would place each value apart, at twice the cost)."""
     import numpy as np
 
-    keys = sorted({(sender, source) for senders, sources, _, _ in runs for sender, source in zip(senders, sources)},
-                  key=_block_order)
-    number = {key: at for at, key in enumerate(keys)}
-    key_of = np.concatenate([np.fromiter((number[key] for key in zip(senders, sources)), dtype=np.int64,
-                                         count=len(senders)) for senders, sources, _, _ in runs])
-    block_of = np.repeat(np.arange(len(runs)), [len(starts) for _, _, starts, _ in runs])
-    lengths = np.concatenate([length for _, _, _, length in runs])
-    order = np.lexsort((block_of, key_of))  # the runs in key, then block order
+    names = sorted({name for _, _, listed, _, _ in runs for name in listed}, key=lambda name: (name is not None,
+                                                                                                name or ""))
+    code = {name: at for at, name in enumerate(names)}  # the sources' order: _block_order's
+    senders = np.concatenate([senders for senders, _, _, _, _ in runs])  # NULL (no sender) first, as None
+    codes = np.concatenate([np.array([code[name] for name in listed], dtype=np.int64)[local]
+                            for _, local, listed, _, _ in runs])
+    lengths = np.concatenate([length for _, _, _, _, length in runs])
+    order = np.lexsort((codes, senders))  # the runs in key, then block order (the sort is stable)
+    new = np.concatenate(([True], (np.diff(senders[order]) != 0) | (np.diff(codes[order]) != 0)))[:len(order)]
+    key_of = np.empty(len(order), dtype=np.int64)
+    key_of[order] = np.cumsum(new) - 1
+    firsts = order[new]
+    keys = [(None if sender == NULL else sender, names[source]) for sender, source in
+            zip(senders[firsts].tolist(), codes[firsts].tolist())]
     places = np.empty(len(order), dtype=np.int64)  # where each run begins in the joined array
     places[order] = np.concatenate(([0], np.cumsum(lengths[order])[:-1]))
     ints = 1 + len(wanted)
@@ -357,7 +365,7 @@ def _join(found: list[tuple], runs: list[tuple], wanted: tuple[int, ...], floate
     whole, most = np.dtype((np.void, 8 * joined.shape[1])), max(n for _, n, _ in found)
     buffer, block_rows = np.empty((1 + len(decoded), most), dtype=np.int64), np.empty((most, joined.shape[1]), np.int64)
     first = 0
-    for (body, n, every), (_, _, starts, length) in zip(found, runs):
+    for (body, n, every), (_, _, _, starts, length) in zip(found, runs):
         columns = deltas.decode(body, len(PASS_COLUMNS), n, (0, *(1 + at for at in decoded)), buffer) if every \
             else _old_block(body, n, decoded)
         here, size = places[first:first + len(starts)], int(length.sum())
