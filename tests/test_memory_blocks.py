@@ -65,7 +65,8 @@ def _rows_only(monkeypatch, read):
 
 
 def _same_answers(store: EvidenceStore, monkeypatch) -> None:
-    for options in ({}, {"rank": [3, 5]}, {"rank": 5}, {"since": START + 120}, {"job": "job-b"}, {"job": "job-a"}):
+    for options in ({}, {"rank": [3, 5]}, {"rank": 5}, {"since": START + 120}, {"job": "job-b"}, {"job": "job-a"},
+                    {"per_step": False, "fit_quiet": 2}):  # the report's read: no steps, blocks and rows joined
         sealed = memory_report(store, **options).to_dict()
         assert sealed == _rows_only(monkeypatch, lambda: memory_report(store, **options).to_dict()), options
     width = 17.0

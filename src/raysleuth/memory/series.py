@@ -75,7 +75,7 @@ class _Series:
 
         ids, ranks = ints[0], ints[1]
         if not stepped:
-            numbers = (np.full(len(times), np.nan), *numbers)
+            numbers = (None, *numbers)  # no steps (made NaN only where rows with steps join them)
         self._unchecked = True  # a block is in id order; a clock that went back is found in :meth:`ordered`
         if (float(times[0]), int(ids[0])) < self._newest:
             self._in_order = False
@@ -96,17 +96,27 @@ class _Series:
 
     def ordered(self) -> tuple:
         """(times, steps, {metric: values}) in (time, id) order, each a contiguous array (a block's columns are
-        strided views of the reader's rows: the leak test's many passes over each would cost a third more)."""
+        strided views of the reader's rows: the leak test's many passes over each would cost a third more); the
+        steps None where none were read (every chunk a block's, read without them)."""
         import numpy as np
 
-        joined = [np.ascontiguousarray(column) for column in self.chunks[0]] if len(self.chunks) == 1 else \
-            [np.concatenate(parts) for parts in zip(*self.chunks)]
-        if self._unchecked and len(joined[0]) > 1 and bool((np.diff(joined[0]) < 0).any()):
+        columns = list(zip(*self.chunks))
+
+        def whole(at: int) -> Any:
+            parts = columns[at]
+            if len(parts) == 1:
+                return None if parts[0] is None else np.ascontiguousarray(parts[0])
+            return np.concatenate([np.full(len(times), np.nan) if part is None else part
+                                   for part, times in zip(parts, columns[0])])
+
+        times = whole(0)
+        if self._unchecked and len(times) > 1 and bool((np.diff(times) < 0).any()):
             self._in_order = False  # a block's times going back (a clock set back: read as rows out of order)
+        joined = [times, *(whole(at) for at in range(2, len(columns)))]  # the ids only to sort by
         if not self._in_order:
-            order = np.lexsort((joined[1], joined[0]))
-            joined = [column[order] for column in joined]
-        return joined[0], joined[2], dict(zip(METRICS, joined[3:]))
+            order = np.lexsort((whole(1), times))
+            joined = [None if column is None else column[order] for column in joined]
+        return joined[0], joined[1], dict(zip(METRICS, joined[2:]))
 
 
 def exact_last(store, chosen: Sequence[_Series]) -> None:
