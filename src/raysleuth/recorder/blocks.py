@@ -378,7 +378,7 @@ def _join(found: list[tuple], runs: list[tuple], wanted: tuple[int, ...], floate
             numbers[:] = values.T
             if values.size and values.min() == NULL:  # NULL is the least int64
                 numbers[(values == NULL).T] = np.nan
-        if rows is not joined:  # each row one 8k-byte item: numpy's put copies it whole, not value by value
+        if rows is not joined:  # each row one item (8 bytes a column): numpy's put copies it whole, not value by value
             np.put(joined.view(whole).reshape(-1), np.repeat(here - np.cumsum(length) + length, length)
                    + np.arange(size), rows.view(whole).reshape(-1))
         first += len(starts)
