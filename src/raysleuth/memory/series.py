@@ -106,8 +106,8 @@ class _Series:
             parts = columns[at]
             if len(parts) == 1:
                 return None if parts[0] is None else np.ascontiguousarray(parts[0])
-            return np.concatenate([np.full(len(times), np.nan) if part is None else part
-                                   for part, times in zip(parts, columns[0])])
+            return np.concatenate([np.full(len(chunk_times), np.nan) if part is None else part
+                                   for part, chunk_times in zip(parts, columns[0])])
 
         times = whole(0)
         if self._unchecked and len(times) > 1 and bool((np.diff(times) < 0).any()):
