@@ -132,6 +132,14 @@ def exact_last(store, chosen: Sequence[_Series]) -> None:
             series.last, series.inexact = series.last[:9] + tuple(row[1:]), False
 
 
+def _present(column) -> Any:
+    """A float column's values (NaN: none), the column itself when it holds no NaN (no copy)."""
+    import numpy as np
+
+    missing = np.isnan(column)
+    return column[~missing] if missing.any() else column
+
+
 def _last(times, ids, among=None) -> int:
     """The place of the last of the samples ``among`` (places; None: all) in (time, id) order: the latest, the
     highest id among those as late (ids are unique): ``lexsort((ids, times))[-1]`` without the sort."""

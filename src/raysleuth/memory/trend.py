@@ -296,19 +296,25 @@ def _window(times, values, steps, policy: LeakPolicy) -> tuple[int, Any, Any, An
     else:
         keep = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
         values = np.array([v if v is not None else 0.0 for v in values], dtype=float)
-    t, v = np.asarray(times, dtype=float)[keep], np.asarray(values, dtype=float)[keep]
+    t, v = np.asarray(times, dtype=float), np.asarray(values, dtype=float)
+    if not keep.all():  # every point kept (a reader's columns, mostly): no copies
+        t, v = t[keep], v[keep]
     s = None
     if steps is not None:
         s = np.array([np.nan if x is None else x for x in steps], dtype=float) if not isinstance(steps, np.ndarray) \
             else np.asarray(steps, dtype=float)
-        s = s[keep]
+        s = s[keep] if len(v) < len(keep) else s
     if len(t) > 1 and not bool((t[1:] >= t[:-1]).all()):  # in order already (a reader's columns): no sort
         order = np.argsort(t, kind="stable")
         t, v = t[order], v[order]
         s = s[order] if s is not None else None
     skip = int(math.ceil(len(t) * policy.warmup_fraction)) if len(t) >= 2 else 0
-    inside = np.flatnonzero(t[skip:] - (t[0] if len(t) else 0.0) >= policy.warmup_seconds) + skip
-    return len(t), t[inside], v[inside], (s[inside] if s is not None else None)
+    if len(t) and not (math.isfinite(t[0]) and math.isfinite(t[-1])):  # inf (or NaN) among the times: each one
+        inside = np.flatnonzero(t[skip:] - t[0] >= policy.warmup_seconds) + skip
+        return len(t), t[inside], v[inside], (s[inside] if s is not None else None)
+    # the times rise, and so does each one's distance from the first: the window is the rest from its first place
+    first = skip + int(np.searchsorted(t[skip:] - (t[0] if len(t) else 0.0), policy.warmup_seconds, side="left"))
+    return len(t), t[first:], v[first:], (s[first:] if s is not None else None)
 
 
 def leaks(times: Sequence[float], values: Sequence[float | None], *, policy: LeakPolicy | None = None) -> bool:

@@ -26,7 +26,7 @@ from typing import Any
 
 from raysleuth import evidence
 from raysleuth.cluster import own
-from raysleuth.memory.series import METRICS, _as_int, _Series, _thin_array, exact_last, sparkline
+from raysleuth.memory.series import METRICS, _as_int, _present, _Series, _thin_array, exact_last, sparkline
 from raysleuth.memory.trend import LeakPolicy, detect_leak, leaks
 from raysleuth.recorder import blocks, reading
 from raysleuth.recorder.reading import bulk
@@ -133,7 +133,7 @@ def _summarise_series(series: _Series, policy: LeakPolicy | None, per_step: bool
         rss_bytes=latest["rss_bytes"], uss_bytes=latest["uss_bytes"],
         cuda_allocated_bytes=latest["cuda_allocated_bytes"], cuda_reserved_bytes=latest["cuda_reserved_bytes"],
     )
-    present = {metric: column[column == column] for metric, column in values.items()}  # NaN: no value
+    present = {metric: _present(column) for metric, column in values.items()}  # NaN: no value
     rss, cuda_peaks = present["rss_bytes"], present["cuda_peak_bytes"]
     worker.peak_bytes = _as_int(float(rss.max())) if len(rss) else None
     worker.cuda_peak_bytes = _as_int(float(cuda_peaks.max())) if len(cuda_peaks) else None
