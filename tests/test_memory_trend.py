@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from raysleuth.memory.trend import LeakPolicy, detect_leak, fit_trend, theil_sen
+from raysleuth.memory.trend import LeakPolicy, _window, detect_leak, fit_trend, theil_sen
 from raysleuth.memory.workers import sparkline
 
 MiB = 1024 * 1024
@@ -214,3 +215,36 @@ def test_a_cache_that_settles_after_warm_up_is_not_a_leak():
     y = np.where(t < 20, 500 + t * 3.75, 575) * MiB  # 500 -> 575 MiB, done by a third of the window
     verdict = detect_leak(t, y)
     assert verdict.status == "ok", verdict.reason
+
+
+def test_the_window_is_every_point_past_the_warm_up_as_tested_one_by_one():
+    """``_window`` keeps a reader's columns as they are when no value is missing and cuts the warm-up as a slice:
+    the same window as testing each point (NaN values dropped, times sorted, each time's distance from the first),
+    times with inf among them included."""
+    policy, rng = LeakPolicy(), np.random.default_rng(4)
+
+    def one_by_one(times, values, steps):
+        keep = values == values
+        t, v, s = times[keep], values[keep], None if steps is None else steps[keep]
+        if len(t) > 1 and not bool((t[1:] >= t[:-1]).all()):
+            order = np.argsort(t, kind="stable")
+            t, v, s = t[order], v[order], None if s is None else s[order]
+        skip = int(math.ceil(len(t) * policy.warmup_fraction)) if len(t) >= 2 else 0
+        inside = np.flatnonzero(t[skip:] - (t[0] if len(t) else 0.0) >= policy.warmup_seconds) + skip
+        return len(t), t[inside], v[inside], None if s is None else s[inside]
+
+    for case in range(600):
+        n = int(rng.integers(0, 300))
+        times = np.sort(rng.random(n) * rng.choice([10, 100, 1000, 5000])) if case % 3 else rng.random(n) * 1000
+        if n > 2 and case % 11 == 0:
+            times[-1] = np.inf
+        if n > 2 and case % 13 == 0:
+            times[0] = -np.inf
+        values = rng.random(n)
+        if case % 2 and n:
+            values[rng.random(n) < 0.2] = np.nan
+        steps = rng.random(n) if case % 5 == 0 else None
+        got, expected = _window(times, values, steps, policy), one_by_one(times, values, steps)
+        assert got[0] == expected[0], case
+        for mine, theirs in zip(got[1:], expected[1:]):
+            assert (mine is None and theirs is None) or np.array_equal(mine, theirs, equal_nan=True), case
