@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from raysleuth.cli import app, main
+from raysleuth.cli import COMMAND_MODULES, app, main, modules_to_load
 from raysleuth.errors import UsageError
 from raysleuth.options import StepRange, merge_ranks, parse_duration, parse_ranks, parse_since, parse_steps
 from raysleuth.recorder.store import EvidenceStore, run_dir
@@ -224,3 +224,35 @@ def test_bad_value_is_one_red_line_and_exit_2(home, argv, named):
     assert "Traceback" not in done.stderr
     assert done.stderr.strip().count("\n") == 0, done.stderr
     assert done.stderr.startswith("raysleuth: ") and named in done.stderr, done.stderr
+
+
+# ------------------------------------------------------------------ the command line loads the command it runs
+
+
+def test_each_command_is_loaded_from_its_own_module():
+    """The command line imports only the module of the command it runs (``modules_to_load``): every command's
+    module is the one that name loads, so a command added elsewhere fails here until ``MODULE_OF`` names it."""
+    import typer.main
+
+    commands = typer.main.get_command(app).commands
+    assert len(commands) >= len(COMMAND_MODULES)
+    for name, command in commands.items():
+        callback = command.callback if command.callback is not None else next(iter(command.commands.values())).callback
+        assert modules_to_load(name) == (callback.__module__.rsplit(".", 1)[1],), name
+    for word in (None, "", "--help", "no-such-command"):
+        assert modules_to_load(word) == COMMAND_MODULES
+
+
+def test_a_command_runs_with_its_module_alone_and_help_lists_every_one():
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent / "src"))
+    probe = ("import sys, runpy; sys.argv = ['raysleuth'] + sys.argv[1:]\n"
+             "try:\n    runpy.run_module('raysleuth', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+             "import json; print(json.dumps(sorted(m.rsplit('.', 1)[1] for m in sys.modules "
+             "if m.startswith('raysleuth.cli.') and m != 'raysleuth.cli._app')))")
+    one = subprocess.run([sys.executable, "-c", probe, "gc", "--help"], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert one.returncode == 0 and json.loads(one.stdout.strip().splitlines()[-1]) == ["gc"], one.stdout + one.stderr
+    every = subprocess.run([sys.executable, "-c", probe, "--help"], capture_output=True, text=True, env=env,
+                           timeout=120)
+    assert "report" in every.stdout and "stacks" in every.stdout and "gc" in every.stdout
+    assert json.loads(every.stdout.strip().splitlines()[-1]) == sorted(COMMAND_MODULES)

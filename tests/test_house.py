@@ -43,7 +43,7 @@ LAYERS: dict[str, int] = {
     "stragglers": FEATURES, "tasks": FEATURES, "timeline": FEATURES, "weights": FEATURES,
     "integrations": ORCHESTRATION, "monitoring": ORCHESTRATION, "pool": ORCHESTRATION,
     "stall": ORCHESTRATION, "worker_setup": ORCHESTRATION,
-    "cli": FACES, "demo": FACES, "report": FACES, "__init__": FACES, "__main__": FACES,
+    "cli": FACES, "demo": FACES, "report": FACES, "__init__": FACES, "__main__": FACES, "entry": FACES,
 }
 
 # The house's height: the longest chain of imports between top-level units (units that import each other,

@@ -1,5 +1,5 @@
 """``python -m raysleuth`` runs the command line."""
 
-from raysleuth.cli import run
+from raysleuth.entry import run
 
 run()

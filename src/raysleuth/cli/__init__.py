@@ -11,6 +11,7 @@ import importlib
 import os
 import sys
 
+from raysleuth import entry
 from raysleuth.cli._app import app, err_console
 from raysleuth.errors import RaySleuthError
 
@@ -37,7 +38,19 @@ COMMAND_MODULES = (
     "weights",
 )
 
-for _module in COMMAND_MODULES:
+#: The commands whose module is named otherwise.
+MODULE_OF = {"advise": "explain", "watch": "stacks", "trace": "tasks"}
+
+
+def modules_to_load(first: str | None) -> tuple[str, ...]:
+    """The command modules to import: only the one of the command the command line runs (``first``, its first
+    word: :data:`raysleuth.entry.FIRST`), else every one (``--help``, no command, a word no command has, a
+    program that imports this module)."""
+    module = MODULE_OF.get(first, first) if first else None
+    return (module,) if module in COMMAND_MODULES else COMMAND_MODULES
+
+
+for _module in modules_to_load(entry.FIRST):
     importlib.import_module(f"raysleuth.cli.{_module}")
 
 
