@@ -297,13 +297,14 @@ def _window(times, values, steps, policy: LeakPolicy) -> tuple[int, Any, Any, An
         keep = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
         values = np.array([v if v is not None else 0.0 for v in values], dtype=float)
     t, v = np.asarray(times, dtype=float), np.asarray(values, dtype=float)
-    if not keep.all():  # every point kept (a reader's columns, mostly): no copies
+    every = bool(keep.all())  # every point kept (a reader's columns, mostly): no copies
+    if not every:
         t, v = t[keep], v[keep]
     s = None
     if steps is not None:
         s = np.array([np.nan if x is None else x for x in steps], dtype=float) if not isinstance(steps, np.ndarray) \
             else np.asarray(steps, dtype=float)
-        s = s[keep] if len(v) < len(keep) else s
+        s = s if every else s[keep]
     if len(t) > 1 and not bool((t[1:] >= t[:-1]).all()):  # in order already (a reader's columns): no sort
         order = np.argsort(t, kind="stable")
         t, v = t[order], v[order]

@@ -91,7 +91,7 @@ def _seal(db) -> int:
                     group = by_sender[row[:2]] = []
                 group.append(row)
             keys = sorted(by_sender, key=_block_order)  # by sender, then source
-            names = sorted({source for _, source in keys}, key=lambda source: (source is not None, source or ""))
+            names = sorted({source for _, source in keys}, key=_source_order)
             code = {source: number for number, source in enumerate(names)}
             rows = [row for key in keys for row in by_sender.pop(key)]
             if rows:
@@ -116,7 +116,12 @@ def _seal(db) -> int:
 def _block_order(key: tuple) -> tuple:
     """A (sender, source)'s place in a pass: by sender, then source (null first, as SQLite orders them)."""
     sender, source = key
-    return (sender is not None, sender or 0, source is not None, source or "")
+    return (sender is not None, sender or 0, *_source_order(source))
+
+
+def _source_order(source: str | None) -> tuple:
+    """A source's place among a pass's sources (null first): a block's ``sources`` list, and :func:`_block_order`'s."""
+    return source is not None, source or ""
 
 
 def seal_quietly(db) -> int:
@@ -193,24 +198,18 @@ class RssRuns:
         self.whole = False
 
     def add(self, sender: int, times, ranks, rss) -> None:
-        """One sender's and source's samples (times, ranks and RSS), as :func:`read` gives them."""
-        part = _runs(times, ranks, rss, self.start, self.width)
-        if part is not None:
-            self.parts.append((sender, *part))
+        """One sender's and source's samples (times, ranks and RSS), as :func:`read` gives them: their runs of one
+        (rank, bucket), each's rank, bucket, first time and highest RSS (no part where no RSS is held)."""
+        import numpy as np
 
-
-def _runs(times, ranks, values, start: float, width: float) -> tuple | None:
-    """A block's runs of one (rank, bucket): their rank, bucket, first time and highest value (None: no value)."""
-    import numpy as np
-
-    have = values != NULL
-    if not have.all():
-        times, ranks, values = times[have], ranks[have], values[have]
-    if not len(times):
-        return None
-    bucket = ((times - start) / width).astype(np.int64)  # SQLite's CAST: toward zero
-    runs = np.concatenate(([0], np.flatnonzero((np.diff(bucket) != 0) | (np.diff(ranks) != 0)) + 1))
-    return ranks[runs], bucket[runs], np.minimum.reduceat(times, runs), np.maximum.reduceat(values, runs)
+        have = rss != NULL
+        if not have.all():
+            times, ranks, rss = times[have], ranks[have], rss[have]
+        if len(times):
+            bucket = ((times - self.start) / self.width).astype(np.int64)  # SQLite's CAST: toward zero
+            runs = np.concatenate(([0], np.flatnonzero((np.diff(bucket) != 0) | (np.diff(ranks) != 0)) + 1))
+            self.parts.append((sender, ranks[runs], bucket[runs], np.minimum.reduceat(times, runs),
+                               np.maximum.reduceat(rss, runs)))
 
 
 def rss_bucket_columns(store, width: float, *, start: float, runs: RssRuns | None = None) -> tuple | None:
@@ -232,9 +231,10 @@ def rss_bucket_columns(store, width: float, *, start: float, runs: RssRuns | Non
         if runs is not None and runs.whole and (runs.high, runs.width, runs.start) == (high, width, start):
             folded = runs.parts
         else:  # each sender's runs of one (rank and bucket first: a sender's samples come in id order)
-            folded = [(sender, *part) for sender, _source, times, (ranks, values)
-                      in read(store, high, ints=("rank", "v0"))
-                      if (part := _runs(times, ranks, values, start, width)) is not None]
+            fold = RssRuns(store, width, start=start)
+            for sender, _source, times, (ranks, values) in read(store, high, ints=("rank", "v0")):
+                fold.add(sender, times, ranks, values)
+            folded = fold.parts
         parts: list[tuple] = [(ranks, np.full(len(ranks), pids.get(sender, NULL), dtype=np.int64), bucket, first,
                                most) for sender, ranks, bucket, first, most in folded]
         rows = [row for clause in beyond(high)
@@ -340,8 +340,7 @@ def _join(found: list[tuple], runs: list[tuple], wanted: tuple[int, ...], floate
     (a sample's row moves as one: a column at a time would place each value apart, at twice the cost)."""
     import numpy as np
 
-    names = sorted({name for _, _, listed, _, _ in runs for name in listed}, key=lambda name: (name is not None,
-                                                                                                name or ""))
+    names = sorted({name for _, _, listed, _, _ in runs for name in listed}, key=_source_order)
     code = {name: at for at, name in enumerate(names)}  # the sources' order: _block_order's
     senders = np.concatenate([senders for senders, _, _, _, _ in runs])  # NULL (no sender) first, as None
     codes = np.concatenate([np.array([code[name] for name in listed], dtype=np.int64)[local]

@@ -82,8 +82,9 @@ def curve_frame(store) -> tuple[float, float] | None:
 
 def memory_curves(store, leaking: set, runs: RssRuns | None = None) -> dict[str, Any]:
     """``curves`` (label -> x, y) drawn alone, and ``band`` for the rest when there are many workers. ``runs``: the
-    blocks' runs another reader folded in the same snapshot (``rss_bucket_columns``)."""
-    frame = curve_frame(store)
+    blocks' runs another reader folded in the same snapshot (``rss_bucket_columns``), for the frame it was made
+    with (:func:`curve_frame`, not asked again)."""
+    frame = (runs.start, runs.width) if runs is not None else curve_frame(store)
     if frame is None:
         return {"curves": {}, "band": None, "grouped": ""}
     start, width = frame
